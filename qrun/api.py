@@ -1,0 +1,127 @@
+"""The Python embedding (LANGUAGE.md §5): Query(text).run(**inputs) -> Result."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from qrun.backends import load_model
+from qrun.backends.base import Backend
+from qrun.backends.loading import DEFAULT_MODEL
+from qrun.errors import QrunError, UsageError
+from qrun.lang import compile_source
+from qrun.lang.ir import Program
+from qrun.runtime.constraints import ConstraintCompiler
+from qrun.runtime.executor import RunOptions, check_inputs, execute
+from qrun.runtime.result import Result
+
+
+class Query:
+    """A compiled template, ready to run many times.
+
+    Raises (on construction):
+        TemplateErrors: the template does not compile (every error found, with positions).
+    """
+
+    def __init__(self, text: str, name: str = "<string>") -> None:
+        self.program: Program = compile_source(text, name)
+        self._backends: dict[tuple[str, str | None, str | None], Backend] = {}
+        self._constraints: dict[Backend, ConstraintCompiler] = {}
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Query:
+        """Compile a .tmpl file (errors are reported under its path).
+
+        Raises:
+            UsageError: the file cannot be read.
+            TemplateErrors: the template does not compile.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read template {os.fspath(path)}: {exc}") from exc
+        return cls(text, os.fspath(path))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The names a run must supply."""
+        return self.program.inputs
+
+    def run(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        model: Backend | str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+        **named_inputs: Any,
+    ) -> Result:
+        """Run the template once. Inputs come as a mapping, as keyword arguments, or both (an
+        input named like an option, e.g. `seed`, must go in the mapping).
+
+        Raises:
+            InputError: a declared input is missing (before the model is loaded).
+            ModelLoadError: the model cannot be loaded.
+            GenerationError: a hole cannot be filled legally.
+        """
+        values = {**(inputs or {}), **named_inputs}
+        check_inputs(self.program, values)
+        backend = self.backend(model, device, dtype)
+        options = RunOptions(temperature, top_p, seed, max_tokens)
+        return execute(self.program, backend, values, options, on_text,
+                       self._constraint_compiler(backend))
+
+    def run_many(
+        self,
+        inputs: Iterable[Mapping[str, Any]],
+        /,
+        *,
+        model: Backend | str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+    ) -> list[Result | QrunError]:
+        """Run the template once per input mapping, in order. A run that fails puts its error
+        in its place in the list and the others still run: nothing already produced is lost."""
+        backend = self.backend(model, device, dtype)
+        results: list[Result | QrunError] = []
+        for values in inputs:
+            try:
+                results.append(self.run(values, model=backend, temperature=temperature,
+                                        top_p=top_p, seed=seed, max_tokens=max_tokens))
+            except QrunError as exc:
+                results.append(exc)
+        return results
+
+    def backend(
+        self, model: Backend | str | None = None, device: str | None = None,
+        dtype: str | None = None,
+    ) -> Backend:
+        """The backend a run would use: `model` if given a loaded one, else the named model
+        (argument, then front matter, then the default), loaded once per Query."""
+        if model is not None and not isinstance(model, str):
+            return model
+        defaults = self.program.defaults
+        key = (model or defaults.model or DEFAULT_MODEL, device or defaults.device,
+               dtype or defaults.dtype)
+        if key not in self._backends:
+            self._backends[key] = load_model(*key)
+        return self._backends[key]
+
+    def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:
+        # One per backend (keyed by the object itself): compiled token indexes are shared by
+        # every run of this query.
+        if backend not in self._constraints:
+            self._constraints[backend] = ConstraintCompiler(backend)
+        return self._constraints[backend]

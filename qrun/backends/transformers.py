@@ -1,0 +1,227 @@
+"""The transformers adapter: the only module that imports transformers or touches its Cache
+classes. Wraps a causal LM and its tokenizer behind the Backend protocol."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from qrun.errors import ModelLoadError, UsageError
+from qrun.runtime.vocab import Vocabulary
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A text no chat template would contain, used to cut a rendered message into its markers.
+_SENTINEL = "\x00QRUN-CONTENT\x00"
+
+
+class TransformersCache:
+    """A transformers DynamicCache behind the KVCache protocol."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def length(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def crop(self, length: int) -> None:
+        remove = self.length() - length
+        if remove < 0:
+            raise ValueError(f"cannot crop a {self.length()}-position cache to {length}")
+        if remove:
+            # transformers 5.x refuses positive arguments: crop(-k) drops the last k positions.
+            self.cache.crop(-remove)
+
+    def fork(self) -> TransformersCache:
+        # Shallow copies of the layers share their tensors: update() concatenates into new
+        # tensors and crop() takes views, so neither side can change the other's positions.
+        clone = copy.copy(self.cache)
+        clone.layers = [copy.copy(layer) for layer in self.cache.layers]
+        return TransformersCache(clone)
+
+    def nbytes(self) -> int:
+        """Bytes held by the key/value tensors (each storage counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for layer in self.cache.layers:
+            for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if tensor is None or tensor.numel() == 0:
+                    continue
+                storage = tensor.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
+        return total
+
+
+class TransformersBackend:
+    """A causal LM and its tokenizer from transformers, on one device."""
+
+    def __init__(self, model: Any, tokenizer: Any, name: str, load_s: float = 0.0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = str(next(model.parameters()).device)
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.load_s = load_s
+        self._markers: dict[str, tuple[str, str] | None] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif isinstance(configured, list):
+            ids.update(int(i) for i in configured)
+        return frozenset(ids)
+
+    @cached_property
+    def start_token_id(self) -> int:
+        for token_id in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, 0):
+            if token_id is not None:
+                return int(token_id)
+        return 0
+
+    @cached_property
+    def vocabulary(self) -> Vocabulary:
+        return Vocabulary.from_tokenizer(self.tokenizer, size=self.vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def chat_markers(self, role: str) -> tuple[str, str] | None:
+        if role not in self._markers:
+            self._markers[role] = self._render_markers(role)
+        return self._markers[role]
+
+    def _render_markers(self, role: str) -> tuple[str, str] | None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            return None
+        # Some templates (SmolLM2's among them) add a default system turn before the first
+        # message; rendering after an explicit system turn and subtracting it leaves only
+        # this role's own markers.
+        base = [{"role": "system", "content": "S"}] if role != "system" else []
+        before = self._render(base) if base else ""
+        rendered = self._render([*base, {"role": role, "content": _SENTINEL}])
+        if not rendered.startswith(before) or _SENTINEL not in rendered:
+            return None
+        prefix, _, suffix = rendered[len(before):].partition(_SENTINEL)
+        return prefix, suffix
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return str(text)
+
+    def new_cache(self) -> TransformersCache:
+        from transformers import DynamicCache
+
+        return TransformersCache(DynamicCache(config=self.model.config))
+
+    def forward(
+        self, token_ids: Sequence[int], cache: Any, logits_for: int = 1
+    ) -> torch.Tensor:
+        assert isinstance(cache, TransformersCache)
+        start = cache.length()
+        device = self.model.device
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        # Explicit positions: the cache may have been cropped, so they are not implied.
+        positions = torch.arange(start, start + len(token_ids), device=device).unsqueeze(0)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                past_key_values=cache.cache,
+                use_cache=True,
+                logits_to_keep=logits_for,
+            )
+        # logits: [logits_for, V]
+        return out.logits[0, -logits_for:, :].float()
+
+    def forward_rows(
+        self, rows: Sequence[Sequence[int]], cache: Any
+    ) -> tuple[torch.Tensor, TransformersCache]:
+        assert isinstance(cache, TransformersCache)
+        prefix = cache.length()
+        width = max(len(row) for row in rows)
+        device = self.model.device
+        batched = cache.fork()
+        batched.cache.batch_repeat_interleave(len(rows))
+        pad = self.start_token_id
+        input_ids = torch.tensor(
+            [list(row) + [pad] * (width - len(row)) for row in rows], device=device
+        )
+        # Right padding: a row's padding comes after all its real tokens, so the causal mask
+        # already keeps it out of their attention; the attention mask hides it as well.
+        attention = torch.ones(len(rows), prefix + width, dtype=torch.long, device=device)
+        for i, row in enumerate(rows):
+            attention[i, prefix + len(row) :] = 0
+        positions = torch.arange(prefix, prefix + width, device=device).expand(len(rows), -1)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=batched.cache,
+                use_cache=True,
+                logits_to_keep=width,
+            )
+        # logits: [n, L, V]
+        return out.logits.float(), batched
+
+    def keep_row(self, batched: Any, row: int, length: int) -> TransformersCache:
+        assert isinstance(batched, TransformersCache)
+        single = batched.fork()
+        single.cache.batch_select_indices(torch.tensor([row], device=self.model.device))
+        single.crop(length)
+        return single
+
+
+def load_transformers(
+    name: str, folder: str, device: str | None, dtype: str | None
+) -> TransformersBackend:
+    """Load a HF folder or hub id with transformers.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded.
+        UsageError: an unknown device or dtype.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    device = device or "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} was asked for, but torch sees no CUDA device")
+    torch_dtype = _resolve_dtype(dtype)
+    started = time.perf_counter()
+    hf_logging.set_verbosity_error()  # no progress bars or notices on stderr
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
+    model.to(device)
+    model.eval()
+    return TransformersBackend(model, tokenizer, name, time.perf_counter() - started)
+
+
+def _resolve_dtype(dtype: str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]

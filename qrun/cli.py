@@ -1,0 +1,175 @@
+"""`qrun FILE.tmpl`: argument parsing, printing results or errors, exit codes; no logic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qrun.errors import QrunError, UsageError
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qrun",
+        description="Run a qrun template: fixed text plus constrained holes filled by a model.",
+        epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure.",
+    )
+    parser.add_argument("file", help="the template (.tmpl)")
+    parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
+                        help="an input as a string; NAME:=JSON gives a JSON value (repeatable)")
+    parser.add_argument("--vars", metavar="FILE.json|-",
+                        help="inputs as a JSON object, from a file or stdin (-)")
+    parser.add_argument("--inputs", metavar="FILE.jsonl",
+                        help="one run per line of JSON objects; prints JSON Lines")
+    parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or hub id")
+    parser.add_argument("--backend", default="transformers", choices=["transformers"])
+    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"text", "vars", "stats"} as JSON instead of streaming')
+    parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
+    parser.add_argument("--check", action="store_true", help="parse and compile only")
+    parser.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except QrunError as exc:
+        _flush_stdout_line()
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("qrun: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # a bug in qrun, not in the user's input
+        if os.environ.get("QRUN_DEBUG"):
+            traceback.print_exc()
+        print(f"qrun: internal error: {type(exc).__name__}: {exc}\n"
+              "(set QRUN_DEBUG=1 for a traceback, and please report it)", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+_stdout_open_line = False
+
+
+def _flush_stdout_line() -> None:
+    # After streamed text, start the error message on a fresh line of the terminal.
+    if _stdout_open_line:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qrun.api import Query
+
+    _validate(args)
+    query = Query.from_file(args.file)
+    if args.check:
+        print(f"{args.file}: ok ({len(query.program.captures)} holes, inputs: "
+              f"{', '.join(query.inputs) or 'none'})")
+        return EXIT_OK
+    options = {"model": args.model, "device": args.device, "dtype": args.dtype,
+               "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+               "max_tokens": args.max_tokens}
+    if args.inputs:
+        return _run_lines(query, args, options)
+    inputs = _inputs(args)
+    if args.json:
+        result = query.run(inputs, **options)
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        result = query.run(inputs, on_text=_write, **options)
+        if not result.text.endswith("\n"):
+            _write("\n")
+    if args.stats:
+        print(json.dumps(result.stats.to_dict(), indent=2), file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_lines(query: Any, args: argparse.Namespace, options: dict[str, Any]) -> int:
+    base = _inputs(args)
+    status = EXIT_OK
+    for number, line in enumerate(_read_lines(args.inputs), start=1):
+        try:
+            values = json.loads(line)
+            if not isinstance(values, dict):
+                raise UsageError(f"{args.inputs}:{number}: each line must be a JSON object")
+            result = query.run({**base, **values}, **options)
+            print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
+        except json.JSONDecodeError as exc:
+            status = EXIT_RUNTIME
+            print(json.dumps({"error": f"{args.inputs}:{number}: invalid JSON: {exc}"}), flush=True)
+        except QrunError as exc:
+            status = max(status, EXIT_RUNTIME)
+            print(json.dumps({"error": str(exc), "line": number}, ensure_ascii=False), flush=True)
+    return status
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from exc
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.temperature is not None and args.temperature < 0:
+        raise UsageError(f"--temperature must be ≥ 0, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    if args.vars:
+        try:
+            text = sys.stdin.read() if args.vars == "-" else Path(args.vars).read_text("utf-8")
+            loaded = json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"--vars {args.vars}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise UsageError(f"--vars {args.vars}: expected a JSON object")
+        inputs.update(loaded)
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"-v expects NAME=VALUE or NAME:=JSON, got {item!r}")
+        if name.endswith(":"):
+            try:
+                inputs[name[:-1]] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"-v {item}: invalid JSON: {exc}") from exc
+        else:
+            inputs[name] = value
+    return inputs
+
+
+def _write(text: str) -> None:
+    global _stdout_open_line
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    _stdout_open_line = not text.endswith("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

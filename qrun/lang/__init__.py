@@ -1,0 +1,8 @@
+"""The template language front end (LANGUAGE.md §1-3):
+text --parse--> lark.Tree --build_ast--> ast.Template --compile_template--> ir.Program."""
+
+from qrun.lang.build import build_ast
+from qrun.lang.compiler import compile_file, compile_source, compile_template
+from qrun.lang.parser import parse
+
+__all__ = ["build_ast", "compile_file", "compile_source", "compile_template", "parse"]

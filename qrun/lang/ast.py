@@ -1,0 +1,139 @@
+"""The AST: what the user wrote, one frozen node per surface construct, each with a Span.
+Built from the parse tree by lang/build.py (shape only); checked and lowered to the IR by
+lang/compiler.py. Comments are gone and whitespace control is applied already."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qrun.lang.expr import Expr
+from qrun.source import Span
+
+
+@dataclass(frozen=True, slots=True)
+class FrontMatterEntry:
+    """One `key: value` line of front matter; `value` is the raw text after the colon,
+    stripped (the compiler types it). `value_span` covers that text."""
+
+    key: str
+    value: str
+    span: Span
+    value_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class FrontMatter:
+    """The `---` block at the very start of a file, entries in source order."""
+
+    entries: tuple[FrontMatterEntry, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Fixed text after whitespace control (never empty). `raw` is True for the contents of a
+    `{% raw %}` block, which are never interpreted."""
+
+    text: str
+    span: Span
+    raw: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Interp:
+    """`{{ expr }}`: the value of `expr` inserted as fixed text."""
+
+    expr: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class HoleArg:
+    """One `key=expr` argument of a hole, as written (unknown keys are the compiler's job)."""
+
+    name: str
+    expr: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Gen:
+    """`{{ gen NAME key=value ... }}`; `span` is the whole tag, `name_span` the capture name."""
+
+    name: str
+    args: tuple[HoleArg, ...]
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """`{{ select NAME key=value ... }}`; same shape as Gen."""
+
+    name: str
+    args: tuple[HoleArg, ...]
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class IfArm:
+    """One `{% if test %}` or `{% elif test %}` arm and its body; `span` is the tag."""
+
+    test: Expr
+    body: tuple[Node, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    """`if/elif/else/endif`: at least one arm; `orelse` is None without `{% else %}`.
+    `span` is the opening `{% if %}` tag."""
+
+    arms: tuple[IfArm, ...]
+    orelse: tuple[Node, ...] | None
+    span: Span
+    else_span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class For:
+    """`{% for target in iterable %} body {% endfor %}`; `span` is the opening tag."""
+
+    target: str
+    iterable: Expr
+    body: tuple[Node, ...]
+    span: Span
+    target_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    """`{% set name = expr %}`."""
+
+    name: str
+    expr: Expr
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """`{% system %}`, `{% user %}` or `{% assistant %}` ... matching end tag; `span` is the
+    opening tag."""
+
+    role: str
+    body: tuple[Node, ...]
+    span: Span
+
+
+Node = Text | Interp | Gen | Select | If | For | Set | Role
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A whole template: optional front matter and the body; `span` covers the source."""
+
+    front_matter: FrontMatter | None
+    body: tuple[Node, ...]
+    span: Span

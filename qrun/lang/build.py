@@ -1,0 +1,486 @@
+"""Stage 2: lark.Tree -> ast.Template. Shape only: pairs block tags with a stack (reporting
+unclosed and mismatched blocks at their opening tag), applies whitespace control and raw, and
+turns expression subtrees into lang/expr.py nodes. Lark types stop here."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+from lark import Token, Tree
+
+from qrun.errors import TemplateError, TemplateErrors, TemplateSyntaxError
+from qrun.lang import ast
+from qrun.lang import expr as ex
+from qrun.source import Source, Span
+
+Item = Token | Tree[Token]
+
+_RAW = re.compile(
+    r"\{%(-?)[ \t\r\n]*raw[ \t\r\n]*(-?)%\}([\s\S]*?)\{%(-?)[ \t\r\n]*endraw[ \t\r\n]*(-?)%\}")
+_FRONT_LINE = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*(.*?)[ \t\r]*")
+_CLOSERS = {"if": "endif", "for": "endfor", "system": "endsystem", "user": "enduser",
+            "assistant": "endassistant"}
+MAX_BLOCK_DEPTH = 100
+"""Blocks nest at most this deep: the compiler and runtime walk the tree recursively."""
+
+
+def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
+    """Turn the parse tree of `source` into an ast.Template.
+
+    Raises:
+        TemplateErrors: every shape error found (unclosed/mismatched blocks, stray else/elif,
+            bad escapes, malformed front matter), in source order.
+    """
+    builder = _Builder(source)
+    try:
+        template = builder.template(tree)
+    except TemplateSyntaxError as err:  # nesting too deep: stop at once
+        raise TemplateErrors([*builder.errors, err]) from None
+    if builder.errors:
+        raise TemplateErrors(builder.errors)
+    return template
+
+
+@dataclass
+class _Frame:
+    """An open block while its end tag is being looked for."""
+
+    kind: str  # "if", "for", or a role name
+    span: Span
+    target: tuple[str, Span] | None = None  # a for loop's variable
+    iterable: ex.Expr | None = None  # a for loop's iterable
+    body: list[ast.Node] = field(default_factory=list)
+    arms: list[ast.IfArm] = field(default_factory=list)
+    orelse: list[ast.Node] | None = None
+    else_span: Span | None = None
+
+    @property
+    def opener(self) -> str:
+        return f"'{{% {self.kind} %}}'"
+
+    @property
+    def closer(self) -> str:
+        return f"'{{% {_CLOSERS[self.kind]} %}}'"
+
+
+class _Builder:
+    """One use per template: collects errors instead of stopping at the first."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.lines = LineIndex(source.text)
+        self.errors: list[TemplateError] = []
+        self.exprs = ExprBuilder(source, self.lines, self.errors)
+        self.stack: list[_Frame] = [_Frame("top", self.lines.span(0, 0))]
+
+    def span(self, start: int, end: int) -> Span:
+        return self.lines.span(start, end)
+
+    def fail(self, message: str, span: Span, notes: tuple[str, ...] = ()) -> None:
+        self.errors.append(TemplateSyntaxError(message, span, self.source, notes))
+
+    # ---- top level ---------------------------------------------------------------------------
+
+    def template(self, tree: Tree[Token]) -> ast.Template:
+        items: list[Item] = list(tree.children)
+        front = None
+        first = items[0] if items else None
+        if isinstance(first, Token) and first.type == "FRONT_MATTER":
+            front = self.front_matter(first)
+            items.pop(0)
+        for index, item in enumerate(items):
+            before = _strips_right(items[index - 1]) if index > 0 else False
+            after = _strips_left(items[index + 1]) if index + 1 < len(items) else False
+            self.item(item, before, after)
+        while len(self.stack) > 1:
+            frame = self.stack[-1]
+            line, column = frame.span.line, frame.span.column
+            self.fail(f"{frame.opener} at {line}:{column} is never closed "
+                      f"(expected {frame.closer})", frame.span)
+            self.close(frame)
+        return ast.Template(front, tuple(self.stack[0].body),
+                            self.span(0, len(self.source.text)))
+
+    def item(self, item: Item, strip_before: bool, strip_after: bool) -> None:
+        if isinstance(item, Token):
+            if item.type == "TEXT":
+                self.text(item, item.start_pos or 0, strip_before, strip_after)
+            elif item.type == "RAW":
+                self.raw(item)
+            return  # COMMENT: produces nothing
+        if item.data == "var_tag":
+            self.var_tag(item)
+        else:
+            self.block_tag(item)
+
+    def text(self, value: str, start: int, lstrip: bool, rstrip: bool, raw: bool = False) -> None:
+        end = start + len(value)
+        if lstrip:
+            start = end - len(value.lstrip())
+        if rstrip:
+            end -= len(value) - len(value.rstrip())
+        if start < end:
+            text = self.source.text[start:end]
+            self.stack[-1].body.append(ast.Text(text, self.span(start, end), raw))
+
+    def raw(self, token: Token) -> None:
+        match = _RAW.fullmatch(token.value)
+        if match is None:  # the RAW terminal guarantees the shape; keep the text regardless
+            self.text(token.value, token.start_pos or 0, False, False, raw=True)
+            return
+        base = (token.start_pos or 0) + match.start(3)
+        self.text(match.group(3), base, bool(match.group(2)), bool(match.group(4)), raw=True)
+
+    # ---- {{ ... }} ---------------------------------------------------------------------------
+
+    def var_tag(self, tree: Tree[Token]) -> None:
+        body, close = tree.children[1], tree.children[2]
+        assert isinstance(body, Tree) and isinstance(close, Tree)
+        self.check_close(close)
+        span = self.tree_span(tree)
+        if body.data == "interp":
+            self.add(ast.Interp(self.exprs.expr(body.children[0]), span))
+            return
+        name = body.children[0]
+        assert isinstance(name, Token)
+        args = tuple(self.hole_arg(arg) for arg in body.children[1:] if isinstance(arg, Tree))
+        hole = ast.Gen if body.data == "gen_hole" else ast.Select
+        self.add(hole(str(name), args, span, self.token_span(name)))
+
+    def hole_arg(self, tree: Tree[Token]) -> ast.HoleArg:
+        name, value = tree.children
+        assert isinstance(name, Token)
+        return ast.HoleArg(str(name), self.exprs.expr(value), self.tree_span(tree))
+
+    def check_close(self, close: Tree[Token]) -> None:
+        """A tag ends with two adjacent `}`: the grammar lexes them singly (see grammar.lark)."""
+        tokens = [t for t in close.children if isinstance(t, Token)]
+        if len(tokens) == 2 and tokens[0].end_pos != tokens[1].start_pos:
+            self.fail("expected '}}' to close the tag", self.token_span(tokens[0]),
+                      ("'} }' with a space in between does not close a tag",))
+
+    # ---- {% ... %} ---------------------------------------------------------------------------
+
+    def block_tag(self, tree: Tree[Token]) -> None:
+        body = tree.children[1]
+        assert isinstance(body, Tree)
+        span = self.tree_span(tree)
+        kind = body.data
+        if kind == "set_tag":
+            name, value = body.children
+            assert isinstance(name, Token)
+            self.add(ast.Set(str(name), self.exprs.expr(value), span, self.token_span(name)))
+        elif kind in ("if_tag", "for_tag", "role_tag"):
+            self.open(body, span)
+        elif kind in ("elif_tag", "else_tag"):
+            self.branch(body, span)
+        else:
+            self.end(_end_kind(body), span)
+
+    def open(self, body: Tree[Token], span: Span) -> None:
+        kind = {"if_tag": "if", "for_tag": "for"}.get(str(body.data))
+        if kind is None:
+            kind = str(body.children[0])
+        if len(self.stack) > MAX_BLOCK_DEPTH:
+            self.fail(f"blocks are nested too deeply (more than {MAX_BLOCK_DEPTH})", span)
+        frame = _Frame(kind, span)
+        if kind == "if":
+            frame.arms.append(ast.IfArm(self.exprs.expr(body.children[0]), (), span))
+        elif kind == "for":
+            target, iterable = body.children
+            assert isinstance(target, Token)
+            frame.target = (str(target), self.token_span(target))
+            frame.iterable = self.exprs.expr(iterable)
+        self.stack.append(frame)
+
+    def branch(self, body: Tree[Token], span: Span) -> None:
+        frame = self.stack[-1]
+        word = "elif" if body.data == "elif_tag" else "else"
+        if frame.kind != "if":
+            notes = () if len(self.stack) == 1 else (
+                f"the innermost open block is {frame.opener} at {frame.span}",)
+            self.fail(f"'{{% {word} %}}' outside of an '{{% if %}}' block", span, notes)
+            return
+        if frame.orelse is not None:
+            self.fail(f"'{{% {word} %}}' after '{{% else %}}'", span,
+                      (f"the '{{% else %}}' is at {frame.else_span}",))
+            return
+        self.finish_arm(frame)
+        if word == "elif":
+            frame.arms.append(ast.IfArm(self.exprs.expr(body.children[0]), (), span))
+        else:
+            frame.orelse, frame.else_span = [], span
+
+    def end(self, kind: str, span: Span) -> None:
+        tag = f"'{{% {_CLOSERS[kind]} %}}'"
+        if not any(frame.kind == kind for frame in self.stack[1:]):
+            notes = () if len(self.stack) == 1 else (
+                f"the innermost open block is {self.stack[-1].opener} at "
+                f"{self.stack[-1].span} (expected {self.stack[-1].closer})",)
+            self.fail(f"{tag} without a matching '{{% {kind} %}}'", span, notes)
+            return
+        while self.stack[-1].kind != kind:
+            frame = self.stack[-1]
+            self.fail(f"{frame.opener} at {frame.span} is never closed (expected "
+                      f"{frame.closer} before {tag} at {span})", frame.span)
+            self.close(frame)
+        self.close(self.stack[-1])
+
+    def finish_arm(self, frame: _Frame) -> None:
+        if frame.orelse is None:
+            arm = frame.arms[-1]
+            frame.arms[-1] = ast.IfArm(arm.test, tuple(frame.body), arm.span)
+            frame.body = []
+        else:
+            frame.orelse = frame.body
+            frame.body = []
+
+    def close(self, frame: _Frame) -> None:
+        """Pop `frame` and add its finished node to the enclosing body."""
+        self.stack.pop()
+        node: ast.Node
+        if frame.kind == "if":
+            self.finish_arm(frame)
+            orelse = tuple(frame.orelse) if frame.orelse is not None else None
+            node = ast.If(tuple(frame.arms), orelse, frame.span, frame.else_span)
+        elif frame.kind == "for":
+            assert frame.target is not None and frame.iterable is not None
+            node = ast.For(frame.target[0], frame.iterable, tuple(frame.body), frame.span,
+                           frame.target[1])
+        else:
+            node = ast.Role(frame.kind, tuple(frame.body), frame.span)
+        self.add(node)
+
+    def add(self, node: ast.Node) -> None:
+        self.stack[-1].body.append(node)
+
+    # ---- front matter and spans --------------------------------------------------------------
+
+    def front_matter(self, token: Token) -> ast.FrontMatter:
+        start = token.start_pos or 0
+        entries: list[ast.FrontMatterEntry] = []
+        offset = start
+        lines = token.value.split("\n")
+        for number, line in enumerate(lines):
+            line_start, offset = offset, offset + len(line) + 1
+            if number == 0 or number >= len(lines) - 2 or not line.strip() \
+                    or line.lstrip().startswith("#"):
+                continue  # the '---' lines, blank lines and '# comments'
+            match = _FRONT_LINE.fullmatch(line)
+            if match is None:
+                self.fail("front matter lines must be 'key: value'",
+                          self.span(line_start, line_start + len(line.rstrip())))
+                continue
+            entries.append(ast.FrontMatterEntry(
+                match.group(1), match.group(2),
+                self.span(line_start + match.start(1), line_start + match.end(2)),
+                self.span(line_start + match.start(2), line_start + match.end(2))))
+        return ast.FrontMatter(tuple(entries), self.span(start, start + len(token.value)))
+
+    def tree_span(self, tree: Tree[Token]) -> Span:
+        meta = tree.meta
+        if meta.empty:
+            return self.span(0, 0)
+        return self.span(meta.start_pos, meta.end_pos)
+
+    def token_span(self, token: Token) -> Span:
+        start = token.start_pos or 0
+        return self.span(start, start + len(token.value))
+
+
+def _end_kind(body: Tree[Token]) -> str:
+    if body.data == "endif_tag":
+        return "if"
+    if body.data == "endfor_tag":
+        return "for"
+    return str(body.children[0])[3:]  # "enduser" -> "user"
+
+
+def _strips_left(item: Item) -> bool:
+    """Whether `item` opens with `-` (`{{-`, `{%-`, `{#-`): strip the text before it."""
+    if isinstance(item, Token):
+        return item.type in ("COMMENT", "RAW") and item.value[2:3] == "-"
+    opener = item.children[0]
+    return isinstance(opener, Token) and opener.value.endswith("-")
+
+
+def _strips_right(item: Item) -> bool:
+    """Whether `item` closes with `-` (`-}}`, `-%}`, `-#}`): strip the text after it."""
+    if isinstance(item, Token):
+        return item.type in ("COMMENT", "RAW") and item.value[-3:-2] == "-"
+    closer = item.children[-1]
+    if isinstance(closer, Tree):  # var_close
+        closer = closer.children[0]
+    return isinstance(closer, Token) and closer.value.startswith("-")
+
+
+# ---- expressions ---------------------------------------------------------------------------------
+
+MAX_EXPR_DEPTH = 100
+"""Expressions nest at most this deep: checking and evaluating them is recursive."""
+_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|([\s\S]))")
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0",
+                   "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+_MAX_INT_DIGITS = 4000  # below Python's int/str conversion limit (4300)
+
+
+class LineIndex:
+    """Offsets -> Spans in O(log n) (Source.span_at rescans the text for every span)."""
+
+    def __init__(self, text: str) -> None:
+        self.size = len(text)
+        self.starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+
+    def position(self, offset: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.starts, offset)
+        return line, offset - self.starts[line - 1] + 1
+
+    def span(self, start: int, end: int) -> Span:
+        start = max(0, min(start, self.size))
+        end = max(start, min(end, self.size))
+        return Span(start, end, *self.position(start), *self.position(end))
+
+
+class ExprBuilder:
+    """Turns expression subtrees into lang/expr.py nodes; shape errors go to `errors`."""
+
+    def __init__(self, source: Source, lines: LineIndex, errors: list[TemplateError]) -> None:
+        self.source = source
+        self.lines = lines
+        self.errors = errors
+
+    def expr(self, node: Item | None, depth: int = 0) -> ex.Expr:
+        """Raises TemplateSyntaxError (at once) when the expression nests too deeply."""
+        if not isinstance(node, Tree):
+            raise TemplateSyntaxError("expected an expression", self.lines.span(0, 0),
+                                      self.source)
+        span = self.lines.span(node.meta.start_pos, node.meta.end_pos)
+        if depth > MAX_EXPR_DEPTH:
+            raise TemplateSyntaxError(
+                f"expression nested too deeply (more than {MAX_EXPR_DEPTH} levels)", span,
+                self.source)
+        data, kids = str(node.data), node.children
+        if data in _LEAVES:
+            return self.leaf(data, kids, span)
+        if data in ("sum", "term"):
+            return self.fold(kids, depth + 1)
+        if data in ("call", "filter", "slice", "dict", "attr"):
+            return self.special(data, kids, span, depth + 1)
+        sub = [self.expr(k, depth + 1) for k in kids if isinstance(k, Tree) and k.data
+               not in ("comp_op", "unary_op")]
+        return self.compound(data, kids, sub, span)
+
+    def leaf(self, data: str, kids: list[Item], span: Span) -> ex.Expr:
+        if data in _CONSTANTS:
+            return ex.Const(_CONSTANTS[data], span)
+        token = kids[0]
+        assert isinstance(token, Token)
+        if data == "name":
+            return ex.Name(str(token), span)
+        if data == "number":
+            return ex.Const(self.number(token.value, span), span)
+        return ex.Const(self.string(token.value, span), span)
+
+    def compound(self, data: str, kids: list[Item], sub: list[ex.Expr], span: Span) -> ex.Expr:
+        if data == "cond":
+            return ex.Cond(sub[0], sub[1], sub[2], span)
+        if data in ("or_test", "and_test"):
+            return ex.BoolOp("or" if data == "or_test" else "and", tuple(sub), span)
+        if data == "not_op":
+            return ex.Unary("not", sub[0], span)
+        if data == "comparison":
+            ops = tuple(_op_text(k) for k in kids[1::2])
+            return ex.Compare(sub[0], ops, tuple(sub[1:]), span)
+        if data == "unary":
+            return ex.Unary(_op_text(kids[0]), sub[0], span)
+        if data == "pow":
+            return ex.Binary("**", sub[0], sub[1], span)
+        if data == "list":
+            return ex.ListExpr(tuple(sub), span)
+        if data == "index":
+            return ex.Index(sub[0], sub[1], span)
+        raise TemplateSyntaxError(f"unsupported expression ({data})", span, self.source)
+
+    def special(self, data: str, kids: list[Item], span: Span, depth: int) -> ex.Expr:
+        """Nodes with non-expression children: names, argument lists, slice parts, pairs."""
+        if data == "call":
+            args, kwargs = self.call_args(kids[1], span, depth)
+            return ex.Call(str(kids[0]), args, kwargs, span)
+        if data == "dict":
+            pairs = [k for k in kids if isinstance(k, Tree)]
+            items = tuple((self.expr(p.children[0], depth), self.expr(p.children[1], depth))
+                          for p in pairs)
+            return ex.DictExpr(items, span)
+        obj = self.expr(kids[0], depth)
+        if data == "attr":
+            return ex.Attr(obj, str(kids[1]), span)
+        if data == "filter":
+            args, kwargs = self.call_args(kids[2], span, depth)
+            return ex.Filter(obj, str(kids[1]), args, kwargs, span)
+        parts = [self.slice_part(k, depth) for k in kids[1:]]
+        return ex.Slice(obj, parts[0], parts[1], parts[2] if len(parts) > 2 else None, span)
+
+    def slice_part(self, part: Item | None, depth: int) -> ex.Expr | None:
+        if isinstance(part, Tree) and part.children:
+            return self.expr(part.children[0], depth)
+        return None
+
+    def call_args(self, node: Item | None, span: Span, depth: int
+                  ) -> tuple[tuple[ex.Expr, ...], tuple[tuple[str, ex.Expr], ...]]:
+        args: list[ex.Expr] = []
+        kwargs: list[tuple[str, ex.Expr]] = []
+        children = node.children if isinstance(node, Tree) else []
+        for arg in children:
+            if isinstance(arg, Tree) and arg.data == "kwarg":
+                kwargs.append((str(arg.children[0]), self.expr(arg.children[1], depth)))
+            elif arg is not None:
+                if kwargs:
+                    self.errors.append(TemplateSyntaxError(
+                        "positional argument after keyword argument", span, self.source))
+                args.append(self.expr(arg, depth))
+        return tuple(args), tuple(kwargs)
+
+    def fold(self, kids: list[Item], depth: int) -> ex.Expr:
+        """`a + b - c` -> Binary(-, Binary(+, a, b), c): left-associative, as in Python."""
+        left = self.expr(kids[0], depth)
+        for op, operand in zip(kids[1::2], kids[2::2], strict=True):
+            right = self.expr(operand, depth)
+            span = self.lines.span(left.span.start, right.span.end)
+            left = ex.Binary(_op_text(op), left, right, span)
+        return left
+
+    def number(self, text: str, span: Span) -> int | float:
+        if text.isdigit():
+            if len(text) > _MAX_INT_DIGITS:
+                self.errors.append(TemplateSyntaxError(
+                    f"integer literal too long ({len(text)} digits)", span, self.source))
+                return 0
+            return int(text)
+        return float(text)
+
+    def string(self, text: str, span: Span) -> str:
+        """Decode a quoted literal: Python escapes; unknown ones (`\\d`) are kept as written."""
+
+        def replace(match: re.Match[str]) -> str:
+            code = match.group(1) or match.group(2) or match.group(3)
+            if code is not None:
+                if int(code, 16) > 0x10FFFF:
+                    self.errors.append(TemplateSyntaxError(
+                        f"invalid escape '{match.group(0)}' in string", span, self.source))
+                    return ""
+                return chr(int(code, 16))
+            return _SIMPLE_ESCAPES.get(match.group(4), match.group(0))
+
+        return _ESCAPE.sub(replace, text[1:-1])
+
+
+_LEAVES = frozenset({"name", "number", "string", "true", "false", "none"})
+_CONSTANTS: dict[str, bool | None] = {"true": True, "false": False, "none": None}
+
+
+def _op_text(node: Item) -> str:
+    if isinstance(node, Token):
+        return str(node)
+    return " ".join(str(t) for t in node.children)

