@@ -55,13 +55,16 @@ def _email(rng: random.Random) -> str:
 
 
 def _int(rng: random.Random) -> str:
-    return str(rng.choice([rng.randint(-99, 99), rng.randint(-10**9, 10**9)]))
+    return str(rng.choice([rng.randint(-99, 99), rng.randint(-(10**9), 10**9)]))
 
 
 def _document(rng: random.Random) -> str:
     doc = {
-        "name": rng.choice(NAMES), "age": rng.randint(0, 130), "email": _email(rng),
-        "city": rng.choice(CITIES), "active": rng.random() < 0.5,
+        "name": rng.choice(NAMES),
+        "age": rng.randint(0, 130),
+        "email": _email(rng),
+        "city": rng.choice(CITIES),
+        "active": rng.random() < 0.5,
         "score": round(rng.uniform(-100, 100), rng.randint(0, 4)),
     }
     return json.dumps(doc, ensure_ascii=False, separators=(", ", ": "))
@@ -105,8 +108,10 @@ def main() -> None:
     vocab = Vocabulary.from_tokenizer(tokenizer)
     print(f"vocabulary: {vocab.size} ids, built in {time.perf_counter() - started:.2f} s\n")
     rng = random.Random(0)
-    header = (f"{'case':<16}{'mode':<7}{'states':>7}{'dfa ms':>9}{'build ms':>10}{'tokens':>8}"
-              f"{'first p50':>11}{'first p99':>11}{'cached p50':>12}{'cached p99':>12}")
+    header = (
+        f"{'case':<16}{'mode':<7}{'states':>7}{'dfa ms':>9}{'build ms':>10}{'tokens':>8}"
+        f"{'first p50':>11}{'first p99':>11}{'cached p50':>12}{'cached p99':>12}"
+    )
     print(header)
     print("-" * len(header))
     compile_dfa(PATTERNS["INT"])  # warm imports
@@ -128,14 +133,18 @@ def main() -> None:
                 build_times.append(t2 - t1)
             first = _replay(index, sequences, budget)
             cached = _replay(index, sequences, budget)
-            print(f"{name:<16}{mode:<7}{dfa.num_states:>7}"
-                  f"{statistics.median(dfa_times) * 1000:>9.1f}"
-                  f"{statistics.median(build_times) * 1000:>10.1f}{len(first):>8}"
-                  f"{_ms(first, 50):>11.4f}{_ms(first, 99):>11.4f}"
-                  f"{_ms(cached, 50):>12.4f}{_ms(cached, 99):>12.4f}")
+            print(
+                f"{name:<16}{mode:<7}{dfa.num_states:>7}"
+                f"{statistics.median(dfa_times) * 1000:>9.1f}"
+                f"{statistics.median(build_times) * 1000:>10.1f}{len(first):>8}"
+                f"{_ms(first, 50):>11.4f}{_ms(first, 99):>11.4f}"
+                f"{_ms(cached, 50):>12.4f}{_ms(cached, 99):>12.4f}"
+            )
     masks.EAGER_MAX_STATES = eager_limit
-    print("\nper-token times in ms (mask with remaining budget + advance); build = TokenIndex.build"
-          " on a compiled DFA (eager: all masks); dfa = compile_dfa")
+    print(
+        "\nper-token times in ms (mask with remaining budget + advance); build = TokenIndex.build"
+        " on a compiled DFA (eager: all masks); dfa = compile_dfa"
+    )
 
 
 if __name__ == "__main__":

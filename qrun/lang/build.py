@@ -24,6 +24,9 @@ _CLOSERS = {"if": "endif", "for": "endfor", "system": "endsystem", "user": "endu
             "assistant": "endassistant"}
 MAX_BLOCK_DEPTH = 100
 """Blocks nest at most this deep: the compiler and runtime walk the tree recursively."""
+MAX_ERRORS = 50
+"""Stop after this many errors (each renders a source excerpt; a hostile template could
+otherwise ask for millions)."""
 
 
 def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
@@ -39,7 +42,7 @@ def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
     except TemplateSyntaxError as err:  # nesting too deep: stop at once
         raise TemplateErrors([*builder.errors, err]) from None
     if builder.errors:
-        raise TemplateErrors(builder.errors)
+        raise TemplateErrors(builder.errors[:MAX_ERRORS])
     return template
 
 
@@ -91,6 +94,8 @@ class _Builder:
             front = self.front_matter(first)
             items.pop(0)
         for index, item in enumerate(items):
+            if len(self.errors) >= MAX_ERRORS:
+                return ast.Template(front, (), self.span(0, len(self.source.text)))
             before = _strips_right(items[index - 1]) if index > 0 else False
             after = _strips_left(items[index + 1]) if index + 1 < len(items) else False
             self.item(item, before, after)
@@ -445,8 +450,12 @@ class ExprBuilder:
     def fold(self, kids: list[Item], depth: int) -> ex.Expr:
         """`a + b - c` -> Binary(-, Binary(+, a, b), c): left-associative, as in Python."""
         left = self.expr(kids[0], depth)
-        for op, operand in zip(kids[1::2], kids[2::2], strict=True):
+        for level, (op, operand) in enumerate(zip(kids[1::2], kids[2::2], strict=True)):
             right = self.expr(operand, depth)
+            if depth + level > MAX_EXPR_DEPTH:  # each operator nests the chain one level
+                raise TemplateSyntaxError(
+                    f"expression nested too deeply (more than {MAX_EXPR_DEPTH} levels)",
+                    self.lines.span(left.span.start, right.span.end), self.source)
             span = self.lines.span(left.span.start, right.span.end)
             left = ex.Binary(_op_text(op), left, right, span)
         return left

@@ -8,6 +8,7 @@ import difflib
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,9 +24,16 @@ from qrun.errors import (
 )
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
+from qrun.lang.build import MAX_ERRORS, build_ast
 from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS
+from qrun.lang.parser import parse
 from qrun.source import Source, Span
 from qrun.stdlib.patterns import PATTERNS
+
+if sys.version_info >= (3, 11):
+    from re import _parser as sre_parse
+else:  # pragma: no cover - Python 3.10
+    import sre_parse
 
 GEN_ARGS = ("max_tokens", "stop", "regex", "json", "temperature", "top_p", "top_k", "seed",
             "heal")
@@ -41,9 +49,6 @@ def compile_source(text: str, name: str = "<string>") -> ir.Program:
         TemplateErrors: every error found, in source order (a syntax error stops the parse, so
             it is reported alone).
     """
-    from qrun.lang.build import build_ast
-    from qrun.lang.parser import parse
-
     source = Source(name, text)
     try:
         tree = parse(source)
@@ -76,12 +81,19 @@ def compile_template(template: ast.Template, source: Source) -> ir.Program:
     compiler = _Compiler(source, template)
     defaults, declared = compiler.front_matter(template.front_matter)
     compiler.declared = declared
-    ops = compiler.body(template.body, _Flow(), _Context())
+    try:
+        ops = compiler.body(template.body, _Flow(), _Context())
+    except _TooManyErrors:
+        ops = ()
     if compiler.errors:
-        raise TemplateErrors(compiler.errors)
+        raise TemplateErrors(compiler.errors[:MAX_ERRORS])
     inputs = declared if declared is not None else tuple(compiler.free)
     return ir.Program(ops, inputs, declared is not None, tuple(compiler.captures), defaults,
                       source)
+
+
+class _TooManyErrors(Exception):
+    """Stops the walk once MAX_ERRORS errors are collected."""
 
 
 @dataclass
@@ -131,6 +143,8 @@ class _Compiler:
              ) -> tuple[ir.Op, ...]:
         ops: list[ir.Op] = []
         for node in nodes:
+            if len(self.errors) >= MAX_ERRORS:
+                raise _TooManyErrors
             op = self.node(node, flow, ctx)
             if op is not None:
                 ops.append(op)
@@ -260,15 +274,24 @@ class _Compiler:
         return ir.Regex(arg.expr)
 
     def check_regex(self, pattern: ex.Const) -> None:
+        """Syntax first with Python's own regex parser (what runtime/dfa.py builds its automaton
+        from; it does not expand repeats), then a size bound, and only then `regex.compile`,
+        which expands `(?:x{65535}){65535}` until memory runs out."""
         try:
+            size = _regex_size(sre_parse.parse(pattern.value), 0)
+            if size > REGEX_MAX_SIZE:
+                raise ValueError(f"pattern too large once repeats are expanded (~{size} "
+                                 f"items, at most {REGEX_MAX_SIZE})")
             regex.compile(pattern.value)
-        except Exception as err:  # noqa: BLE001 - regex.error, or worse on hostile patterns
+        except Exception as err:  # noqa: BLE001 - re.error, regex.error, RecursionError...
             span = pattern.span
             pos = getattr(err, "pos", None)
             if isinstance(pos, int) and self.source.text[span.start + 1:span.end - 1] == \
                     pattern.value:  # no escapes: point at the offending character
                 span = _shift(span, 1 + pos)
-            message = getattr(err, "msg", None) or str(err)
+            message = getattr(err, "msg", None) or str(err) or type(err).__name__
+            if isinstance(err, RecursionError):
+                message = "pattern nested too deeply"
             self.errors.append(ConstraintError(f"invalid regex: {message}", span, self.source))
 
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool
@@ -637,6 +660,39 @@ def _pattern_name(arg: ast.HoleArg) -> str | None:
 def _show(value: Any) -> str:
     text = f'"{value}"' if isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+REGEX_MAX_SIZE = 100_000
+"""A literal regex may expand (repeats unrolled) to at most this many items."""
+
+
+def _regex_size(items: Any, depth: int) -> int:
+    """Items in a parsed pattern with bounded repeats unrolled; stops early past the limit."""
+    if depth > 100:
+        raise ValueError("pattern nested too deeply")
+    total = 0
+    for op, av in items:
+        if op in _REPEATS:
+            low, high, sub = av
+            count = max(low, 1) if high == sre_parse.MAXREPEAT else max(high, 1)
+            total += count * _regex_size(sub, depth + 1)
+        else:
+            total += 1 + sum(_regex_size(s, depth + 1) for s in _subpatterns(av))
+        if total > REGEX_MAX_SIZE:
+            return total
+    return total
+
+
+def _subpatterns(value: Any) -> Iterator[Any]:
+    if isinstance(value, sre_parse.SubPattern):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _subpatterns(item)
+
+
+_REPEATS = {getattr(sre_parse, name) for name in ("MAX_REPEAT", "MIN_REPEAT",
+                                                  "POSSESSIVE_REPEAT") if hasattr(sre_parse, name)}
 
 
 def _prefix(span: Span, length: int) -> Span:

@@ -13,7 +13,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from qrun.errors import TemplateSyntaxError
-from qrun.source import Source, Span
+from qrun.source import Source
 
 # Terminals shown to users under another name; None hides one from "expected ..." lists.
 _READABLE: dict[str, str | None] = {
@@ -249,8 +249,3 @@ def _describe(text: str, pos: int) -> tuple[str, int]:
         return "end of line", 1
     return f"{text[pos]!r}", 1
 
-
-def span_of_token(token: Token, source: Source) -> Span:
-    """The span of a Lark token (offsets are absolute: front matter is part of the parse)."""
-    start = token.start_pos or 0
-    return source.span_at(start, len(token.value))

@@ -12,6 +12,7 @@ from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
 from qrun.runtime.dfa import PatternError
+from qrun.runtime.healing import HealCursor, PrefixMasks
 from qrun.runtime.masks import IndexCache, MaskCursor
 from qrun.source import Source, Span
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
@@ -23,6 +24,7 @@ class ConstraintCompiler:
     def __init__(self, backend: Backend, max_indexes: int = 64) -> None:
         self.backend = backend
         self.indexes = IndexCache(max_indexes)
+        self._prefix_masks: PrefixMasks | None = None
 
     def pattern(
         self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source, span: Span
@@ -54,20 +56,51 @@ class ConstraintCompiler:
                     raise ConstraintError(str(exc), constraint.schema.span, source) from None
 
     def cursor(
-        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source, span: Span
+        self,
+        constraint: ir.Constraint,
+        scope: Mapping[str, Any],
+        source: Source,
+        span: Span,
+        prefix: bytes = b"",
     ) -> MaskCursor:
-        """A fresh cursor at the start of the constraint.
+        """A fresh cursor at the start of the constraint, which first requires the healed
+        `prefix` (text taken back from the context) when one is given.
 
         Raises:
             ConstraintError: the pattern cannot be compiled to a token mask.
         """
         pattern = self.pattern(constraint, scope, source, span)
+        if prefix:
+            pattern = literal_pattern(prefix.decode("utf-8")) + "(?:" + pattern + ")"
         try:
             index = self.indexes.get(pattern, self.backend.vocabulary)
         except PatternError as exc:
             where = constraint.pattern.span if isinstance(constraint, ir.Regex) else span
             raise ConstraintError(str(exc), where, source) from None
         return index.start()
+
+
+    def heal_cursor(self, prefix: bytes) -> HealCursor:
+        """The cursor of an unconstrained hole that must first produce `prefix`."""
+        if self._prefix_masks is None:
+            self._prefix_masks = PrefixMasks(self.backend.vocabulary)
+        return HealCursor(self._prefix_masks, prefix)
+
+
+def literal_pattern(text: str) -> str:
+    """A regex matching exactly `text`: every non-alphanumeric character as a \\x/\\u escape,
+    which the DFA front end reads unambiguously."""
+    out = []
+    for char in text:
+        if char.isascii() and char.isalnum():
+            out.append(char)
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return "".join(out)
 
 
 def _parse_schema(text: str, constraint: ir.JsonSchema, source: Source) -> Any:

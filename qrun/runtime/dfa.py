@@ -35,11 +35,11 @@ import regex
 
 # `sre_parse` moved to `re._parser` in 3.11 and importing the old name warns there.
 try:
-    from re import _constants as sre_c  # type: ignore[attr-defined]
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
+    from re import _constants as sre_c  # type: ignore[attr-defined, unused-ignore]
+    from re import _parser as sre_parse  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants as sre_c  # type: ignore[no-redef, unused-ignore]
+    import sre_parse  # type: ignore[no-redef, unused-ignore]
 
 __all__ = [
     "DFA_MAX_STATES",
@@ -85,7 +85,7 @@ class PatternError(ValueError):
 # The DFA
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class ByteDFA:
     """A complete, minimal DFA over bytes.
 
@@ -105,6 +105,9 @@ class ByteDFA:
     # Per state: the only live out-byte, or -1 when there are zero or several (precomputed for
     # forced_bytes, which fast-forward calls at every step).
     _single_byte: npt.NDArray[np.int16]
+
+    def __repr__(self) -> str:
+        return f"ByteDFA(pattern={self.pattern!r}, states={self.num_states})"
 
     @property
     def dead(self) -> int:

@@ -16,7 +16,8 @@ from qrun.lang import ir
 from qrun.lang.evaluate import LoopInfo, evaluate
 from qrun.lang.expr import Expr
 from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.generate import GenRequest, HoleFailure, HoleRecord, generate
+from qrun.runtime.generate import Cursor, GenRequest, HoleFailure, HoleRecord, generate
+from qrun.runtime.healing import healable_tail
 from qrun.runtime.result import Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
@@ -173,11 +174,19 @@ class _Runner:
             raise self._bad_arg(p.max_tokens, op.span, f"max_tokens must be ≥ 1, got {max_tokens}")
         stop = self._stop(p.stop, op.span)
         sampling, generator = self._sampling(p, op.span)
-        cursor = None
+        prefix = b""
+        if self._arg(p.heal, bool, True, op.span, "heal"):
+            self.session.settle()
+            vocab = self.backend.vocabulary
+            count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
+            prefix = self.session.heal(count)
+        cursor: Cursor | None = None
         if p.constraint is not None:
             cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
-                                             op.span)
-        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor)
+                                             op.span, prefix)
+        elif prefix:
+            cursor = self.constraints.heal_cursor(prefix)
+        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix)
 
     def _sampling(
         self, p: ir.GenParams, span: Span
@@ -211,7 +220,7 @@ class _Runner:
         if expr is None:
             return default
         value = self._eval(expr)
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             raise self._bad_arg(expr, span, f"{name} has the wrong type: {value!r}")
         return value
 

@@ -11,14 +11,15 @@ from typing import Protocol
 import torch
 
 from qrun.runtime.sampler import SamplingParams, sample
-from qrun.runtime.session import Session
+from qrun.runtime.session import Overshoot, Session
 
 
 class Cursor(Protocol):
     """A hole's constraint state (runtime/masks.py MaskCursor implements it)."""
 
     def allowed(self, tokens_left: int) -> torch.Tensor:
-        """Bool mask [V] of tokens that keep a full match reachable within `tokens_left`."""
+        """Bool mask [V] (on the CPU) of tokens that keep a full match reachable within
+        `tokens_left` tokens, EOS included where the text so far is a full match."""
         ...
 
     def can_end(self) -> bool:
@@ -69,7 +70,9 @@ class HoleRecord:
 
 @dataclass(frozen=True, slots=True)
 class GenRequest:
-    """A `gen` hole with its arguments evaluated."""
+    """A `gen` hole with its arguments evaluated. `prefix` is the healed text (bytes taken
+    back from the context that the hole must produce first; not part of the value), and the
+    cursor, when given, already includes it."""
 
     name: str
     max_tokens: int
@@ -77,6 +80,59 @@ class GenRequest:
     sampling: SamplingParams
     generator: torch.Generator | None
     cursor: Cursor | None = None
+    prefix: bytes = b""
+
+
+class _Hole:
+    """The bytes and tokens of a hole in progress. `text` starts with the healed prefix;
+    `ends[k]` is the byte offset in `text` where hole token k ends."""
+
+    def __init__(self, session: Session, request: GenRequest) -> None:
+        self.session = session
+        self.request = request
+        self.vocab = session.backend.vocabulary
+        self.start = len(session.token_ids)
+        self.text = bytearray()
+        self.ends: list[int] = []
+        self.record = HoleRecord(request.name, "")
+
+    @property
+    def value_tokens(self) -> int:
+        """Tokens that carry value bytes (tokens wholly inside the healed prefix are free)."""
+        plen = len(self.request.prefix)
+        return sum(1 for end in self.ends if end > plen)
+
+    def take(self, token: int, logprob: float, forced: bool) -> int | None:
+        """Append a token to the context and the hole; return the byte offset of a stop
+        string it completed, if any."""
+        self.session.append_tokens([token])
+        self.record.token_ids.append(token)
+        self.record.logprobs.append(logprob)
+        self.record.forced.append(forced)
+        before = len(self.text)
+        self.text += self.vocab.token_bytes[token] or b""
+        self.ends.append(len(self.text))
+        if self.request.cursor is not None:
+            self.request.cursor.advance(token)
+        plen = len(self.request.prefix)
+        found = find_stop(self.text[plen:], self.request.stop, max(0, before - plen))
+        return None if found is None else found + plen
+
+    def cut_at_stop(self, stop_at: int) -> None:
+        """End the value at a stop string. Tokens wholly before it stay; the tokens from the
+        one holding the stop's first byte on stay provisionally (Session.overshoot)."""
+        kept = sum(1 for end in self.ends if end <= stop_at)
+        begin = self.ends[kept - 1] if kept else 0
+        if kept < len(self.ends):
+            self.session.overshoot = Overshoot(
+                start=self.start + kept,
+                value_bytes=bytes(self.text[begin:stop_at]),
+                token_bytes=bytes(self.text[begin:]),
+            )
+        del self.text[stop_at:]
+
+    def value(self) -> str:
+        return bytes(self.text[len(self.request.prefix) :]).decode("utf-8", errors="replace")
 
 
 def generate(
@@ -84,78 +140,112 @@ def generate(
 ) -> HoleRecord:
     """Generate one hole into the session's context and return its record.
 
-    On return the context holds exactly the value's tokens after the text before the hole:
-    EOS and stop strings are not part of it (a stop string's tokens are rolled back).
+    EOS and stop strings are not part of the value. Tokens sampled past a stop string stay
+    provisionally and are kept only if the following fixed text begins with them (§4.3).
+    Where the constraint forces text, it is appended without sampling (fast-forward).
 
     Raises:
         HoleFailure: max_tokens ran out before the constraint accepted, or no token is allowed.
     """
     started = time.perf_counter()
-    vocab = session.backend.vocabulary
+    session.settle()
+    hole = _Hole(session, request)
     eos = session.backend.eos_token_ids
-    record = HoleRecord(request.name, "")
-    start = len(session.token_ids)
-    text = bytearray()
-    ends: list[int] = []  # byte end offset of each hole token in `text`
-    streamed = 0
-    for step in range(request.max_tokens):
-        logits = session.next_logits()
-        mask = _mask(session, request, eos, request.max_tokens - step)
-        token, logprob = sample(logits, mask, request.sampling, request.generator)
-        if token in eos:
-            record.finish = "eos"
-            break
-        session.append_tokens([token])
-        session.stats.generated_tokens += 1
-        record.token_ids.append(token)
-        record.logprobs.append(logprob)
-        record.forced.append(False)
-        if request.cursor is not None:
-            request.cursor.advance(token)
-        before = len(text)
-        text += vocab.token_bytes[token] or b""
-        ends.append(len(text))
-        stop_at = find_stop(text, request.stop, before)
+    cursor = request.cursor
+    streamed = len(request.prefix)
+    finish = "max_tokens"
+    while hole.value_tokens < request.max_tokens:
+        tokens_left = request.max_tokens - hole.value_tokens
+        stop_at = _fast_forward(hole, tokens_left)
+        if stop_at is None and hole.value_tokens < request.max_tokens:
+            logits = session.next_logits()
+            mask = _mask(session, request, tokens_left + (1 if _in_prefix(hole) else 0))
+            token, logprob = sample(logits, mask, request.sampling, request.generator)
+            if token in eos:
+                finish = "eos"
+                break
+            session.stats.generated_tokens += 1
+            stop_at = hole.take(token, logprob, forced=False)
         if stop_at is not None:
-            _cut_at_stop(session, record, text, ends, start, stop_at)
-            del text[stop_at:]
-            record.finish = "stop"
+            hole.cut_at_stop(stop_at)
+            finish = "stop"
             break
         if on_text is not None:
-            streamed = _stream(text, streamed, request.stop, on_text)
-        if request.cursor is not None and not request.cursor.can_continue():
-            record.finish = "match"
+            streamed = _stream(hole.text, streamed, request.stop, on_text)
+        if cursor is not None and not cursor.can_continue():
+            finish = "match"
             break
-    else:
-        record.finish = "max_tokens"
-    if request.cursor is not None and not request.cursor.can_end():
+    record = hole.record
+    record.finish = finish
+    if cursor is not None and not cursor.can_end():
         raise HoleFailure(
-            f"hole '{request.name}' stopped ({record.finish}) before its value matched the "
-            f"constraint; value so far: {bytes(text).decode('utf-8', 'replace')!r}"
+            f"hole '{request.name}' stopped ({finish}) before its value matched the "
+            f"constraint; value so far: {hole.value()!r}"
         )
-    record.value = bytes(text).decode("utf-8", errors="replace")
-    if on_text is not None and streamed < len(text):
-        on_text(bytes(text[streamed:]).decode("utf-8", errors="replace"))
+    record.value = hole.value()
+    if on_text is not None and streamed < len(hole.text):
+        on_text(bytes(hole.text[streamed:]).decode("utf-8", errors="replace"))
     record.seconds = time.perf_counter() - started
     return record
 
 
+def _in_prefix(hole: _Hole) -> bool:
+    return len(hole.text) < len(hole.request.prefix)
+
+
+def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
+    """Append the text the constraint forces (one continuation only) as tokens, without
+    sampling; they are fed with the next forward, all at once. Returns a completed stop."""
+    cursor = hole.request.cursor
+    forced_bytes = getattr(cursor, "forced_bytes", None)
+    if forced_bytes is None or _in_prefix(hole):
+        return None
+    forced = forced_bytes()
+    if not forced:
+        return None
+    token_ids = _forced_tokens(hole, forced)[:tokens_left]
+    stop_at = None
+    for token in token_ids:
+        hole.session.stats.forced_tokens += 1
+        stop_at = hole.take(token, float("nan"), forced=True)
+        if stop_at is not None:
+            break
+    return stop_at
+
+
+def _forced_tokens(hole: _Hole, forced: bytes) -> list[int]:
+    # Canonical tokens of the forced text, less the last one when a longer token could start
+    # with it (then the model may legitimately merge it with what follows: `"` into `",`);
+    # llguidance's fast-forward rule, reduced to the last token.
+    try:
+        text = forced.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    token_ids = hole.session.backend.encode(text)
+    vocab = hole.vocab
+    if b"".join(vocab.token_bytes[t] or b"" for t in token_ids) != forced:
+        return []
+    if token_ids and vocab.has_extension(vocab.token_bytes[token_ids[-1]] or b""):
+        token_ids.pop()
+    return token_ids
+
+
 def _mask(
-    session: Session, request: GenRequest, eos: frozenset[int], tokens_left: int
+    session: Session, request: GenRequest, tokens_left: int
 ) -> torch.Tensor | None:
+    """The cursor's mask for this step (EOS included where the value may end here)."""
     if request.cursor is None:
         return None
     started = time.perf_counter()
-    mask = request.cursor.allowed(tokens_left).clone()
-    if request.cursor.can_end():
-        for token in eos:
-            mask[token] = True
+    mask = request.cursor.allowed(tokens_left)
+    # numpy's any(): torch's has 12-16 ms outliers on a busy 2-core machine (intra-op pool).
+    empty = not mask.numpy().any()
     session.stats.mask_s += time.perf_counter() - started
-    if not bool(mask.any()):
+    if empty:
         raise HoleFailure(
             f"no token can continue hole '{request.name}' legally within {tokens_left} token(s)"
         )
-    return mask.to(session.next_logits().device)
+    return mask
 
 
 def find_stop(text: bytes | bytearray, stops: Sequence[str], searched: int) -> int | None:
@@ -168,29 +258,6 @@ def find_stop(text: bytes | bytearray, stops: Sequence[str], searched: int) -> i
         if found >= 0 and (best is None or found < best):
             best = found
     return best
-
-
-def _cut_at_stop(
-    session: Session,
-    record: HoleRecord,
-    text: bytearray,
-    ends: list[int],
-    start: int,
-    stop_at: int,
-) -> None:
-    # Keep the tokens that end at or before the stop; the rest overshoot into the stop string.
-    # Their positions are rolled back, and the bytes of the value they carried ("residual",
-    # e.g. "." of a ".\n" token with stop "\n") are appended again as canonical tokens.
-    kept = sum(1 for end in ends if end <= stop_at)
-    residual = bytes(text[ends[kept - 1] if kept else 0 : stop_at])
-    session.rollback(start + kept)
-    del record.token_ids[kept:], record.logprobs[kept:], record.forced[kept:]
-    if residual:
-        ids = session.backend.encode(residual.decode("utf-8", errors="replace"))
-        session.append_tokens(ids)
-        record.token_ids.extend(ids)
-        record.logprobs.extend([float("nan")] * len(ids))
-        record.forced.extend([True] * len(ids))
 
 
 def _stream(

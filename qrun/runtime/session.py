@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -14,11 +15,28 @@ from qrun.backends.base import Backend, KVCache
 from qrun.runtime.stats import Stats
 
 
+@dataclass(frozen=True, slots=True)
+class Overshoot:
+    """Tokens at the end of the context that a hole sampled past its end (they hold a stop
+    string and maybe more), kept provisionally: if the next fixed text begins with exactly
+    their bytes they stay — the model already wrote that text — else they are rolled back.
+
+    start: index in token_ids of the first such token
+    value_bytes: bytes of the hole's value inside those tokens (e.g. "." of a ".\\n" token)
+    token_bytes: all bytes of token_ids[start:]
+    """
+
+    start: int
+    value_bytes: bytes
+    token_bytes: bytes
+
+
 class Session:
     """Token ids and KV cache of one run.
 
-    Invariant: the cache holds exactly `token_ids[:fed]`; `token_ids[fed:]` are appended but not
-    yet fed; `_logits` is the next-token distribution after all of `token_ids` when not None.
+    Invariants: the cache holds exactly `token_ids[:fed]`; `token_ids[fed:]` are appended but
+    not fed yet; `_logits` is the next-token distribution after all of `token_ids` when not
+    None; the last `fixed_tail` tokens came from fixed text (token healing may take them back).
     """
 
     def __init__(self, backend: Backend, stats: Stats | None = None) -> None:
@@ -27,28 +45,54 @@ class Session:
         self.cache: KVCache = backend.new_cache()
         self.token_ids: list[int] = []
         self.fed = 0
+        self.fixed_tail = 0
+        self.overshoot: Overshoot | None = None
         self._logits: torch.Tensor | None = None
 
     def append_text(self, text: str) -> list[int]:
-        """Append fixed text: tokenized once, as one segment; fed when logits are next needed."""
-        if not text:
+        """Append fixed text, tokenized once as one segment and fed when logits are next
+        needed. A pending overshoot is settled first (kept when the text begins with it)."""
+        data = text.encode("utf-8")
+        if self.overshoot is not None:
+            data = self._settle_overshoot(data)
+        if not data:
             return []
-        ids = self.backend.encode(text)
-        self.append_tokens(ids)
+        ids = self.backend.encode(data.decode("utf-8", errors="replace"))
+        self._append(ids)
         self.stats.prompt_tokens += len(ids)
+        self.fixed_tail += len(ids)
         return ids
 
     def append_tokens(self, token_ids: Sequence[int]) -> None:
-        """Append token ids to the context (fed lazily)."""
+        """Append model-chosen token ids to the context (fed lazily)."""
         if token_ids:
-            self.token_ids.extend(token_ids)
-            self._logits = None
+            self._append(token_ids)
+            self.fixed_tail = 0
+
+    def _append(self, token_ids: Sequence[int]) -> None:
+        self.token_ids.extend(token_ids)
+        self._logits = None
+
+    def _settle_overshoot(self, text: bytes) -> bytes:
+        """Keep the overshoot tokens if the context must read value_bytes + text and they spell
+        its beginning; otherwise roll them back. Returns the bytes still to append."""
+        assert self.overshoot is not None
+        over, self.overshoot = self.overshoot, None
+        wanted = over.value_bytes + text
+        if wanted.startswith(over.token_bytes):
+            self.stats.boundary_kept += 1
+            self.fixed_tail = 0
+            return wanted[len(over.token_bytes) :]
+        self.rollback(over.start)
+        return wanted
 
     def next_logits(self) -> torch.Tensor:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
         one forward. An empty context first gets the model's start token."""
         if self._logits is not None:
             return self._logits
+        if self.overshoot is not None:
+            self._drop_overshoot()
         if not self.token_ids:
             self.token_ids.append(self.backend.start_token_id)
         if self.fed == len(self.token_ids):
@@ -60,6 +104,19 @@ class Session:
         self.fed = len(self.token_ids)
         self._logits = logits[-1]
         return self._logits
+
+    def settle(self) -> None:
+        """Resolve a pending overshoot when no fixed text follows (before a hole starts)."""
+        if self.overshoot is not None:
+            self._drop_overshoot()
+
+    def _drop_overshoot(self) -> None:
+        # No fixed text follows the hole (the template ends, or another hole comes next): the
+        # overshoot cannot match empty text, so it is rolled back and the value's bytes it
+        # carried go back in as canonical tokens.
+        rest = self._settle_overshoot(b"")
+        if rest:
+            self._append(self.backend.encode(rest.decode("utf-8", errors="replace")))
 
     def forward(self, token_ids: Sequence[int], logits_for: int = 1) -> torch.Tensor:
         """One counted, timed forward of `token_ids` on top of the cache."""
@@ -77,6 +134,7 @@ class Session:
             raise ValueError(f"cannot roll a {len(self.token_ids)}-token context back to {length}")
         if length == len(self.token_ids):
             return
+        self.fixed_tail = max(0, self.fixed_tail - (len(self.token_ids) - length))
         del self.token_ids[length:]
         if self.fed > length:
             self.stats.rollback_tokens += self.fed - length
@@ -84,6 +142,20 @@ class Session:
             self.fed = length
         self._logits = None
 
+    def heal(self, count: int) -> bytes:
+        """Take back the last `count` fixed-text tokens (token healing) and return their bytes,
+        which the next hole must produce first. Unfed tokens cost nothing to take back."""
+        self.settle()
+        if count == 0:
+            return b""
+        vocab = self.backend.vocabulary
+        removed = b"".join(vocab.token_bytes[t] or b"" for t in self.token_ids[-count:])
+        self.rollback(len(self.token_ids) - count)
+        self.stats.healed_tokens += count
+        return removed
+
     def finish(self) -> None:
-        """Record the final context length."""
+        """Settle a pending overshoot and record the final context length."""
+        if self.overshoot is not None:
+            self._drop_overshoot()
         self.stats.context_tokens = len(self.token_ids)

@@ -19,6 +19,9 @@ class Stats:
     cached_tokens: positions whose KV came from a cache instead of a forward
     rollback_tokens: positions dropped from the KV cache after being computed
     forced_tokens: tokens appended without sampling because a constraint allowed only them
+    healed_tokens: fixed-text tokens taken back before a hole by token healing
+    boundary_kept: holes whose last token ran into the next fixed text and was kept, because
+        that text begins with exactly those bytes (the alternative is a rollback)
     """
 
     context_tokens: int = 0
@@ -29,6 +32,8 @@ class Stats:
     cached_tokens: int = 0
     rollback_tokens: int = 0
     forced_tokens: int = 0
+    healed_tokens: int = 0
+    boundary_kept: int = 0
     wall_s: float = 0.0
     model_s: float = 0.0
     mask_s: float = 0.0

@@ -40,7 +40,7 @@ def _gpt2_unicode_to_byte() -> dict[str, int]:
 _BYTE_OF_CHAR = _gpt2_unicode_to_byte()
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class TokenTrie:
     """All ordinary tokens' byte strings as a trie stored level by level, for vectorised walks.
 
@@ -56,6 +56,9 @@ class TokenTrie:
     child_count: tuple[npt.NDArray[np.int64], ...]
     token_at: tuple[npt.NDArray[np.int64], ...]
     duplicates: tuple[tuple[int, int], ...]
+
+    def __repr__(self) -> str:
+        return f"TokenTrie(max_len={self.max_len}, nodes={sum(len(b) for b in self.byte)})"
 
     @property
     def max_len(self) -> int:
@@ -100,14 +103,15 @@ class TokenTrie:
         empty = np.zeros(0, dtype=np.int64)
         starts.append(empty)
         counts.append(empty)
-        for array in (*bytes_out, *tokens_out, *starts, *counts):
-            array.flags.writeable = False
+        for group in (bytes_out, tokens_out, starts, counts):
+            for array in group:
+                array.flags.writeable = False
         return TokenTrie(
             tuple(bytes_out), tuple(starts), tuple(counts), tuple(tokens_out), tuple(duplicates)
         )
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Vocabulary:
     """A tokenizer's vocabulary as bytes.
 
@@ -127,6 +131,9 @@ class Vocabulary:
     single_byte_tokens: npt.NDArray[np.bool_]
     _extendable: frozenset[bytes]
     _tokens: frozenset[bytes]
+
+    def __repr__(self) -> str:
+        return f"Vocabulary(size={self.size}, eos_token_ids={self.eos_token_ids})"
 
     @property
     def size(self) -> int:
@@ -207,7 +214,9 @@ _CACHE = _VocabularyCache()
 def _build_from_tokenizer(tokenizer: Any, size: int) -> Vocabulary:
     length = len(tokenizer)
     if size < length:
-        raise VocabularyError(f"model vocabulary size {size} is smaller than the tokenizer ({length})")
+        raise VocabularyError(
+            f"model vocabulary size {size} is smaller than the tokenizer ({length})"
+        )
     special = set(getattr(tokenizer, "all_special_ids", ()))
     special.update(getattr(tokenizer, "added_tokens_decoder", {}).keys())
     pieces: list[str | None] = list(tokenizer.convert_ids_to_tokens(list(range(length))))

@@ -33,7 +33,9 @@ ITEM_SEPARATOR = ", "
 KEY_SEPARATOR = ": "
 
 # RFC 3339 full-time (what JSON Schema's "time" format means): the offset is required.
-_RFC3339_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_RFC3339_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
 _FORMATS = {
     "date": PATTERNS["DATE"],
     "time": _RFC3339_TIME,
@@ -44,8 +46,21 @@ _FORMATS = {
 }
 # Keywords with no effect on the generated language (annotations, containers of definitions).
 _IGNORED = frozenset(
-    {"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
-     "readOnly", "writeOnly", "$defs", "definitions", "additionalProperties"}
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "$schema",
+        "$id",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$defs",
+        "definitions",
+        "additionalProperties",
+    }
 )
 _BY_TYPE = {
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
@@ -59,8 +74,13 @@ _BY_TYPE = {
 _GENERAL = frozenset({"type", "enum", "const", "anyOf", "allOf", "$ref"})
 _KNOWN = _IGNORED | _GENERAL | frozenset().union(*_BY_TYPE.values())
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "null": (type(None),), "array": (list,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "array": (list,),
+    "object": (dict,),
 }
 
 
@@ -88,8 +108,9 @@ class _Translator:
 
     def value(self, schema: Any, path: str, refs: tuple[str, ...]) -> str:
         if schema is True or schema == {}:
-            raise SchemaError(f"schema at {path} allows any JSON value, which needs recursion; "
-                              "give it a type")
+            raise SchemaError(
+                f"schema at {path} allows any JSON value, which needs recursion; give it a type"
+            )
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {path} must be an object")
         for key in schema:
@@ -190,7 +211,9 @@ class _Translator:
             return f'"{_FORMATS[fmt]}"'
         if "pattern" in schema:
             if "minLength" in schema or "maxLength" in schema:
-                raise SchemaError(f"'pattern' at {path} cannot be combined with minLength/maxLength")
+                raise SchemaError(
+                    f"'pattern' at {path} cannot be combined with minLength/maxLength"
+                )
             return f'"{_string_pattern(schema["pattern"], f"{path}/pattern")}"'
         low = _count(schema, "minLength", path, 0)
         high = _count(schema, "maxLength", path, None)
@@ -200,7 +223,7 @@ class _Translator:
         if "items" not in schema:
             raise SchemaError(f"array at {path} needs 'items' (any JSON value needs recursion)")
         item = self.value(schema["items"], f"{path}/items", refs)
-        low = _count(schema, "minItems", path, 0)
+        low = _count(schema, "minItems", path, 0) or 0
         high = _count(schema, "maxItems", path, None)
         _check_bounds(low, high, path, "minItems")
         sep = re.escape(ITEM_SEPARATOR)
@@ -292,7 +315,9 @@ def _int_bounds(
 ) -> tuple[int | None, int | None]:
     bounds: list[int | None] = [None, None]
     for slot, key, shift in (
-        (0, "minimum", 0), (0, "exclusiveMinimum", 1), (1, "maximum", 0),
+        (0, "minimum", 0),
+        (0, "exclusiveMinimum", 1),
+        (1, "maximum", 0),
         (1, "exclusiveMaximum", -1),
     ):
         if key not in schema:
@@ -393,7 +418,7 @@ def _string_pattern(pattern: Any, path: str) -> str:
     if live.any():
         raise SchemaError(
             f"'pattern' at {path} can produce '\"', '\\' or control characters, which must be "
-            "escaped inside a JSON string; exclude them (e.g. [^\"\\\\] instead of .)"
+            'escaped inside a JSON string; exclude them (e.g. [^"\\\\] instead of .)'
         )
     pad = f"{STRING_CHAR}*"
     return f"{'' if anchored_start else pad}({body}){'' if anchored_end else pad}"
@@ -424,7 +449,9 @@ def _group(text: str) -> str:
 
 
 def _literal(value: Any) -> str:
-    return re.escape(json.dumps(value, ensure_ascii=False, separators=(ITEM_SEPARATOR, KEY_SEPARATOR)))
+    return re.escape(
+        json.dumps(value, ensure_ascii=False, separators=(ITEM_SEPARATOR, KEY_SEPARATOR))
+    )
 
 
 def _is_type(value: Any, kind: str) -> bool:
@@ -437,4 +464,3 @@ def _is_type(value: Any, kind: str) -> bool:
 
 def _pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
-

@@ -7,9 +7,16 @@ from __future__ import annotations
 __all__ = ["PATTERNS"]
 
 # Building blocks, kept private so each public pattern reads as one line of spec.
-_YEAR = r"[0-9]{4}"
-_MONTH = r"(0[1-9]|1[0-2])"
-_DAY = r"(0[1-9]|[12][0-9]|3[01])"
+# Years 0001-9999 (year 0000 is valid RFC 3339 but not a Python date, which JSON Schema
+# validators use); leap years: divisible by 4, centuries only when divisible by 400.
+_YEAR = r"([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (
+    rf"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
+    rf"|{_YEAR}-(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    rf"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])"
+    rf"|{_LEAP_YEAR}-02-29)"
+)
 _HOUR = r"([01][0-9]|2[0-3])"
 _MINUTE = r"[0-5][0-9]"
 _FRACTION = r"(\.[0-9]{1,9})?"
@@ -30,16 +37,16 @@ PATTERNS: dict[str, str] = {
     "FLOAT": r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
     # JSON literals only. Excludes True/False, yes/no, 0/1.
     "BOOL": r"(true|false)",
-    # ISO 8601 calendar date, extended format YYYY-MM-DD (RFC 3339 full-date). Checks month
-    # 01-12 and day 01-31 but not per-month lengths ('2023-02-30' passes); excludes basic
-    # format (20240131), week/ordinal dates, signed or 5+ digit years.
-    "DATE": rf"{_YEAR}-{_MONTH}-{_DAY}",
+    # ISO 8601 calendar date, extended format YYYY-MM-DD (RFC 3339 full-date), calendar-exact:
+    # month lengths and Gregorian leap years (2024-02-29 yes, 1900-02-29 no). Excludes year
+    # 0000, basic format (20240131), week/ordinal dates, signed or 5+ digit years.
+    "DATE": _DATE,
     # ISO 8601 local time, extended format: hh:mm or hh:mm:ss with an optional fraction of
     # up to 9 digits. Excludes 24:00, leap second :60, offsets/Z (see DATETIME), 12-hour clock.
     "TIME": rf"{_HOUR}:{_MINUTE}(:{_MINUTE}{_FRACTION})?",
-    # RFC 3339 date-time: full-date 'T' hh:mm:ss[.frac] and a required offset (Z or ±hh:mm).
+    # RFC 3339 date-time: DATE 'T' hh:mm:ss[.frac] and a required offset (Z or ±hh:mm).
     # Excludes lowercase 't'/'z', a space instead of 'T', leap seconds, missing offsets.
-    "DATETIME": rf"{_YEAR}-{_MONTH}-{_DAY}T{_HOUR}:{_MINUTE}:{_MINUTE}{_FRACTION}{_OFFSET}",
+    "DATETIME": rf"{_DATE}T{_HOUR}:{_MINUTE}:{_MINUTE}{_FRACTION}{_OFFSET}",
     # RFC 5322 addr-spec, dot-atom subset: dot-atom local part '@' a domain of two or more
     # LDH labels (RFC 1035) ending in an alphabetic TLD. Excludes quoted local parts,
     # IP-literal domains, comments, non-ASCII (RFC 6531) addresses, length limits (64/255).

@@ -3,11 +3,11 @@ anchors, refused constructs, forced bytes and distances."""
 
 from __future__ import annotations
 
+import pytest
 import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pytest
 from qrun.runtime import dfa as dfa_module
 from qrun.runtime.dfa import PatternError, compile_dfa
 
@@ -182,7 +182,9 @@ def _regexes(draw: st.DrawFn) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(_regexes(), st.lists(st.sampled_from(["a", "b", "c", "1", "é", "😀", "\n", "x"]), max_size=6))
+@given(
+    _regexes(), st.lists(st.sampled_from(["a", "b", "c", "1", "é", "😀", "\n", "x"]), max_size=6)
+)
 def test_random_regexes_agree_with_regex(pattern: str, chars: list[str]) -> None:
     text = "".join(chars)
     expected = regex.fullmatch(pattern, text, flags=regex.ASCII) is not None
@@ -198,7 +200,10 @@ def test_more_refusals(pattern: str, fragment: str) -> None:
         compile_dfa(pattern)
 
 
-@pytest.mark.parametrize(("pattern", "text"), [(r"a{2}[{e}]", "aa{"), (r"[[a]+", "[a"), (r"x{,}", "xxx"), (r"a{}", "a{}")])
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [(r"a{2}[{e}]", "aa{"), (r"[[a]+", "[a"), (r"x{,}", "xxx"), (r"a{}", "a{}")],
+)
 def test_braces_and_brackets_that_are_not_regex_extensions(pattern: str, text: str) -> None:
     assert regex.fullmatch(pattern, text, flags=regex.ASCII)
     assert compile_dfa(pattern).matches(text.encode())

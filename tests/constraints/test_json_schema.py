@@ -18,7 +18,6 @@ from qrun.runtime.masks import IndexCache, TokenIndex
 from qrun.runtime.vocab import Vocabulary
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 
-
 PERSON = {
     "type": "object",
     "properties": {
@@ -34,28 +33,46 @@ PERSON = {
 SCHEMAS: list[dict[str, Any]] = [
     PERSON,
     {
-        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"},
-                                                             "y": {"type": "integer"}},
-                            "required": ["x", "y"]}},
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            }
+        },
         "type": "object",
-        "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"},
-                       "label": {"anyOf": [{"type": "string", "pattern": "^[A-Z]{2}[0-9]$"},
-                                           {"type": "null"}]}},
+        "properties": {
+            "start": {"$ref": "#/$defs/point"},
+            "end": {"$ref": "#/$defs/point"},
+            "label": {
+                "anyOf": [{"type": "string", "pattern": "^[A-Z]{2}[0-9]$"}, {"type": "null"}]
+            },
+        },
         "required": ["start", "label"],
     },
-    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 250},
-     "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {
-        "when": {"type": "string", "format": "date-time"},
-        "day": {"type": "string", "format": "date"},
-        "at": {"type": "string", "format": "time"},
-        "id": {"type": "string", "format": "uuid"},
-        "price": {"type": "number", "minimum": 0, "maximum": 100},
-        "kind": {"const": "order"},
-        "note": {"type": "string", "maxLength": 6}},
-     "required": ["when", "id", "price", "kind"]},
-    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"},
-                                      "c": {"type": "boolean"}}},
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -5, "maximum": 250},
+        "minItems": 1,
+        "maxItems": 4,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "date-time"},
+            "day": {"type": "string", "format": "date"},
+            "at": {"type": "string", "format": "time"},
+            "id": {"type": "string", "format": "uuid"},
+            "price": {"type": "number", "minimum": 0, "maximum": 100},
+            "kind": {"const": "order"},
+            "note": {"type": "string", "maxLength": 6},
+        },
+        "required": ["when", "id", "price", "kind"],
+    },
+    {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+    },
 ]
 
 
@@ -66,13 +83,17 @@ def _validator(schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
 
 
 @pytest.mark.parametrize("schema_index", range(len(SCHEMAS)))
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(choices=st.lists(st.integers(0, 2**31), min_size=120, max_size=120))
-def test_random_walks_are_valid_json(schema_index: int, choices: list[int],
-                                     smol_indexes: IndexCache, smol_vocab: Vocabulary,
-                                     random_walk: Callable[[TokenIndex, list[int], int], bytes]
-                                     ) -> None:
+def test_random_walks_are_valid_json(
+    schema_index: int,
+    choices: list[int],
+    smol_indexes: IndexCache,
+    smol_vocab: Vocabulary,
+    random_walk: Callable[[TokenIndex, list[int], int], bytes],
+) -> None:
     schema = SCHEMAS[schema_index]
     index = smol_indexes.get(schema_to_regex(schema), smol_vocab)
     text = random_walk(index, choices, 120).decode("utf-8")
@@ -85,7 +106,7 @@ def test_random_walks_are_valid_json(schema_index: int, choices: list[int],
     [
         (PERSON, {"name": "Jo", "age": 41}, True),
         (PERSON, {"name": "Jo", "age": 41, "active": True, "score": None}, True),
-        (PERSON, {"name": "Jo\"\\\n\u00e9", "age": 0, "tags": ["a", "c"]}, True),
+        (PERSON, {"name": 'Jo"\\\n\u00e9', "age": 0, "tags": ["a", "c"]}, True),
         (PERSON, {"name": "", "age": 41}, False),
         (PERSON, {"name": "Jo", "age": 121}, False),
         (PERSON, {"age": 41, "name": "Jo"}, False),  # schema order is fixed
@@ -94,10 +115,26 @@ def test_random_walks_are_valid_json(schema_index: int, choices: list[int],
         (SCHEMAS[2], [-5, 0, 250], True),
         (SCHEMAS[2], [], False),
         (SCHEMAS[2], [251], False),
-        (SCHEMAS[3], {"when": "2024-01-31T12:00:00Z", "id": "123e4567-e89b-12d3-a456-426614174000",
-                      "price": 99.5, "kind": "order"}, True),
-        (SCHEMAS[3], {"when": "2024-01-31T12:00:00Z", "id": "123e4567-e89b-12d3-a456-426614174000",
-                      "price": 100.5, "kind": "order"}, False),
+        (
+            SCHEMAS[3],
+            {
+                "when": "2024-01-31T12:00:00Z",
+                "id": "123e4567-e89b-12d3-a456-426614174000",
+                "price": 99.5,
+                "kind": "order",
+            },
+            True,
+        ),
+        (
+            SCHEMAS[3],
+            {
+                "when": "2024-01-31T12:00:00Z",
+                "id": "123e4567-e89b-12d3-a456-426614174000",
+                "price": 100.5,
+                "kind": "order",
+            },
+            False,
+        ),
         (SCHEMAS[4], {}, True),
         (SCHEMAS[4], {"b": "x", "c": False}, True),
     ],
@@ -109,9 +146,15 @@ def test_documents(schema: dict[str, Any], document: Any, valid: bool) -> None:
 
 def test_integer_ranges_are_exact() -> None:
     bounds: list[dict[str, int]] = [
-        {"minimum": 0, "maximum": 0}, {"minimum": 3, "maximum": 17}, {"minimum": -120, "maximum": -3},
-        {"minimum": -5, "maximum": 1234}, {"maximum": 5}, {"minimum": 7},
-        {"exclusiveMinimum": 9, "exclusiveMaximum": 100}, {"maximum": -7}, {"minimum": -3},
+        {"minimum": 0, "maximum": 0},
+        {"minimum": 3, "maximum": 17},
+        {"minimum": -120, "maximum": -3},
+        {"minimum": -5, "maximum": 1234},
+        {"maximum": 5},
+        {"minimum": 7},
+        {"exclusiveMinimum": 9, "exclusiveMaximum": 100},
+        {"maximum": -7},
+        {"minimum": -3},
     ]
     for bound in bounds:
         dfa = compile_dfa(schema_to_regex({"type": "integer", **bound}))
@@ -131,14 +174,21 @@ def test_forced_key_after_brace() -> None:
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
-        ({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}},
-         "'multipleOf' at #/properties/age/multipleOf"),
+        (
+            {"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}},
+            "'multipleOf' at #/properties/age/multipleOf",
+        ),
         ({"type": "string", "format": "hostname"}, "format 'hostname' at #/format"),
         ({"type": "array"}, "needs 'items'"),
         ({"type": "object", "patternProperties": {}}, "'patternProperties' at #/patternProperties"),
         ({"oneOf": [{"type": "string"}]}, "'oneOf' at #/oneOf"),
-        ({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"},
-         "recursive"),
+        (
+            {
+                "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                "$ref": "#/$defs/n",
+            },
+            "recursive",
+        ),
         ({"$ref": "#/$defs/missing"}, "does not resolve"),
         ({"type": "object", "properties": {"a/b": {"type": "thing"}}}, "#/properties/a~1b/type"),
         ({"type": "number", "minimum": -1}, "number bounds"),

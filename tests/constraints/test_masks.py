@@ -58,7 +58,11 @@ def _brute_force(index: TokenIndex, state: int) -> torch.Tensor:
 
 
 DIFF_PATTERNS = [
-    PATTERNS["DATE"], PATTERNS["EMAIL"], PATTERNS["LINE"], r"[^a-z]*é", r" ?(yes|no)\.",
+    PATTERNS["DATE"],
+    PATTERNS["EMAIL"],
+    PATTERNS["LINE"],
+    r"[^a-z]*é",
+    r" ?(yes|no)\.",
     r'\{"name": "([^"\\\x00-\x1f]|\\["\\/bfnrt])*", "n": -?[0-9]+\}',
 ]
 
@@ -178,8 +182,14 @@ def test_allowed_within_budget(smol_vocab: Vocabulary) -> None:
 
 
 @pytest.mark.parametrize(
-    "pattern", [r"[a-z]+ (yes|no)", PATTERNS["EMAIL"], PATTERNS["DATETIME"], PATTERNS["URL"],
-                r'\{"name": "[a-z]*", "age": [0-9]+, "city": "[A-Za-z ]*"\}']
+    "pattern",
+    [
+        r"[a-z]+ (yes|no)",
+        PATTERNS["EMAIL"],
+        PATTERNS["DATETIME"],
+        PATTERNS["URL"],
+        r'\{"name": "[a-z]*", "age": [0-9]+, "city": "[A-Za-z ]*"\}',
+    ],
 )
 def test_lazy_budget_is_an_upper_bound(
     pattern: str, smol_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch
@@ -195,17 +205,20 @@ def test_lazy_budget_is_an_upper_bound(
     for tokens_left in range(budget, 0, -1):
         if cursor.can_end():
             break
-        cursor.advance(cursor.allowed(tokens_left, eos=False).nonzero()[0].item())
+        cursor.advance(int(cursor.allowed(tokens_left, eos=False).nonzero()[0].item()))
     assert cursor.can_end()
 
 
 def test_greedy_bound_counts_tokens_not_bytes(
     smol_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pattern = r'x", "age": [0-9]'
+    exact = TokenIndex.build(pattern, smol_vocab)
     monkeypatch.setattr(masks_module, "EAGER_MAX_STATES", 0)
-    index = TokenIndex.build(r'x", "age": [0-9]', smol_vocab)
-    assert index.dfa.dist[index.start_state] == 12
-    assert index.token_dist[index.start_state] <= 5
+    index = TokenIndex.build(pattern, smol_vocab)
+    start = index.start_state
+    assert index.dfa.dist[start] == 12
+    assert exact.token_dist[start] <= index.token_dist[start] <= 8
 
 
 @st.composite
@@ -225,20 +238,32 @@ WALK_PATTERNS = [
 @pytest.mark.parametrize("pattern", WALK_PATTERNS)
 @_WALK
 @given(choices=_walk_choices())
-def test_random_walks_fullmatch(pattern: str, choices: list[int], smol_indexes: IndexCache,
-                                smol_vocab: Vocabulary, random_walk: Walk) -> None:
+def test_random_walks_fullmatch(
+    pattern: str,
+    choices: list[int],
+    smol_indexes: IndexCache,
+    smol_vocab: Vocabulary,
+    random_walk: Walk,
+) -> None:
     index = smol_indexes.get(pattern, smol_vocab)
     text = random_walk(index, choices, 40).decode("utf-8")
     assert regex.fullmatch(pattern, text, flags=regex.ASCII), text
 
 
 @_WALK
-@given(pattern=st.sampled_from(["a", "ab", "[ab]", "(ab|c)", "[0-9]", " ?x"]).flatmap(
-    lambda atom: st.sampled_from(["*", "+", "{2,3}", "?"]).map(lambda q: f"({atom}){q}z")
-), choices=_walk_choices())
-def test_random_walks_on_generated_regexes(pattern: str, choices: list[int],
-                                           smol_indexes: IndexCache,
-                                           smol_vocab: Vocabulary, random_walk: Walk) -> None:
+@given(
+    pattern=st.sampled_from(["a", "ab", "[ab]", "(ab|c)", "[0-9]", " ?x"]).flatmap(
+        lambda atom: st.sampled_from(["*", "+", "{2,3}", "?"]).map(lambda q: f"({atom}){q}z")
+    ),
+    choices=_walk_choices(),
+)
+def test_random_walks_on_generated_regexes(
+    pattern: str,
+    choices: list[int],
+    smol_indexes: IndexCache,
+    smol_vocab: Vocabulary,
+    random_walk: Walk,
+) -> None:
     index = smol_indexes.get(pattern, smol_vocab)
     text = random_walk(index, choices, 30).decode("utf-8")
     assert regex.fullmatch(pattern, text, flags=regex.ASCII), text

@@ -84,8 +84,17 @@ class _FakeTokenizer:
 def test_sentencepiece_style() -> None:
     pieces = ["<unk>", "<s>", "</s>", "<0x0A>", "<0xC3>", "▁the", "é", "▁", "ab"]
     vocab = Vocabulary.from_tokenizer(_FakeTokenizer(pieces, [0, 1, 2], eos=2))
-    assert vocab.token_bytes == (None, None, None, b"\n", b"\xc3", b" the", "é".encode(), b" ",
-                                 b"ab")
+    assert vocab.token_bytes == (
+        None,
+        None,
+        None,
+        b"\n",
+        b"\xc3",
+        b" the",
+        "é".encode(),
+        b" ",
+        b"ab",
+    )
     assert vocab.eos_token_ids == (2,)
 
 

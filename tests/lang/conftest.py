@@ -1,6 +1,7 @@
-"""Options for the language front-end tests: `--update-golden` (or QRUN_UPDATE_GOLDEN=1, which
-also works when pytest runs from the repository root) rewrites tests/lang/golden/*/ir.txt and
-error.txt from the current compiler output."""
+"""Options for the language front-end tests: `pytest tests/lang --update-golden` rewrites
+tests/lang/golden/*/{ir.txt,error.txt} from the current compiler output. pytest only reads
+options from the conftest files of the paths it is given, so from the repository root use
+QRUN_UPDATE_GOLDEN=1 instead (or register --update-golden in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true", default=False,
-                     help="rewrite tests/lang/golden expectations from current output")
+    try:
+        parser.addoption("--update-golden", action="store_true", default=False,
+                         help="rewrite golden expectations from current output")
+    except ValueError:  # already registered by a conftest higher up: share it
+        pass
 
 
 @pytest.fixture

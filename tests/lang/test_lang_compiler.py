@@ -125,7 +125,9 @@ def test_uppercase_regex_name_is_never_an_input() -> None:
 def test_literal_and_variable_regex_and_json() -> None:
     (a, b, c) = ops_of('{{ gen a regex="[a-z]+" }}{{ gen b regex=pat }}{{ gen c json=schema }}')
     assert isinstance(a, ir.Gen) and isinstance(b, ir.Gen) and isinstance(c, ir.Gen)
-    assert a.params.constraint == ir.Regex(ex.Const("[a-z]+", a.params.constraint.pattern.span))
+    constraint = a.params.constraint
+    assert isinstance(constraint, ir.Regex) and constraint.stdlib_name is None
+    assert isinstance(constraint.pattern, ex.Const) and constraint.pattern.value == "[a-z]+"
     assert isinstance(b.params.constraint, ir.Regex) and b.params.constraint.stdlib_name is None
     assert isinstance(c.params.constraint, ir.JsonSchema)
 

@@ -161,7 +161,7 @@ CASES = [
      "regex= and json= cannot both", ""),
     ("unknown-pattern", "\n{{ gen a regex=EMIAL }}", Constraint, 2, 16,
      "unknown pattern 'EMIAL'", "did you mean 'EMAIL'?"),
-    ("bad-regex", '{{ gen a regex="ab(c" }}', Constraint, 1, 21, "invalid regex: missing )",
+    ("bad-regex", '{{ gen a regex="ab(c" }}', Constraint, 1, 19, "invalid regex: missing )",
      ""),
     ("bad-regex-escaped", '{{ gen a regex="\\\\d(" }}', Constraint, 1, 16, "invalid regex",
      ""),

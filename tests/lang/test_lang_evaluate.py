@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from qrun.errors import EvaluationError
-from qrun.lang import build_ast, parse
 from qrun.lang import ast as ast_nodes
+from qrun.lang import build_ast, parse
 from qrun.lang.evaluate import FUNCTIONS, MAX_RANGE, LoopInfo, evaluate
 from qrun.lang.expr import Attr, Const, Expr, Name
 from qrun.source import Source, Span

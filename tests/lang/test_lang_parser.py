@@ -111,6 +111,10 @@ CASES = [
      "interp True\ninterp False\ninterp None\ninterp None"),
     ("{{ 1 }}{{ 2.5 }}{{ 1e3 }}{{ .5 }}", "interp 1\ninterp 2.5\ninterp 1000.0\ninterp 0.5"),
     ("{{ (a + b) * c }}", "interp ((a + b) * c)"),
+    ('{{ gen x stop="}}" }}{{ "{%" }}{{ \'{#\' }}', 'gen x stop="}}"\ninterp "{%"\ninterp "{#"'),
+    ("a -}} b %} c #}", "text 'a -}} b %} c #}'"),
+    ("{{\n  gen\n  x\n  max_tokens=1\n}}", "gen x max_tokens=1"),
+    ("{% if a\r\n %}x{% endif %}", "if a\n  text 'x'"),
 ]
 
 

@@ -64,12 +64,35 @@ def test_a_stop_string_across_two_tokens_is_found_and_rolled_back(
     assert record.finish == "stop"
     assert record.value == full[:value_len]
     assert stop not in record.value
-    # The context holds exactly the prompt and the value: the token that began the stop was
-    # fed and then cropped, and the value's last character was re-appended.
+    # Nothing follows the hole: the tokens that ran into the stop are rolled back (the first
+    # was fed to sample the second) and the value's last character re-appended.
+    session.finish()
     assert tiny.decode(session.token_ids) == PROMPT + record.value
-    assert session.stats.rollback_tokens >= 1
+    assert session.stats.rollback_tokens == 1
+    assert session.stats.boundary_kept == 0
     session.next_logits()
     assert session.cache.length() == len(session.token_ids)
+
+
+def test_tokens_past_a_stop_are_kept_when_the_template_continues_with_them(
+    tiny: TransformersBackend,
+) -> None:
+    _, free = run(tiny, max_tokens=24)
+    stop, value_len = boundary_stop(tiny, free.token_ids)
+    session, record = run(tiny, max_tokens=24, stop=(stop,))
+    overshoot = session.overshoot
+    assert overshoot is not None
+    # The template goes on with exactly what the model wrote past the value: kept, no rework.
+    following = (overshoot.token_bytes[len(overshoot.value_bytes):]).decode() + " and then"
+    session.append_text(following)
+    assert session.stats.boundary_kept == 1
+    assert session.stats.rollback_tokens == 0
+    assert tiny.decode(session.token_ids) == PROMPT + record.value + following
+    # A different continuation rolls the overshoot back instead.
+    session, record = run(tiny, max_tokens=24, stop=(stop,))
+    session.append_text("!")
+    assert session.stats.boundary_kept == 0 and session.stats.rollback_tokens == 1
+    assert tiny.decode(session.token_ids) == PROMPT + record.value + "!"
 
 
 def test_streamed_chunks_add_up_to_the_value(tiny: TransformersBackend) -> None:

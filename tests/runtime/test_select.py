@@ -1,0 +1,79 @@
+"""select: options scored in full, in context, in one batched forward; the winner's KV kept."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.select import SelectRequest, _choose, select
+from qrun.runtime.session import Session
+
+PREFIX = "My favourite colour is"
+OPTIONS = (" red", " green and blue", " ultramarine violet", " sky")
+
+
+def sequential_score(backend: TransformersBackend, option: str) -> float:
+    """Log P(option | prefix) from one uncached forward over prefix + option."""
+    prefix_ids, option_ids = backend.encode(PREFIX), backend.encode(option)
+    logits = backend.forward(prefix_ids + option_ids, backend.new_cache(),
+                             logits_for=len(option_ids) + 1)
+    logprobs = torch.log_softmax(logits[:-1], dim=-1)
+    return sum(float(logprobs[k, t]) for k, t in enumerate(option_ids))
+
+
+def run_select(backend: TransformersBackend, temperature: float = 0.0,
+               normalize: str = "sum") -> tuple[Session, object]:
+    session = Session(backend)
+    session.append_text(PREFIX)
+    request = SelectRequest("c", OPTIONS, temperature, normalize, torch.Generator().manual_seed(0))
+    return session, select(session, request)
+
+
+def test_scores_equal_separate_uncached_forwards(tiny: TransformersBackend) -> None:
+    _, record = run_select(tiny)
+    for option in OPTIONS:
+        assert math.isclose(record.option_logprobs[option],  # type: ignore[attr-defined]
+                            sequential_score(tiny, option), abs_tol=1e-3)
+    best = max(OPTIONS, key=lambda o: sequential_score(tiny, o))
+    assert record.value == best  # type: ignore[attr-defined]
+
+
+def test_the_winner_row_becomes_the_context(tiny: TransformersBackend) -> None:
+    session, record = run_select(tiny)
+    ids = tiny.encode(PREFIX) + tiny.encode(record.value)  # type: ignore[attr-defined]
+    assert session.token_ids == ids
+    assert session.cache.length() == len(ids)
+    fresh = Session(tiny)
+    fresh.append_tokens(ids)
+    torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
+    session.append_text(" and more")
+    fresh.append_text(" and more")
+    torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
+
+
+def test_one_batched_forward_counts_every_option(tiny: TransformersBackend) -> None:
+    session, record = run_select(tiny)
+    option_tokens = [len(tiny.encode(o)) for o in OPTIONS]
+    assert session.stats.forward_calls == 2  # the prefix, then all options together
+    assert session.stats.forward_tokens == len(tiny.encode(PREFIX)) + sum(option_tokens)
+    winner = len(tiny.encode(record.value))  # type: ignore[attr-defined]
+    assert session.stats.rollback_tokens == sum(option_tokens) - winner
+
+
+def test_mean_normalisation_divides_by_token_count(tiny: TransformersBackend) -> None:
+    _, record = run_select(tiny, normalize="mean")
+    means = {o: sequential_score(tiny, o) / len(tiny.encode(o)) for o in OPTIONS}
+    assert record.value == max(means, key=means.__getitem__)  # type: ignore[attr-defined]
+
+
+def test_sampling_follows_the_softmax_of_scores() -> None:
+    scores = [math.log(0.6), math.log(0.3), math.log(0.1)]
+    generator = torch.Generator().manual_seed(1234)
+    draws = [_choose(scores, 1.0, generator) for _ in range(3000)]
+    for index, expected in enumerate((0.6, 0.3, 0.1)):
+        assert abs(draws.count(index) / 3000 - expected) < 0.03
+    # Lower temperature sharpens towards the best option.
+    sharp = [_choose(scores, 0.2, generator) for _ in range(1000)]
+    assert sharp.count(0) > 900
