@@ -46,7 +46,8 @@ class TemplateError(QrunError):
         return "error"
 
     def render(self) -> str:
-        head = f"{self.source.name}:{self.span.line}:{self.span.column}: {self.kind}: {self.message}"
+        where = f"{self.source.name}:{self.span.line}:{self.span.column}"
+        head = f"{where}: {self.kind}: {self.message}"
         lines = [head, excerpt(self.source, self.span)]
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)

@@ -38,7 +38,9 @@ def test_no_text_is_encoded_twice(smollm2: TransformersBackend) -> None:
     assert stats.rollback_tokens == 0
 
 
-def greedy_by_reencoding(backend: TransformersBackend, pieces: list[tuple[str, str]]) -> dict[str, str]:
+def greedy_by_reencoding(
+    backend: TransformersBackend, pieces: list[tuple[str, str]]
+) -> dict[str, str]:
     """The pre-KV-reuse way: before every hole, tokenize the whole text so far and encode it
     from scratch, then decode the hole greedily until the stop string or max_tokens."""
     text, values = "", {}
@@ -65,7 +67,7 @@ def greedy_by_reencoding(backend: TransformersBackend, pieces: list[tuple[str, s
 
 def test_cached_path_equals_reencoding_every_prefix(smollm2: TransformersBackend) -> None:
     result = qrun.Query(FOUR_SEGMENTS_THREE_HOLES).run(model=smollm2)
-    pieces = [piece for text, hole in zip(SEGMENTS, HOLES) for piece in
+    pieces = [piece for text, hole in zip(SEGMENTS, HOLES, strict=False) for piece in
               (("text", text), ("hole", hole))]
     expected = greedy_by_reencoding(smollm2, pieces)
     assert {name: result[name] for name in expected} == expected
@@ -80,7 +82,7 @@ def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBack
     # Offsets count from the value's start: the first token also carries the healed ",".
     healed = len(b"".join(vocab.token_bytes[t] or b"" for t in tokens)) - len(free["rest"])
     offset, stop = -healed, None
-    for left, right in zip(tokens, tokens[1:]):
+    for left, right in zip(tokens, tokens[1:], strict=False):
         lb, rb = vocab.token_bytes[left] or b"", vocab.token_bytes[right] or b""
         offset += len(lb)
         if len(lb) >= 2 and rb and (lb[-2:] + rb[:1]).isascii():

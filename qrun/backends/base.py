@@ -77,7 +77,9 @@ class Backend(Protocol):
         """An empty KV cache on the model's device."""
         ...
 
-    def forward(self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1) -> torch.Tensor:
+    def forward(
+        self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
+    ) -> torch.Tensor:
         """Feed `token_ids` after the cache's positions, extending the cache in place.
 
         Returns the float32 logits of the last `logits_for` positions, shape [logits_for, V],

@@ -4,6 +4,8 @@ cost. Deterministic for a given seed; never downloads anything."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from qrun.backends.loading import ensure_converted, locate_model
@@ -31,7 +33,7 @@ def load_tiny(seed: int = 0, hidden_size: int = 64, layers: int = 2) -> Transfor
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = LlamaForCausalLM(config)
+        model: Any = LlamaForCausalLM(config)
         # The default init (std 0.02) gives near-uniform logits; std 0.25 on the output layer
         # gives logits of std ~2 (hidden 64 after RMSNorm), so samples vary with the context
         # but greedy choices are still decisive.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
@@ -148,8 +149,8 @@ class TransformersBackend:
                 use_cache=True,
                 logits_to_keep=logits_for,
             )
-        # logits: [logits_for, V]
-        return out.logits[0, -logits_for:, :].float()
+        logits: torch.Tensor = out.logits[0, -logits_for:, :].float()  # [logits_for, V]
+        return logits
 
     def forward_rows(
         self, rows: Sequence[Sequence[int]], cache: Any
@@ -200,23 +201,38 @@ def load_transformers(
         UsageError: an unknown device or dtype.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     device = device or "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device} was asked for, but torch sees no CUDA device")
     torch_dtype = _resolve_dtype(dtype)
     started = time.perf_counter()
-    hf_logging.set_verbosity_error()  # no progress bars or notices on stderr
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
+    with _quiet_transformers():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
     model.to(device)
     model.eval()
     return TransformersBackend(model, tokenizer, name, time.perf_counter() - started)
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No progress bars or notices on stderr while loading; the caller's settings come back."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _resolve_dtype(dtype: str | None) -> torch.dtype:

@@ -118,7 +118,8 @@ class _Runner:
         self._exec_block(self.program.ops)
         self.session.finish()
         self.stats.wall_s = time.perf_counter() - started
-        return Result("".join(self.pieces), self.vars, self.stats, self.holes)
+        return Result("".join(self.pieces), self.vars, self.stats, self.holes,
+                      list(self.session.token_ids))
 
     def _exec_block(self, ops: Sequence[ir.Op]) -> None:
         for op in ops:

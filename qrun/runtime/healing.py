@@ -85,8 +85,9 @@ class HealCursor:
 
 def healable_tail(vocab: Vocabulary, token_ids: list[int], fixed_tail: int) -> int:
     """How many trailing tokens to take back before a hole: 1 when the last token is fixed
-    text, valid UTF-8, and some vocabulary token properly extends its bytes; else 0."""
-    if fixed_tail < 1 or not token_ids:
+    text, valid UTF-8, not the whole context (the model needs something to condition on), and
+    some vocabulary token properly extends its bytes; else 0."""
+    if fixed_tail < 1 or len(token_ids) < 2:
         return 0
     data = vocab.token_bytes[token_ids[-1]]
     if not data:

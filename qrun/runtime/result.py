@@ -13,12 +13,14 @@ from qrun.runtime.stats import Stats
 class Result:
     """`text` is the full rendered context (fixed text, chat markers and values); `vars` maps
     every capture to its value (a list for holes inside loops) plus `NAME__logprobs` for each
-    select; `holes` maps capture names to their HoleRecord (a list inside loops)."""
+    select; `holes` maps capture names to their HoleRecord (a list inside loops);
+    `token_ids` is the final context as token ids (what the model saw, markers included)."""
 
     text: str
     vars: dict[str, Any]
     stats: Stats
     holes: dict[str, HoleRecord | list[HoleRecord]] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:
         return self.vars[name]

@@ -69,7 +69,9 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
         forced=[False] * len(row),
         finish="select",
         seconds=time.perf_counter() - started,
-        option_logprobs={o: sum(lps) for o, lps in zip(request.options, token_logprobs)},
+        option_logprobs={
+            o: sum(lps) for o, lps in zip(request.options, token_logprobs, strict=True)
+        },
     )
 
 

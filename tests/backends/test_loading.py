@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from qrun.backends import load_model
-from qrun.backends import loading
+from qrun.backends import load_model, loading
 from qrun.backends.loading import ModelLocation, ensure_converted, locate_model
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import ModelLoadError, UsageError

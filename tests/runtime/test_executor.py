@@ -105,3 +105,22 @@ def test_from_file_reports_under_the_path(tmp_path: object, tiny: TransformersBa
     q = qrun.Query.from_file(path)
     assert q.program.source.name == str(path)
     assert q.run(model=tiny).text.startswith("A ")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "Q: {{ q }}\nA: {{ gen a max_tokens=6 stop=[\".\", \"\\n\"] }}\nQ2: {{ gen b max_tokens=4 }}",
+        "{% user %}Hi {{ q }}{% enduser %}{% assistant %}{{ gen a max_tokens=5 stop=\" \" }}"
+        "{% endassistant %}",
+        "Date: {{ gen d regex=DATE }}; code {{ gen c regex=\"[A-Z]{3}-[0-9]{2}\" }}",
+        'x{{ gen a max_tokens=3 stop="e" }}{{ gen b max_tokens=3 stop="a" }}{{ gen c max_tokens=2 }}',
+    ],
+)
+def test_the_context_is_the_text_the_user_reads(tiny: TransformersBackend, template: str) -> None:
+    for seed in range(4):
+        r = qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed, q="why?")
+        context = tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False)
+        assert context == r.text
+        assert r.stats.context_tokens == len(r.token_ids)
+        assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rollback_tokens
