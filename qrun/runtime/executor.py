@@ -175,12 +175,7 @@ class _Runner:
             raise self._bad_arg(p.max_tokens, op.span, f"max_tokens must be ≥ 1, got {max_tokens}")
         stop = self._stop(p.stop, op.span)
         sampling, generator = self._sampling(p, op.span)
-        prefix = b""
-        if self._arg(p.heal, bool, True, op.span, "heal"):
-            self.session.settle()
-            vocab = self.backend.vocabulary
-            count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
-            prefix = self.session.heal(count)
+        prefix = self._heal() if self._arg(p.heal, bool, True, op.span, "heal") else b""
         cursor: Cursor | None = None
         if p.constraint is not None:
             cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
@@ -188,6 +183,14 @@ class _Runner:
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix)
+
+    def _heal(self) -> bytes:
+        """Token healing before a hole: take back the last fixed-text token when the model
+        could have continued it, returning its bytes (the hole must produce them first)."""
+        self.session.settle()
+        vocab = self.backend.vocabulary
+        return self.session.heal(
+            healable_tail(vocab, self.session.token_ids, self.session.fixed_tail))
 
     def _sampling(
         self, p: ir.GenParams, span: Span
@@ -240,7 +243,9 @@ class _Runner:
         normalize = self._arg(op.normalize, str, "sum", op.span, "normalize")
         if normalize not in ("sum", "mean"):
             raise self._bad_arg(op.normalize, op.span, "normalize must be \"sum\" or \"mean\"")
-        request = SelectRequest(op.name, tuple(options), temperature, normalize, self.generator)
+        prefix = self._heal().decode("utf-8")
+        request = SelectRequest(op.name, tuple(options), temperature, normalize, self.generator,
+                                prefix)
         try:
             record = select(self.session, request)
         except HoleFailure as exc:

@@ -24,6 +24,7 @@ class SelectRequest:
     temperature: float
     normalize: str  # "sum" | "mean"
     generator: torch.Generator | None
+    prefix: str = ""  # healed text taken back from the context; every option starts with it
 
 
 def select(session: Session, request: SelectRequest) -> HoleRecord:
@@ -36,7 +37,10 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     backend = session.backend
     if not isinstance(backend, BatchScorer):
         raise HoleFailure(f"backend '{backend.name}' cannot score select options")
-    rows = [backend.encode(option) for option in request.options]
+    # With healing, each row is the canonical tokenization of prefix + option, so an option
+    # after "Paid: " is scored as " yes", not as "yes" glued to a lone space token. The
+    # prefix is common text, so comparing P(prefix + option) compares the options.
+    rows = [backend.encode(request.prefix + option) for option in request.options]
     for option, row in zip(request.options, rows, strict=True):
         if not row:
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")

@@ -77,3 +77,14 @@ def test_sampling_follows_the_softmax_of_scores() -> None:
     # Lower temperature sharpens towards the best option.
     sharp = [_choose(scores, 0.2, generator) for _ in range(1000)]
     assert sharp.count(0) > 900
+
+
+def test_select_heals_the_text_before_it(tiny: TransformersBackend) -> None:
+    import qrun
+
+    r = qrun.Query('Paid: {{ select p options=["yes", "no"] }}.').run(model=tiny)
+    assert r.stats.healed_tokens == 1
+    assert r.text == f"Paid: {r['p']}."
+    # Options were scored as " yes" / " no": the space belongs to their first token.
+    assert r.holes["p"].token_ids == tiny.encode(" " + r["p"])  # type: ignore[union-attr]
+    assert r.token_ids == tiny.encode("Paid:") + tiny.encode(" " + r["p"]) + tiny.encode(".")

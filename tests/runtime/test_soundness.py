@@ -1,0 +1,494 @@
+"""Soundness of constrained holes (LANGUAGE.md §4.2), end to end on the tiny model at
+temperature 1, which wanders through many paths: every captured value full-matches its regex
+(`regex.fullmatch(..., flags=regex.ASCII)`, the DFA's documented semantics) or parses and
+validates against its JSON Schema, stays within max_tokens, and the rendered text is exactly
+fixed text + values. A GenerationError is only allowed where no match fits the budget.
+
+Holes are batched (10-16 per template) so one run checks many; a module counter records how
+many holes were checked, and the last test asserts the file checks at least 2,000.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import pytest
+import regex
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.generate import HoleRecord
+from qrun.runtime.masks import IndexCache
+from qrun.stdlib.json_schema import schema_to_regex
+from qrun.stdlib.patterns import PATTERNS
+
+# Holes checked per test (filled in as tests run) and the minimum each test must reach.
+CHECKED: dict[str, int] = {}
+PLANNED: dict[str, int] = {}
+MIN_HOLES = 2000
+
+FINISHES = {"eos", "match", "max_tokens", "stop"}
+# One index cache for the file: the feasibility bounds below use the runtime's own indexes.
+_INDEXES = IndexCache(max_entries=512)
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """One hole of a generated template: the fixed text before it, its constraint and budget."""
+
+    label: str
+    pattern: str
+    max_tokens: int
+    heal: bool = True
+    stop: str | None = None
+    schema: dict[str, Any] | None = None
+
+
+def min_tokens(tiny: TransformersBackend, pattern: str) -> int:
+    """Fewest tokens of a full match (exact for small DFAs, an upper bound otherwise)."""
+    index = _INDEXES.get(pattern, tiny.vocabulary)
+    return int(index.token_dist[index.start_state])
+
+
+def template_of(holes: Sequence[Hole], tail: str) -> tuple[str, dict[str, Any]]:
+    """The template text and its inputs (patterns, schemas and budgets go in as inputs, so no
+    escaping is needed inside the template)."""
+    parts: list[str] = []
+    inputs: dict[str, Any] = {}
+    for i, hole in enumerate(holes):
+        args = [f"max_tokens=m{i}"]
+        inputs[f"m{i}"] = hole.max_tokens
+        if hole.schema is not None:
+            args.insert(0, f"json=s{i}")
+            inputs[f"s{i}"] = hole.schema
+        else:
+            args.insert(0, f"regex=p{i}")
+            inputs[f"p{i}"] = hole.pattern
+        if hole.stop is not None:
+            args.append(f"stop=t{i}")
+            inputs[f"t{i}"] = hole.stop
+        if not hole.heal:
+            args.append("heal=false")
+        parts.append(hole.label.replace("{", "(") + "{{ gen h%d %s }}" % (i, " ".join(args)))
+    return "".join(parts) + tail, inputs
+
+
+def run_holes(
+    tiny: TransformersBackend,
+    holes: Sequence[Hole],
+    seed: int,
+    check: Callable[[Hole, str], None],
+    tail: str = "\nend",
+) -> qrun.Result:
+    """Run one template holding every hole and check each captured value and the rendered
+    text; returns the result. Any GenerationError fails the test (budgets are chosen feasible)."""
+    text, inputs = template_of(holes, tail)
+    result = qrun.Query(text).run(inputs, model=tiny, temperature=1.0, seed=seed)
+    expected_text = []
+    for i, hole in enumerate(holes):
+        value = result[f"h{i}"]
+        record = result.holes[f"h{i}"]
+        assert isinstance(record, HoleRecord) and isinstance(value, str)
+        context = f"hole h{i} pattern={hole.pattern!r} stop={hole.stop!r} seed={seed}"
+        check(hole, value)
+        check_record(tiny, hole, value, record, context)
+        expected_text.append(hole.label.replace("{", "(") + value)
+    assert result.text == "".join(expected_text) + tail
+    return result
+
+
+def check_record(
+    tiny: TransformersBackend, hole: Hole, value: str, record: HoleRecord, context: str
+) -> None:
+    """Budget, per-token bookkeeping and the healed prefix of one hole."""
+    assert record.finish in FINISHES, context
+    assert len(record.token_ids) == len(record.logprobs) == len(record.forced), context
+    vocab = tiny.vocabulary
+    pieces = [vocab.token_bytes[t] for t in record.token_ids]
+    assert all(p is not None for p in pieces), context  # no EOS or special token inside
+    data = b"".join(p or b"" for p in pieces)
+    raw = value.encode()
+    if hole.stop is not None:
+        assert hole.stop not in value, context
+        if record.finish == "stop":
+            # The hole's bytes are: healed prefix, value, stop string, maybe more overshoot.
+            at = data.find(raw + hole.stop.encode())
+            assert at >= 0, context
+            assert hole.label.encode().endswith(data[:at]), context
+            return
+    assert record.finish != "stop", context
+    # Healed prefix (taken back from the label) + value, nothing else.
+    assert data.endswith(raw), context
+    prefix = data[: len(data) - len(raw)]
+    assert hole.label.encode().endswith(prefix), context
+    if not hole.heal:
+        assert prefix == b"", context
+    ends, total = [], 0
+    for piece in pieces:
+        total += len(piece or b"")
+        ends.append(total)
+    value_tokens = sum(1 for end in ends if end > len(prefix))
+    assert value_tokens <= hole.max_tokens, context
+    if record.finish == "max_tokens":
+        assert value_tokens == hole.max_tokens, context
+
+
+def full_match(hole: Hole, value: str) -> None:
+    assert regex.fullmatch(hole.pattern, value, flags=regex.ASCII), (
+        f"{value!r} does not match {hole.pattern!r}"
+    )
+
+
+def count(test: str, n: int) -> None:
+    CHECKED[test] = CHECKED.get(test, 0) + n
+
+
+# --- hypothesis regexes ------------------------------------------------------------------
+
+LITERALS = ["a", "b", "z", "7", "-", ".", " ", "ab", "cat", "\u00e9", "\U0001f600", "x"]
+CLASSES = [r"[a-c]", r"[0-9]", r"\d", r"[xyz]", r"[A-Za-z]", r"\w", r"[^a-z\n]", r"[ -/]",
+           r"[\u00e0-\u00ff]", "."]
+QUANTIFIERS = ["?", "*", "+", "{2}", "{1,3}", "{0,2}", "{2,}"]
+
+
+def _alternation(parts: list[str]) -> str:
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _repeat(part_quant: tuple[str, str]) -> str:
+    return "(?:" + part_quant[0] + ")" + part_quant[1]
+
+
+_atoms = st.one_of(st.sampled_from(LITERALS).map(re.escape), st.sampled_from(CLASSES))
+REGEXES = st.recursive(
+    _atoms,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=2, max_size=3).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map(_alternation),
+        st.tuples(inner, st.sampled_from(QUANTIFIERS)).map(_repeat),
+    ),
+    max_leaves=6,
+)
+LABELS = ["\n{i}: ", "\n{i}:", " v{i}=", "; h{i} ", "\n({i}) [", ", "]
+REGEX_HOLES_PER_RUN = 16
+REGEX_RUNS = 70
+
+
+@st.composite
+def regex_holes(draw: st.DrawFn) -> list[tuple[str, int, int, bool]]:
+    """(pattern, extra budget, label index, heal) per hole."""
+    return [
+        (
+            draw(REGEXES),
+            draw(st.integers(0, 3)),
+            draw(st.integers(0, len(LABELS) - 1)),
+            draw(st.integers(0, 3)) > 0,
+        )
+        for _ in range(REGEX_HOLES_PER_RUN)
+    ]
+
+
+PLANNED["regex"] = REGEX_HOLES_PER_RUN * REGEX_RUNS
+
+
+@settings(
+    max_examples=REGEX_RUNS,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+@given(specs=regex_holes(), seed=st.integers(0, 2**16))
+def test_random_regex_holes_always_full_match(
+    tiny: TransformersBackend, specs: list[tuple[str, int, int, bool]], seed: int
+) -> None:
+    holes = [
+        # Budget: the fewest tokens of a match plus 0-3, so every hole is feasible and many
+        # end under budget pressure (masks that only allow finishable tokens).
+        Hole(LABELS[label].format(i=i), pattern, min_tokens(tiny, pattern) + extra, heal)
+        for i, (pattern, extra, label, heal) in enumerate(specs)
+    ]
+    run_holes(tiny, holes, seed, full_match)
+    count("regex", len(holes))
+
+
+# --- stdlib patterns ---------------------------------------------------------------------
+
+STDLIB_RUNS = 15
+PLANNED["stdlib"] = 2 * len(PATTERNS) * STDLIB_RUNS
+
+
+@pytest.mark.parametrize("seed", range(STDLIB_RUNS))
+def test_stdlib_patterns_always_full_match(tiny: TransformersBackend, seed: int) -> None:
+    holes = []
+    for copy in range(2):
+        for name, pattern in PATTERNS.items():
+            # Tight budgets on one copy (the tiny model never ends WORD/LINE/EMAIL on its
+            # own, so the budget forces a valid end), some slack and healing on the other
+            # (tight budgets with healing hit the bug shown by
+            # test_a_healed_hole_with_a_tight_budget_never_fails_when_a_match_fits).
+            tight = copy == 0
+            extra = seed % 2 if tight else 4 + seed % 4
+            label = f"\n{name.lower()}: " if (seed + copy) % 2 else f"\n{name}="
+            holes.append(Hole(label, pattern, min_tokens(tiny, pattern) + extra,
+                              heal=not tight))
+    run_holes(tiny, holes, seed, full_match)
+    count("stdlib", len(holes))
+
+
+# --- JSON schemas ------------------------------------------------------------------------
+
+SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": -5, "maximum": 5},
+            "tags": {
+                "type": "array",
+                "items": {"enum": ["red", "green", "blue"]},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+            "owner": {
+                "type": "object",
+                "properties": {
+                    "active": {"type": "boolean"},
+                    "nick": {"type": "string", "maxLength": 3},
+                },
+                "required": ["active"],
+            },
+        },
+        "required": ["id", "tags", "owner"],
+    },
+    {"anyOf": [
+        {"type": "integer", "minimum": 10, "maximum": 99},
+        {"type": "string", "maxLength": 3},
+        {"type": "null"},
+    ]},
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            "b": {"type": "boolean"},
+            "c": {"type": "string", "maxLength": 4},
+        },
+        "required": ["b"],
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "x": {"type": "integer", "minimum": 0, "maximum": 9},
+                "y": {"enum": [1, "two", None]},
+            },
+            "required": ["x", "y"],
+        },
+        "minItems": 0,
+        "maxItems": 2,
+    },
+    {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 100},
+     "minItems": 2, "maxItems": 4},
+    {"enum": ["alpha", "beta", 3, True, None]},
+    {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"},
+    {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 250},
+    {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "date"},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "unit": {"type": ["string", "null"], "maxLength": 2},
+        },
+        "required": ["when", "score"],
+    },
+]
+JSON_RUNS = 12
+PLANNED["json"] = len(SCHEMAS) * JSON_RUNS
+_FORMATS = jsonschema.FormatChecker()
+
+
+def valid_json(hole: Hole, value: str) -> None:
+    assert hole.schema is not None
+    instance = json.loads(value)
+    jsonschema.validate(instance, hole.schema, format_checker=_FORMATS)
+    # The documented compact form: ", " and ": " separators, properties in schema order.
+    assert json.dumps(instance, ensure_ascii=False) == value or _has_escapes(value), value
+
+
+def _has_escapes(value: str) -> bool:
+    return "\\" in value
+
+
+@pytest.mark.parametrize("seed", range(JSON_RUNS))
+def test_json_schema_holes_always_validate(tiny: TransformersBackend, seed: int) -> None:
+    holes = []
+    for i, schema in enumerate(SCHEMAS):
+        pattern = schema_to_regex(schema)
+        budget = min_tokens(tiny, pattern) + 8 + 4 * ((seed + i) % 3)
+        holes.append(Hole(f"\nrecord {i}: ", pattern, budget, heal=(seed + i) % 4 != 0,
+                          schema=schema))
+    run_holes(tiny, holes, seed, valid_json)
+    count("json", len(holes))
+
+
+# --- stop strings together with a regex --------------------------------------------------
+# generate.py: the value is the text before the earliest stop string (the stop and anything
+# sampled past it are not part of it), and the value must still full-match the regex
+# (LANGUAGE.md §2, §4.2). A stop the regex can never produce changes nothing.
+
+STOP_RUNS = 14
+PLANNED["stop_disjoint"] = 16 * STOP_RUNS
+PLANNED["stop_prefix_closed"] = 16 * STOP_RUNS
+
+DISJOINT = [
+    (r"[a-z]{1,8}", "\n"), (r"[0-9]{2,6}", "."), (r"(?:cat|dog)s?", " "),
+    (PATTERNS["DATE"], '"'), (r"[A-Z][a-z]*", ","), (r"\d+", "x"), (r"[^\n]{1,12}", "\n"),
+    (r"-?[0-9]+", "--"),
+]
+# Languages closed under prefixes (every prefix of a match is a match, except the empty one
+# where noted), so any cut at a stop string leaves a matching value.
+PREFIX_CLOSED = [
+    (r"[a-z ]*", " "), (r"[^\n]*", "."), (r"[a-z., ]{0,20}", ", "), (r"[a-e0-9 ]*", "e"),
+    (r"(?:[a-z]+ ?)*", " "), (r"[\w ]*", "the"), (r"[^\n\"]{0,16}", "a"), (r".*", "\n"),
+]
+
+
+def _stop_holes(
+    tiny: TransformersBackend, cases: Sequence[tuple[str, str]], seed: int
+) -> list[Hole]:
+    holes = []
+    for i in range(16):
+        pattern, stop = cases[(i + seed) % len(cases)]
+        holes.append(Hole(f"\n{i}: " if i % 2 else f" [{i}]", pattern,
+                          min_tokens(tiny, pattern) + 2 + (seed + i) % 5,
+                          heal=i % 5 != 0, stop=stop))
+    return holes
+
+
+@pytest.mark.parametrize("seed", range(STOP_RUNS))
+def test_a_stop_the_regex_cannot_produce_changes_nothing(
+    tiny: TransformersBackend, seed: int
+) -> None:
+    holes = _stop_holes(tiny, DISJOINT, seed)
+    result = run_holes(tiny, holes, seed, full_match)
+    for i in range(len(holes)):
+        record = result.holes[f"h{i}"]
+        assert isinstance(record, HoleRecord) and record.finish != "stop"
+    count("stop_disjoint", len(holes))
+
+
+@pytest.mark.parametrize("seed", range(STOP_RUNS))
+def test_a_stop_inside_a_prefix_closed_regex_cuts_a_matching_value(
+    tiny: TransformersBackend, seed: int
+) -> None:
+    holes = _stop_holes(tiny, PREFIX_CLOSED, seed)
+    result = run_holes(tiny, holes, seed, full_match)
+    stopped = sum(1 for i in range(len(holes))
+                  if getattr(result.holes[f"h{i}"], "finish", "") == "stop")
+    # The stops are common in these languages: some holes of every run end at one.
+    assert stopped > 0
+    count("stop_prefix_closed", len(holes))
+
+
+# A regex whose matches need text that contains the stop string: the value before the stop
+# cannot match, so the hole must fail (GenerationError) or end before any stop with a match.
+# generate.py checks the constraint on the text *including* the stop and the overshoot
+# (cursor.can_end() after every sampled byte), so it returns the cut value unchecked.
+CROSSING = [(r"[a-z]+ [a-z]+", " "), (r"[a-z ]{3,12}", " "), (r"\w+\.\w+", ".")]
+
+
+@pytest.mark.parametrize("pattern,stop", CROSSING)
+def test_the_value_before_a_stop_full_matches_the_regex(
+    tiny: TransformersBackend, pattern: str, stop: str
+) -> None:
+    query = qrun.Query("Name: {{ gen a regex=p stop=s max_tokens=8 }}\nNext")
+    wrong = []
+    for seed in range(8):
+        try:
+            result = query.run(model=tiny, temperature=1.0, seed=seed, p=pattern, s=stop)
+        except qrun.GenerationError:
+            continue
+        if not regex.fullmatch(pattern, result["a"], flags=regex.ASCII):
+            wrong.append(result["a"])
+    assert wrong == []
+
+
+# --- budgets -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern,max_tokens",
+    [(r"[0-9]{5}", 4), (r"\d{3}-\d{4}", 7), (PATTERNS["DATE"], 9), (r"(?:ab){3}x", 1)],
+)
+def test_a_budget_too_small_for_any_match_fails_with_generation_error(
+    tiny: TransformersBackend, pattern: str, max_tokens: int
+) -> None:
+    # Digits are single tokens in SmolLM2, so these need more tokens than the budget.
+    assert min_tokens(tiny, pattern) > max_tokens
+    query = qrun.Query("Value:\n  {{ gen v regex=p max_tokens=m }}")
+    with pytest.raises(qrun.GenerationError) as caught:
+        query.run(model=tiny, temperature=1.0, seed=0, p=pattern, m=max_tokens)
+    assert caught.value.span.line == 2 and "'v'" in str(caught.value)
+
+
+def test_a_budget_that_fits_a_match_never_fails(tiny: TransformersBackend) -> None:
+    # The same patterns with exactly the fewest tokens a match needs, healing off.
+    checked = 0
+    for pattern in [r"[0-9]{5}", r"\d{3}-\d{4}", PATTERNS["DATE"], r"(?:ab){3}x"]:
+        budget = min_tokens(tiny, pattern)
+        hole = Hole("Value: ", pattern, budget, heal=False)
+        for seed in range(3):
+            run_holes(tiny, [hole], seed, full_match)
+            checked += 1
+    assert checked == 12
+
+
+@pytest.mark.parametrize("pattern", [r"(?:ab|[a-z]{5}[0-9]{3})", r"(?:x|[a-z]{4}[0-9]{4})"])
+def test_a_healed_hole_with_a_tight_budget_never_fails_when_a_match_fits(
+    tiny: TransformersBackend, pattern: str
+) -> None:
+    # "ab" fits in one token, so max_tokens=4 is feasible. While the healed " " is being
+    # produced, generate() asks the mask for tokens_left + 1 tokens (a token wholly inside the
+    # healed prefix is free), but a token that spans the prefix and the value (" ench") is
+    # counted, so it gets one token of budget it does not have: the mask lets it through and
+    # the hole then dies with "no token can continue ... within 3 token(s)".
+    assert min_tokens(tiny, pattern) == 1
+    query = qrun.Query("Name: {{ gen a regex=p max_tokens=4 }}")
+    failures = []
+    for seed in range(8):
+        try:
+            result = query.run(model=tiny, temperature=1.0, seed=seed, p=pattern)
+        except qrun.GenerationError as exc:
+            failures.append((seed, str(exc).splitlines()[0]))
+            continue
+        assert regex.fullmatch(pattern, result["a"], flags=regex.ASCII)
+    assert failures == []
+
+
+# --- the total ---------------------------------------------------------------------------
+
+
+def test_enough_holes_are_checked() -> None:
+    """Runs last (pytest keeps file order): the file checks at least MIN_HOLES holes. When
+    only part of the file was selected, the plan is checked instead of the count."""
+    assert sum(PLANNED.values()) >= MIN_HOLES
+    if set(CHECKED) == set(PLANNED):
+        assert sum(CHECKED.values()) >= MIN_HOLES, CHECKED
+        for name, planned in PLANNED.items():
+            assert CHECKED[name] == planned, (name, CHECKED[name], planned)

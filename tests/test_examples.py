@@ -1,0 +1,77 @@
+"""Every example template compiles, runs, and gives values that satisfy its holes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import regex
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.stdlib.patterns import PATTERNS
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+INVOICE = (
+    "INVOICE KL-20931\nIssued 2024-03-18 to jane.doe@example.org\n"
+    "2 x Keyboard 45.00\n1 x Mouse 19.50\nTotal due: 109.50 EUR (paid by card)"
+)
+INPUTS: dict[str, dict[str, Any]] = {
+    "hello.tmpl": {},
+    "classify.tmpl": {"review": "Great sound, but the battery died after a week."},
+    "extract.tmpl": {"document": INVOICE},
+    "chat.tmpl": {"topic": "photosynthesis"},
+    "list.tmpl": {"subject": "a rainy afternoon", "count": 3},
+    "interview.tmpl": {"candidate": "Eight years of backend work, led a team of five."},
+}
+
+
+def test_every_example_has_inputs_listed() -> None:
+    assert sorted(INPUTS) == sorted(p.name for p in EXAMPLES.glob("*.tmpl"))
+
+
+def check_values(name: str, r: qrun.Result) -> None:
+    if name == "classify.tmpl":
+        assert r["sentiment"] in ("positive", "negative", "mixed")
+        assert set(r["sentiment__logprobs"]) == {"positive", "negative", "mixed"}
+    if name == "extract.tmpl":
+        assert regex.fullmatch(PATTERNS["DATE"], r["date"], flags=regex.ASCII)
+        assert regex.fullmatch(PATTERNS["EMAIL"], r["email"], flags=regex.ASCII)
+        assert regex.fullmatch(r"[0-9]+\.[0-9]{2}", r["total"])
+        assert r["paid"] in ("yes", "no")
+    if name == "list.tmpl":
+        assert isinstance(r["idea"], list) and len(r["idea"]) == 3
+    if name == "interview.tmpl":
+        assert r["level"] in ("junior", "senior")
+        assert ("years" in r) == (r["level"] == "senior")
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
+    query = qrun.Query.from_file(EXAMPLES / name)
+    r = query.run(INPUTS[name], model=tiny, seed=0)
+    check_values(name, r)
+    assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rollback_tokens
+    assert tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_example_runs_on_the_default_model(smollm2: TransformersBackend, name: str) -> None:
+    r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=smollm2)
+    check_values(name, r)
+    assert all(str(v).strip() for k, v in r.vars.items() if not k.endswith("__logprobs"))
+
+
+@pytest.mark.real
+def test_hello_from_the_command_line_prints_json_with_stats() -> None:
+    proc = subprocess.run([sys.executable, "-m", "qrun.cli", str(EXAMPLES / "hello.tmpl"),
+                           "--json"], capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["vars"]["city"].strip()
+    assert out["stats"]["forward_tokens"] <= out["stats"]["context_tokens"]
