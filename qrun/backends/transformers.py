@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from qrun.errors import ModelLoadError, UsageError
+from qrun.runtime.prefix_cache import PrefixCache
 from qrun.runtime.vocab import Vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,26 +45,30 @@ class TransformersCache:
         clone.layers = [copy.copy(layer) for layer in self.cache.layers]
         return TransformersCache(clone)
 
-    def nbytes(self) -> int:
-        """Bytes held by the key/value tensors (each storage counted once)."""
-        seen: set[int] = set()
-        total = 0
+    def storages(self) -> list[tuple[int, int]]:
+        found: dict[int, int] = {}
         for layer in self.cache.layers:
             for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
                 if tensor is None or tensor.numel() == 0:
                     continue
                 storage = tensor.untyped_storage()
-                if storage.data_ptr() not in seen:
-                    seen.add(storage.data_ptr())
-                    total += storage.nbytes()
-        return total
+                found[storage.data_ptr()] = storage.nbytes()
+        return list(found.items())
 
 
 class TransformersBackend:
     """A causal LM and its tokenizer from transformers, on one device."""
 
-    def __init__(self, model: Any, tokenizer: Any, name: str, load_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        name: str,
+        load_s: float = 0.0,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache
         self.tokenizer = tokenizer
         self.name = name
         self.device = str(next(model.parameters()).device)
@@ -126,6 +131,11 @@ class TransformersBackend:
     def _render(self, messages: list[dict[str, str]]) -> str:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False)
         return str(text)
+
+    def clear_cache(self) -> None:
+        """Forget every KV snapshot and cached logits of the prefix cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def new_cache(self) -> TransformersCache:
         from transformers import DynamicCache
@@ -192,7 +202,7 @@ class TransformersBackend:
 
 
 def load_transformers(
-    name: str, folder: str, device: str | None, dtype: str | None
+    name: str, folder: str, device: str | None, dtype: str | None, cache_mb: int = 0
 ) -> TransformersBackend:
     """Load a HF folder or hub id with transformers.
 
@@ -215,7 +225,8 @@ def load_transformers(
             raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
     model.to(device)
     model.eval()
-    return TransformersBackend(model, tokenizer, name, time.perf_counter() - started)
+    cache = PrefixCache(cache_mb << 20) if cache_mb > 0 else None
+    return TransformersBackend(model, tokenizer, name, time.perf_counter() - started, cache)
 
 
 @contextmanager

@@ -4,7 +4,6 @@ turns expression subtrees into lang/expr.py nodes. Lark types stop here."""
 
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -73,13 +72,12 @@ class _Builder:
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.lines = LineIndex(source.text)
         self.errors: list[TemplateError] = []
-        self.exprs = ExprBuilder(source, self.lines, self.errors)
-        self.stack: list[_Frame] = [_Frame("top", self.lines.span(0, 0))]
+        self.exprs = ExprBuilder(source, self.errors)
+        self.stack: list[_Frame] = [_Frame("top", self.span(0, 0))]
 
     def span(self, start: int, end: int) -> Span:
-        return self.lines.span(start, end)
+        return self.source.span_at(start, end - start)
 
     def fail(self, message: str, span: Span, notes: tuple[str, ...] = ()) -> None:
         self.errors.append(TemplateSyntaxError(message, span, self.source, notes))
@@ -96,8 +94,8 @@ class _Builder:
         for index, item in enumerate(items):
             if len(self.errors) >= MAX_ERRORS:
                 return ast.Template(front, (), self.span(0, len(self.source.text)))
-            before = _strips_right(items[index - 1]) if index > 0 else False
-            after = _strips_left(items[index + 1]) if index + 1 < len(items) else False
+            before = items[index - 1] if index > 0 else None
+            after = items[index + 1] if index + 1 < len(items) else None
             self.item(item, before, after)
         while len(self.stack) > 1:
             frame = self.stack[-1]
@@ -108,10 +106,12 @@ class _Builder:
         return ast.Template(front, tuple(self.stack[0].body),
                             self.span(0, len(self.source.text)))
 
-    def item(self, item: Item, strip_before: bool, strip_after: bool) -> None:
+    def item(self, item: Item, before: Item | None, after: Item | None) -> None:
+        """One top-level item; its neighbours decide how much of a text item's whitespace goes."""
         if isinstance(item, Token):
             if item.type == "TEXT":
-                self.text(item, item.start_pos or 0, strip_before, strip_after)
+                start = item.start_pos or 0
+                self.text(*self.trim(start, start + len(item.value), before, after))
             elif item.type == "RAW":
                 self.raw(item)
             return  # COMMENT: produces nothing
@@ -120,23 +120,51 @@ class _Builder:
         else:
             self.block_tag(item)
 
-    def text(self, value: str, start: int, lstrip: bool, rstrip: bool, raw: bool = False) -> None:
-        end = start + len(value)
-        if lstrip:
-            start = end - len(value.lstrip())
-        if rstrip:
-            end -= len(value) - len(value.rstrip())
+    def trim(self, start: int, end: int, before: Item | None, after: Item | None
+             ) -> tuple[int, int]:
+        """The part of text [start, end) that whitespace control keeps (Jinja's rules with
+        `trim_blocks` and `lstrip_blocks` on):
+        - after a tag closed with `-` (`-}}`, `-%}`, `-#}`): all leading whitespace goes;
+        - else after a block tag, comment or raw block: its first newline ("\n" or "\r\n");
+        - before a tag opened with `-` (`{{-`, `{%-`, `{#-`): all trailing whitespace goes;
+        - else before a block tag, comment or raw block that only spaces and tabs precede on its
+          line: those spaces and tabs (the indentation of the tag).
+        `{{ ... }}` tags without `-` never remove whitespace."""
+        text = self.source.text
+        value = text[start:end]
+        kept_start, kept_end = start, end
+        if before is not None and _strips_right(before):
+            kept_start = end - len(value.lstrip())
+        elif before is not None and _is_block(before):
+            kept_start += 2 if value.startswith("\r\n") else 1 if value.startswith("\n") else 0
+        if after is not None and _strips_left(after):
+            kept_end = kept_start + len(text[kept_start:end].rstrip())
+        elif after is not None and _is_block(after):
+            line_start = value.rfind("\n") + 1
+            at_line_start = line_start > 0 or start == 0 or text[start - 1] == "\n"
+            if at_line_start and not value[line_start:].strip(" \t"):
+                kept_end = max(kept_start, start + line_start)
+        return kept_start, kept_end
+
+    def text(self, start: int, end: int, raw: bool = False) -> None:
         if start < end:
             text = self.source.text[start:end]
             self.stack[-1].body.append(ast.Text(text, self.span(start, end), raw))
 
     def raw(self, token: Token) -> None:
+        """A raw block's contents, verbatim: only `-` inside its own tags strips them."""
+        start = token.start_pos or 0
         match = _RAW.fullmatch(token.value)
         if match is None:  # the RAW terminal guarantees the shape; keep the text regardless
-            self.text(token.value, token.start_pos or 0, False, False, raw=True)
+            self.text(start, start + len(token.value), raw=True)
             return
-        base = (token.start_pos or 0) + match.start(3)
-        self.text(match.group(3), base, bool(match.group(2)), bool(match.group(4)), raw=True)
+        begin, end = start + match.start(3), start + match.end(3)
+        contents = match.group(3)
+        if match.group(2):  # {% raw -%}
+            begin = end - len(contents.lstrip())
+        if match.group(4):  # {%- endraw %}
+            end = begin + len(self.source.text[begin:end].rstrip())
+        self.text(begin, end, raw=True)
 
     # ---- {{ ... }} ---------------------------------------------------------------------------
 
@@ -303,6 +331,14 @@ def _end_kind(body: Tree[Token]) -> str:
     return str(body.children[0])[3:]  # "enduser" -> "user"
 
 
+def _is_block(item: Item) -> bool:
+    """Whether `item` is a `{% ... %}` tag, a comment or a raw block (whose tags are block
+    tags): the items whose neighbouring whitespace the trim rules remove."""
+    if isinstance(item, Token):
+        return item.type in ("COMMENT", "RAW")
+    return item.data == "block_tag"
+
+
 def _strips_left(item: Item) -> bool:
     """Whether `item` opens with `-` (`{{-`, `{%-`, `{#-`): strip the text before it."""
     if isinstance(item, Token):
@@ -331,37 +367,22 @@ _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '
 _MAX_INT_DIGITS = 4000  # below Python's int/str conversion limit (4300)
 
 
-class LineIndex:
-    """Offsets -> Spans in O(log n) (Source.span_at rescans the text for every span)."""
-
-    def __init__(self, text: str) -> None:
-        self.size = len(text)
-        self.starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
-
-    def position(self, offset: int) -> tuple[int, int]:
-        line = bisect.bisect_right(self.starts, offset)
-        return line, offset - self.starts[line - 1] + 1
-
-    def span(self, start: int, end: int) -> Span:
-        start = max(0, min(start, self.size))
-        end = max(start, min(end, self.size))
-        return Span(start, end, *self.position(start), *self.position(end))
-
-
 class ExprBuilder:
     """Turns expression subtrees into lang/expr.py nodes; shape errors go to `errors`."""
 
-    def __init__(self, source: Source, lines: LineIndex, errors: list[TemplateError]) -> None:
+    def __init__(self, source: Source, errors: list[TemplateError]) -> None:
         self.source = source
-        self.lines = lines
         self.errors = errors
+
+    def span(self, start: int, end: int) -> Span:
+        return self.source.span_at(start, end - start)
 
     def expr(self, node: Item | None, depth: int = 0) -> ex.Expr:
         """Raises TemplateSyntaxError (at once) when the expression nests too deeply."""
         if not isinstance(node, Tree):
-            raise TemplateSyntaxError("expected an expression", self.lines.span(0, 0),
+            raise TemplateSyntaxError("expected an expression", self.span(0, 0),
                                       self.source)
-        span = self.lines.span(node.meta.start_pos, node.meta.end_pos)
+        span = self.span(node.meta.start_pos, node.meta.end_pos)
         if depth > MAX_EXPR_DEPTH:
             raise TemplateSyntaxError(
                 f"expression nested too deeply (more than {MAX_EXPR_DEPTH} levels)", span,
@@ -455,8 +476,8 @@ class ExprBuilder:
             if depth + level > MAX_EXPR_DEPTH:  # each operator nests the chain one level
                 raise TemplateSyntaxError(
                     f"expression nested too deeply (more than {MAX_EXPR_DEPTH} levels)",
-                    self.lines.span(left.span.start, right.span.end), self.source)
-            span = self.lines.span(left.span.start, right.span.end)
+                    self.span(left.span.start, right.span.end), self.source)
+            span = self.span(left.span.start, right.span.end)
             left = ex.Binary(_op_text(op), left, right, span)
         return left
 

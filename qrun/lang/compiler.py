@@ -4,42 +4,18 @@ errors at once as TemplateErrors. compile_source/compile_file run the whole fron
 
 from __future__ import annotations
 
-import difflib
-import math
 import os
-import re
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-import regex
-
-from qrun.errors import (
-    ConstraintError,
-    TemplateCompileError,
-    TemplateError,
-    TemplateErrors,
-    UsageError,
-)
+from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
+from qrun.lang.args import ArgChecker, pattern_name, suggest
 from qrun.lang.build import MAX_ERRORS, build_ast
 from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS
 from qrun.lang.parser import parse
 from qrun.source import Source, Span
-from qrun.stdlib.patterns import PATTERNS
-
-if sys.version_info >= (3, 11):
-    from re import _parser as sre_parse
-else:  # pragma: no cover - Python 3.10
-    import sre_parse
-
-GEN_ARGS = ("max_tokens", "stop", "regex", "json", "temperature", "top_p", "top_k", "seed",
-            "heal")
-SELECT_ARGS = ("options", "temperature", "normalize")
-FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "seed", "max_tokens", "device", "dtype",
-                     "inputs")
 
 
 def compile_source(text: str, name: str = "<string>") -> ir.Program:
@@ -79,7 +55,8 @@ def compile_template(template: ast.Template, source: Source) -> ir.Program:
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
     """
     compiler = _Compiler(source, template)
-    defaults, declared = compiler.front_matter(template.front_matter)
+    defaults, declared = compiler.args.front_matter(template.front_matter,
+                                                    compiler.check_new_name)
     compiler.declared = declared
     try:
         ops = compiler.body(template.body, _Flow(), _Context())
@@ -133,6 +110,7 @@ class _Compiler:
         self.captures: list[str] = []
         self.holes = dict(_holes(template.body))  # first hole per name, for "captured later"
         self.sets = dict(_sets(template.body))
+        self.args = ArgChecker(source, self.errors)
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
         self.errors.append(TemplateCompileError(message, span, self.source, notes))
@@ -211,88 +189,23 @@ class _Compiler:
 
     def hole(self, node: ast.Gen | ast.Select, flow: _Flow, ctx: _Context
              ) -> ir.Gen | ir.Select:
-        kind, allowed = ("gen", GEN_ARGS) if isinstance(node, ast.Gen) else ("select",
-                                                                              SELECT_ARGS)
-        args: dict[str, ast.HoleArg] = {}
         for arg in node.args:
-            if _pattern_name(arg) is None:
+            if pattern_name(arg) is None:
                 self.expr(arg.expr, flow, ctx)
-            if arg.name not in allowed:
-                self.fail(f"unknown argument '{arg.name}' for {kind}",
-                          _prefix(arg.span, len(arg.name)), *_suggest(arg.name, allowed),
-                          f"{kind} accepts: " + ", ".join(allowed))
-            elif arg.name in args:
-                self.fail(f"argument '{arg.name}' given twice", _prefix(arg.span, len(arg.name)),
-                          f"first given at {args[arg.name].span}")
-            else:
-                args[arg.name] = arg
-                self.check_literal(arg)
+        args = self.args.hole_args(node)
         if isinstance(node, ast.Gen):
             return self.gen(node, args, ctx.in_loop)
         return self.select(node, args, ctx.in_loop)
-
-    def check_literal(self, arg: ast.HoleArg) -> None:
-        """Literal arguments are type-checked now; others when the runtime evaluates them."""
-        value = _literal(arg.expr)
-        check = _CHECKS.get(arg.name)
-        wanted = None if value is _MISSING or check is None else check(value)
-        if wanted is not None:
-            error = ConstraintError if arg.name in ("regex", "json") else TemplateCompileError
-            self.errors.append(error(f"{arg.name} must be {wanted}, got {_show(value)}",
-                                     arg.expr.span, self.source))
 
     def gen(self, node: ast.Gen, args: dict[str, ast.HoleArg], in_loop: bool) -> ir.Gen:
         def get(key: str) -> ex.Expr | None:
             return args[key].expr if key in args else None
 
         params = ir.GenParams(
-            max_tokens=get("max_tokens"), stop=get("stop"), constraint=self.constraint(args),
+            max_tokens=get("max_tokens"), stop=get("stop"), constraint=self.args.constraint(args),
             temperature=get("temperature"), top_p=get("top_p"), top_k=get("top_k"),
             seed=get("seed"), heal=get("heal"))
         return ir.Gen(node.name, params, in_loop, node.span)
-
-    def constraint(self, args: dict[str, ast.HoleArg]) -> ir.Constraint | None:
-        if "regex" in args and "json" in args:
-            later = max(args["regex"], args["json"], key=lambda a: a.span.start)
-            self.errors.append(ConstraintError(
-                "regex= and json= cannot both constrain one hole", later.span, self.source))
-            return None
-        if "json" in args:
-            return ir.JsonSchema(args["json"].expr)
-        arg = args.get("regex")
-        if arg is None:
-            return None
-        name = _pattern_name(arg)
-        if name is not None:
-            if name in PATTERNS:
-                return ir.Regex(ex.Const(PATTERNS[name], arg.expr.span), name)
-            self.errors.append(ConstraintError(
-                f"unknown pattern '{name}'", arg.expr.span, self.source,
-                [*_suggest(name, PATTERNS), "patterns: " + ", ".join(sorted(PATTERNS))]))
-        elif isinstance(arg.expr, ex.Const) and isinstance(arg.expr.value, str):
-            self.check_regex(arg.expr)
-        return ir.Regex(arg.expr)
-
-    def check_regex(self, pattern: ex.Const) -> None:
-        """Syntax first with Python's own regex parser (what runtime/dfa.py builds its automaton
-        from; it does not expand repeats), then a size bound, and only then `regex.compile`,
-        which expands `(?:x{65535}){65535}` until memory runs out."""
-        try:
-            size = _regex_size(sre_parse.parse(pattern.value), 0)
-            if size > REGEX_MAX_SIZE:
-                raise ValueError(f"pattern too large once repeats are expanded (~{size} "
-                                 f"items, at most {REGEX_MAX_SIZE})")
-            regex.compile(pattern.value)
-        except Exception as err:  # noqa: BLE001 - re.error, regex.error, RecursionError...
-            span = pattern.span
-            pos = getattr(err, "pos", None)
-            if isinstance(pos, int) and self.source.text[span.start + 1:span.end - 1] == \
-                    pattern.value:  # no escapes: point at the offending character
-                span = _shift(span, 1 + pos)
-            message = getattr(err, "msg", None) or str(err) or type(err).__name__
-            if isinstance(err, RecursionError):
-                message = "pattern nested too deeply"
-            self.errors.append(ConstraintError(f"invalid regex: {message}", span, self.source))
 
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool
                ) -> ir.Select:
@@ -305,68 +218,6 @@ class _Compiler:
             node.name, options.expr if options else ex.ListExpr((), node.span),
             temperature.expr if temperature else None, normalize.expr if normalize else None,
             in_loop, node.span)
-
-    # ---- front matter ------------------------------------------------------------------------
-
-    def front_matter(self, front: ast.FrontMatter | None
-                     ) -> tuple[ir.RunDefaults, tuple[str, ...] | None]:
-        if front is None:
-            return ir.RunDefaults(), None
-        values: dict[str, Any] = {}
-        declared: tuple[str, ...] | None = None
-        seen: dict[str, Span] = {}
-        for entry in front.entries:
-            key_span = _prefix(entry.span, len(entry.key))
-            if entry.key not in FRONT_MATTER_KEYS:
-                self.fail(f"unknown front matter key '{entry.key}'", key_span,
-                          *_suggest(entry.key, FRONT_MATTER_KEYS),
-                          "keys: " + ", ".join(FRONT_MATTER_KEYS))
-            elif entry.key in seen:
-                self.fail(f"front matter key '{entry.key}' given twice", key_span,
-                          f"first given at {seen[entry.key]}")
-            elif entry.key == "inputs":
-                seen[entry.key] = key_span
-                declared = self.inputs(entry)
-            else:
-                seen[entry.key] = key_span
-                value = self.front_value(entry)
-                if value is not _MISSING:
-                    values[entry.key] = value
-        return ir.RunDefaults(**values), declared
-
-    def front_value(self, entry: ast.FrontMatterEntry) -> Any:
-        raw = _unquote(entry.value)
-        value: Any = raw
-        wanted = _FRONT_CHECKS[entry.key](raw)
-        if entry.key in _CHECKS:
-            value = _scalar(raw)
-            wanted = _CHECKS[entry.key](value)
-            if wanted is None and entry.key in ("temperature", "top_p"):
-                value = float(value)
-        if wanted is not None:
-            self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
-                      entry.value_span)
-            return _MISSING
-        return value
-
-    def inputs(self, entry: ast.FrontMatterEntry) -> tuple[str, ...]:
-        text = entry.value.strip()
-        if not (text.startswith("[") and text.endswith("]")):
-            self.fail("front matter 'inputs' must be a list such as [question, context]",
-                      entry.value_span)
-            return ()
-        names: list[str] = []
-        for item in (p.strip() for p in text[1:-1].split(",")):
-            name = _unquote(item)
-            if not item:
-                continue
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                self.fail(f"input '{name}' is not a valid name", entry.value_span)
-            elif name in names:
-                self.fail(f"input '{name}' is declared twice", entry.value_span)
-            elif self.check_new_name(name, entry.value_span, "input"):
-                names.append(name)
-        return tuple(names)
 
     # ---- names -------------------------------------------------------------------------------
 
@@ -432,7 +283,7 @@ class _Compiler:
                       f"it is set at {self.sets[name]}")
         elif self.declared is not None:
             known = [*self.declared, *flow.bound, *ctx.locals]
-            self.fail(f"unknown variable '{name}'", span, *_suggest(name, known),
+            self.fail(f"unknown variable '{name}'", span, *suggest(name, known),
                       "declared inputs: " + (", ".join(self.declared) or "none"))
         else:
             self.free.append(name)
@@ -457,11 +308,11 @@ class _Compiler:
         elif isinstance(obj, ex.Name) and obj.name == "loop" and "loop" in ctx.locals \
                 and attr not in LOOP_FIELDS:
             self.fail(f"'loop' has no attribute '{attr}'", span,
-                      *_suggest(attr, LOOP_FIELDS), "loop attributes: " + ", ".join(LOOP_FIELDS))
+                      *suggest(attr, LOOP_FIELDS), "loop attributes: " + ", ".join(LOOP_FIELDS))
 
     def function(self, func: str, span: Span) -> None:
         if func not in FUNCTIONS:
-            self.fail(f"unknown function '{func}'", span, *_suggest(func, FUNCTIONS),
+            self.fail(f"unknown function '{func}'", span, *suggest(func, FUNCTIONS),
                       "functions: " + ", ".join(FUNCTIONS))
 
 
@@ -535,175 +386,3 @@ def _merge_text(ops: list[ir.Op]) -> tuple[ir.Op, ...]:
         else:
             merged.append(op)
     return tuple(merged)
-
-
-def _suggest(name: str, known: Iterable[str]) -> list[str]:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return [f"did you mean '{close[0]}'?"] if close else []
-
-
-# ---- literal argument checks: each returns what the value must be, or None when it is fine ----
-
-_MISSING: Any = object()
-
-
-def _literal(node: ex.Expr) -> Any:
-    """The value of a literal expression (constants, signed numbers, lists and dicts of them),
-    or _MISSING when `node` needs the runtime."""
-    match node:
-        case ex.Const(value=value):
-            return value
-        case ex.Unary(op="-" | "+", operand=ex.Const(value=value)) if _is_number(value):
-            return -value if node.op == "-" else value
-        case ex.ListExpr(items=items):
-            values = [_literal(item) for item in items]
-            return _MISSING if any(v is _MISSING for v in values) else values
-        case ex.DictExpr(items=pairs):
-            keys = [_literal(k) for k, _ in pairs]
-            if not all(isinstance(k, (str, int, float, bool)) for k in keys):
-                return _MISSING
-            values = [_literal(v) for _, v in pairs]
-            if any(v is _MISSING for v in values):
-                return _MISSING
-            return dict(zip(keys, values, strict=True))
-    return _MISSING
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-        value)
-
-
-def _want_positive(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 1 else "a positive integer"
-
-
-def _want_count(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 0 else "an integer >= 0"
-
-
-def _want_temperature(value: Any) -> str | None:
-    return None if _is_number(value) and value >= 0 else "a number >= 0"
-
-
-def _want_top_p(value: Any) -> str | None:
-    return None if _is_number(value) and 0 < value <= 1 else "a number in (0, 1]"
-
-
-def _want_stop(value: Any) -> str | None:
-    items = value if isinstance(value, list) else [value]
-    if items and all(isinstance(s, str) and s for s in items):
-        return None
-    return "a non-empty string or a non-empty list of them"
-
-
-def _want_options(value: Any) -> str | None:
-    if not (isinstance(value, list) and value and all(isinstance(s, str) and s for s in value)):
-        return "a non-empty list of non-empty strings"
-    duplicates = sorted({s for s in value if value.count(s) > 1})
-    return None if not duplicates else f"distinct strings ({_show(duplicates[0])} repeats)"
-
-
-_CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "max_tokens": _want_positive,
-    "stop": _want_stop,
-    "temperature": _want_temperature,
-    "top_p": _want_top_p,
-    "top_k": _want_count,
-    "seed": _want_count,
-    "heal": lambda v: None if isinstance(v, bool) else "true or false",
-    "normalize": lambda v: None if v in ("sum", "mean") else '"sum" or "mean"',
-    "options": _want_options,
-    "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
-    "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
-}
-_FRONT_CHECKS: dict[str, Callable[[str], str | None]] = {
-    "model": lambda v: None if v else "a model name or path",
-    "device": lambda v: None if re.fullmatch(r"cpu|cuda(:[0-9]+)?|mps|auto", v) else
-    "cpu, cuda, cuda:N, mps or auto",
-    "dtype": lambda v: None if v in ("float32", "float16", "bfloat16", "auto") else
-    "float32, float16, bfloat16 or auto",
-    "temperature": lambda v: None, "top_p": lambda v: None, "seed": lambda v: None,
-    "max_tokens": lambda v: None,
-}
-
-
-def _scalar(text: str) -> Any:
-    """A front matter number (or the text itself when it is not one)."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
-def _pattern_name(arg: ast.HoleArg) -> str | None:
-    """`regex=INT`: an UPPERCASE name is a stdlib pattern, never a variable."""
-    if arg.name == "regex" and isinstance(arg.expr, ex.Name) and re.fullmatch(
-            r"[A-Z][A-Z0-9_]*", arg.expr.name):
-        return arg.expr.name
-    return None
-
-
-def _show(value: Any) -> str:
-    text = f'"{value}"' if isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-REGEX_MAX_SIZE = 100_000
-"""A literal regex may expand (repeats unrolled) to at most this many items."""
-
-
-def _regex_size(items: Any, depth: int) -> int:
-    """Items in a parsed pattern with bounded repeats unrolled; stops early past the limit."""
-    if depth > 100:
-        raise ValueError("pattern nested too deeply")
-    total = 0
-    for op, av in items:
-        if op in _REPEATS:
-            low, high, sub = av
-            count = max(low, 1) if high == sre_parse.MAXREPEAT else max(high, 1)
-            total += count * _regex_size(sub, depth + 1)
-        else:
-            total += 1 + sum(_regex_size(s, depth + 1) for s in _subpatterns(av))
-        if total > REGEX_MAX_SIZE:
-            return total
-    return total
-
-
-def _subpatterns(value: Any) -> Iterator[Any]:
-    if isinstance(value, sre_parse.SubPattern):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _subpatterns(item)
-
-
-_REPEATS = {getattr(sre_parse, name) for name in ("MAX_REPEAT", "MIN_REPEAT",
-                                                  "POSSESSIVE_REPEAT") if hasattr(sre_parse, name)}
-
-
-def _prefix(span: Span, length: int) -> Span:
-    """The first `length` characters of a one-line span."""
-    end = min(span.end, span.start + length)
-    return Span(span.start, end, span.line, span.column, span.line,
-                span.column + end - span.start)
-
-
-def _shift(span: Span, offset: int) -> Span:
-    """One character `offset` characters into a one-line span."""
-    offset = min(offset, max(0, span.end - span.start - 1))
-    return Span(span.start + offset, span.start + offset + 1, span.line, span.column + offset,
-                span.line, span.column + offset + 1)

@@ -103,7 +103,7 @@ class _Runner:
         self.on_text = on_text
         self.constraints = constraints
         self.stats = Stats(load_s=backend.load_s)
-        self.session = Session(backend, self.stats)
+        self.session = Session(backend, self.stats, backend.prefix_cache)
         self.scope: dict[str, Any] = dict(inputs)
         self.vars: dict[str, Any] = {}
         self.holes: dict[str, HoleRecord | list[HoleRecord]] = {}

@@ -45,6 +45,7 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
         if not row:
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")
     first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
+    session.sync()
     prefix = len(session.token_ids)
     t0 = time.perf_counter()
     logits, batched = backend.forward_rows(rows, session.cache)  # [n, L, V]

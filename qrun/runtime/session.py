@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from qrun.backends.base import Backend, KVCache
+from qrun.runtime.prefix_cache import PrefixCache
 from qrun.runtime.stats import Stats
 
 
@@ -39,14 +40,23 @@ class Session:
     None; the last `fixed_tail` tokens came from fixed text (token healing may take them back).
     """
 
-    def __init__(self, backend: Backend, stats: Stats | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        stats: Stats | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.backend = backend
         self.stats = stats if stats is not None else Stats()
+        self.prefix_cache = prefix_cache
         self.cache: KVCache = backend.new_cache()
         self.token_ids: list[int] = []
         self.fed = 0
         self.fixed_tail = 0
         self.overshoot: Overshoot | None = None
+        # Token positions where a fixed-text segment began or ended: the points where runs of
+        # one template diverge, so where KV snapshots are worth keeping.
+        self.boundaries: set[int] = set()
         self._logits: torch.Tensor | None = None
 
     def append_text(self, text: str) -> list[int]:
@@ -58,7 +68,9 @@ class Session:
         if not data:
             return []
         ids = self.backend.encode(data.decode("utf-8", errors="replace"))
+        self.boundaries.add(len(self.token_ids))
         self._append(ids)
+        self.boundaries.add(len(self.token_ids))
         self.stats.prompt_tokens += len(ids)
         self.fixed_tail += len(ids)
         return ids
@@ -95,15 +107,51 @@ class Session:
             self._drop_overshoot()
         if not self.token_ids:
             self.token_ids.append(self.backend.start_token_id)
+        if self.prefix_cache is not None and self._from_prefix_cache():
+            assert self._logits is not None
+            return self._logits
         if self.fed == len(self.token_ids):
             # Everything is fed but the logits were dropped (after a rollback to a point
             # whose logits were not kept): re-feed the last token.
             self.rollback(self.fed - 1)
-        new = self.token_ids[self.fed :]
-        logits = self.forward(new)
+        start = self.fed
+        logits = self.forward(self.token_ids[start:])
         self.fed = len(self.token_ids)
         self._logits = logits[-1]
+        if self.prefix_cache is not None:
+            self._into_prefix_cache(start)
         return self._logits
+
+    def _from_prefix_cache(self) -> bool:
+        """Take the deepest cached KV snapshot on the context, and the logits after it when
+        cached (then no forward is needed: True)."""
+        assert self.prefix_cache is not None
+        hit = self.prefix_cache.lookup(self.token_ids, self.fed)
+        if hit.kv is not None:
+            self.stats.cached_tokens += hit.kv_length - self.fed
+            self.cache = hit.kv
+            self.fed = hit.kv_length
+        if hit.logits is None:
+            return False
+        # The KV may now lag behind token_ids (fed < len): the positions in between are fed
+        # with the next forward that needs them, if any does.
+        self.stats.cached_logits += 1
+        self._logits = hit.logits
+        return True
+
+    def _into_prefix_cache(self, start: int) -> None:
+        """Record the logits after the context and KV snapshots at the segment boundaries the
+        last forward covered (crops of one fork share its storage: no copies)."""
+        assert self.prefix_cache is not None
+        end = len(self.token_ids)
+        multi = end - start > 1
+        self.prefix_cache.insert(self.token_ids, self.cache if multi else None, self._logits)
+        if not multi:
+            return
+        for boundary in sorted(b for b in self.boundaries if start < b < end):
+            snapshot = self.cache.fork()
+            snapshot.crop(boundary)
+            self.prefix_cache.insert(self.token_ids[:boundary], snapshot, None)
 
     def settle(self) -> None:
         """Resolve a pending overshoot when no fixed text follows (before a hole starts)."""
@@ -117,6 +165,13 @@ class Session:
         rest = self._settle_overshoot(b"")
         if rest:
             self._append(self.backend.encode(rest.decode("utf-8", errors="replace")))
+
+    def sync(self) -> None:
+        """Make the KV cache cover the whole context: after logits came from the prefix cache
+        the KV may lag behind, and a caller about to use the cache directly needs it whole."""
+        if self.fed < len(self.token_ids):
+            self.forward(self.token_ids[self.fed :])
+            self.fed = len(self.token_ids)
 
     def forward(self, token_ids: Sequence[int], logits_for: int = 1) -> torch.Tensor:
         """One counted, timed forward of `token_ids` on top of the cache."""
@@ -135,6 +190,7 @@ class Session:
         if length == len(self.token_ids):
             return
         self.fixed_tail = max(0, self.fixed_tail - (len(self.token_ids) - length))
+        self.boundaries = {b for b in self.boundaries if b <= length}
         del self.token_ids[length:]
         if self.fed > length:
             self.stats.rollback_tokens += self.fed - length

@@ -16,7 +16,8 @@ class Stats:
     forward_tokens: sum of input lengths over every model forward (a batched forward counts
         every row's tokens, padding excluded)
     forward_calls: number of model forwards
-    cached_tokens: positions whose KV came from a cache instead of a forward
+    cached_tokens: positions whose KV came from the prefix cache instead of a forward
+    cached_logits: next-token distributions served by the prefix cache (no forward at all)
     rollback_tokens: positions dropped from the KV cache after being computed
     forced_tokens: tokens appended without sampling because a constraint allowed only them
     healed_tokens: fixed-text tokens taken back before a hole by token healing
@@ -30,6 +31,7 @@ class Stats:
     forward_tokens: int = 0
     forward_calls: int = 0
     cached_tokens: int = 0
+    cached_logits: int = 0
     rollback_tokens: int = 0
     forced_tokens: int = 0
     healed_tokens: int = 0

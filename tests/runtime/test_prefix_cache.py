@@ -1,0 +1,105 @@
+"""The prefix cache: shared prefixes are encoded once, identical runs cost no forward,
+eviction keeps the bytes held under the budget, cached logits equal fresh ones."""
+
+from __future__ import annotations
+
+import torch
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.prefix_cache import PrefixCache
+from qrun.runtime.session import Session
+
+FEW_SHOT = (
+    "Answer with one word.\nQ: Colour of grass?\nA: green\nQ: Colour of snow?\nA: white\n"
+    "Q: {{ question }}\nA:{{ gen answer max_tokens=4 stop=\"\\n\" }}\n"
+)
+QUESTIONS = ["Colour of the sky?", "Colour of coal?", "Colour of blood?", "Colour of sand?"]
+
+
+def cached(tiny: TransformersBackend, budget: int = 64 << 20) -> TransformersBackend:
+    return TransformersBackend(tiny.model, tiny.tokenizer, "tiny-cached",
+                               prefix_cache=PrefixCache(budget))
+
+
+def test_shared_prefix_is_encoded_once_and_results_match(tiny: TransformersBackend) -> None:
+    query = qrun.Query(FEW_SHOT)
+    plain = [query.run(model=tiny, question=q) for q in QUESTIONS]
+    backend = cached(tiny)
+    runs = [query.run(model=backend, question=q) for q in QUESTIONS]
+    assert [r["answer"] for r in runs] == [r["answer"] for r in plain]
+    assert [r.text for r in runs] == [r.text for r in plain]
+    prefix_len = len(tiny.encode(FEW_SHOT.split("{{")[0]))
+    assert runs[0].stats.cached_tokens == 0
+    for later, fresh in zip(runs[1:], plain[1:], strict=True):
+        assert later.stats.cached_tokens >= prefix_len
+        assert later.stats.forward_tokens == fresh.stats.forward_tokens - later.stats.cached_tokens
+    total = sum(r.stats.forward_tokens for r in runs)
+    assert total <= prefix_len + sum(r.stats.forward_tokens - prefix_len for r in plain)
+
+
+def test_an_identical_run_costs_no_forward(tiny: TransformersBackend) -> None:
+    backend = cached(tiny)
+    query = qrun.Query(FEW_SHOT)
+    first = query.run(model=backend, question="Colour of the sea?")
+    again = query.run(model=backend, question="Colour of the sea?")
+    assert again.text == first.text
+    assert first.stats.forward_calls > 0
+    assert again.stats.forward_calls == 0
+    assert again.stats.cached_logits == first.stats.forward_calls
+
+
+def held_bytes(cache: PrefixCache) -> int:
+    """Bytes of the distinct storages of every tensor the cache holds, measured directly."""
+    seen: dict[int, int] = {}
+    for node, kind in cache._lru:
+        if kind == "kv":
+            assert node.kv is not None
+            seen.update(dict(node.kv.storages()))
+        else:
+            assert node.logits is not None
+            storage = node.logits.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def test_eviction_keeps_the_bytes_held_under_the_budget(tiny: TransformersBackend) -> None:
+    budget = 3 << 20  # a few snapshots and logits of the tiny model
+    backend = cached(tiny, budget)
+    assert backend.prefix_cache is not None
+    query = qrun.Query(FEW_SHOT)
+    for i in range(12):
+        query.run(model=backend, question=f"Colour number {i}?")
+        assert held_bytes(backend.prefix_cache) == backend.prefix_cache.nbytes <= budget
+    assert len(backend.prefix_cache) > 0
+    # The shared prefix was used most recently by every run: it survives eviction.
+    r = query.run(model=backend, question="Colour of ink?")
+    assert r.stats.cached_tokens >= len(tiny.encode(FEW_SHOT.split("{{")[0]))
+
+
+def test_cached_logits_equal_a_fresh_forward(tiny: TransformersBackend) -> None:
+    cache = PrefixCache()
+    session = Session(tiny, prefix_cache=cache)
+    session.append_text("The first segment,")
+    session.next_logits()
+    session.append_text(" and the second one")
+    logits = session.next_logits().clone()
+    hit = cache.lookup(session.token_ids, 0)
+    assert hit.logits is not None and torch.equal(hit.logits, logits)
+    fresh = tiny.forward(session.token_ids, tiny.new_cache())[-1]
+    torch.testing.assert_close(hit.logits, fresh, atol=1e-4, rtol=0)
+    # A snapshot at the segment boundary inside the second forward serves a new continuation.
+    other = Session(tiny, prefix_cache=cache)
+    other.append_text("The first segment,")
+    other.append_text(" but another ending")
+    other.next_logits()
+    assert other.stats.cached_tokens == len(tiny.encode("The first segment,"))
+
+
+def test_clear_cache_forgets_everything(tiny: TransformersBackend) -> None:
+    backend = cached(tiny)
+    qrun.Query(FEW_SHOT).run(model=backend, question="?")
+    assert backend.prefix_cache is not None and backend.prefix_cache.nbytes > 0
+    backend.clear_cache()
+    assert backend.prefix_cache.nbytes == 0 and len(backend.prefix_cache) == 0
+    assert qrun.Query(FEW_SHOT).run(model=backend, question="?").stats.cached_tokens == 0
