@@ -13,6 +13,7 @@ from qrun.backends.loading import DEFAULT_MODEL
 from qrun.errors import QrunError, UsageError
 from qrun.lang import compile_source
 from qrun.lang.ir import Program
+from qrun.runtime.batch import run_batched
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.executor import RunOptions, check_inputs, execute
 from qrun.runtime.result import Result
@@ -91,22 +92,43 @@ class Query:
         top_p: float | None = None,
         seed: int | None = None,
         max_tokens: int | None = None,
+        batch_size: int = 1,
+        on_result: Callable[[int, Result | QrunError], None] | None = None,
     ) -> list[Result | QrunError]:
-        """Run the template once per input mapping, in order. A run that fails puts its error
-        in its place in the list and the others still run: nothing already produced is lost."""
+        """Run the template once per input mapping; results come back in input order.
+
+        Up to `batch_size` runs advance together, sharing one model forward per step; the
+        model's prefix cache (see load_model's cache_mb) serves their common prefix once. A
+        run that fails puts its error in its place and the others still run; `on_result(i, r)`
+        is called as each run finishes, so nothing already produced is lost.
+
+        Raises:
+            UsageError: batch_size < 1.
+        """
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
+        rows = [dict(values) for values in inputs]
         backend = self.backend(model, device, dtype)
+        options = RunOptions(temperature, top_p, seed, max_tokens)
+        constraints = self._constraint_compiler(backend)
+        if batch_size > 1 and len(rows) > 1:
+            return run_batched(self.program, backend, rows, options, constraints, batch_size,
+                               on_result)
         results: list[Result | QrunError] = []
-        for values in inputs:
+        for index, values in enumerate(rows):
+            outcome: Result | QrunError
             try:
-                results.append(self.run(values, model=backend, temperature=temperature,
-                                        top_p=top_p, seed=seed, max_tokens=max_tokens))
+                outcome = execute(self.program, backend, values, options, None, constraints)
             except QrunError as exc:
-                results.append(exc)
+                outcome = exc
+            results.append(outcome)
+            if on_result is not None:
+                on_result(index, outcome)
         return results
 
     def backend(
         self, model: Backend | str | None = None, device: str | None = None,
-        dtype: str | None = None,
+        dtype: str | None = None, cache_mb: int | None = None,
     ) -> Backend:
         """The backend a run would use: `model` if given a loaded one, else the named model
         (argument, then front matter, then the default), loaded once per Query."""
@@ -116,7 +138,8 @@ class Query:
         key = (model or defaults.model or DEFAULT_MODEL, device or defaults.device,
                dtype or defaults.dtype)
         if key not in self._backends:
-            self._backends[key] = load_model(*key)
+            extra = {} if cache_mb is None else {"cache_mb": cache_mb}
+            self._backends[key] = load_model(*key, **extra)
         return self._backends[key]
 
     def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
     parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
-    parser.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    parser.add_argument("--batch-size", type=int, default=1, metavar="B",
+                        help="with --inputs: advance up to B runs together (default 1)")
+    parser.add_argument("--cache-mb", type=int, metavar="MB",
+                        help="prefix cache budget shared by runs (default 1024; 0 turns it off)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     return parser
 
 
@@ -78,6 +83,7 @@ def _flush_stdout_line() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qrun.api import Query
+    from qrun.runtime.executor import check_inputs
 
     _validate(args)
     query = Query.from_file(args.file)
@@ -91,6 +97,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.inputs:
         return _run_lines(query, args, options)
     inputs = _inputs(args)
+    check_inputs(query.program, inputs)  # before the model is loaded
+    options["model"] = query.backend(args.model, args.device, args.dtype, args.cache_mb)
     if args.json:
         result = query.run(inputs, **options)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -104,22 +112,78 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_lines(query: Any, args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """One run per JSON line; JSON Lines out, in input order, each printed as soon as it and
+    every line before it are done. A bad line prints {"error": ...} and the rest still run."""
     base = _inputs(args)
-    status = EXIT_OK
-    for number, line in enumerate(_read_lines(args.inputs), start=1):
+    lines = _read_lines(args.inputs)
+    rows: list[dict[str, Any] | str] = []
+    for number, line in enumerate(lines, start=1):
         try:
             values = json.loads(line)
-            if not isinstance(values, dict):
-                raise UsageError(f"{args.inputs}:{number}: each line must be a JSON object")
-            result = query.run({**base, **values}, **options)
-            print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
         except json.JSONDecodeError as exc:
-            status = EXIT_RUNTIME
-            print(json.dumps({"error": f"{args.inputs}:{number}: invalid JSON: {exc}"}), flush=True)
-        except QrunError as exc:
-            status = max(status, EXIT_RUNTIME)
-            print(json.dumps({"error": str(exc), "line": number}, ensure_ascii=False), flush=True)
-    return status
+            rows.append(f"{args.inputs}:{number}: invalid JSON: {exc}")
+            continue
+        if not isinstance(values, dict):
+            rows.append(f"{args.inputs}:{number}: each line must be a JSON object")
+            continue
+        rows.append({**base, **values})
+    runnable = [i for i, row in enumerate(rows) if isinstance(row, dict)]
+    printer = _OrderedPrinter(len(rows), _progress(len(rows), args.quiet))
+    for i, row in enumerate(rows):
+        if isinstance(row, str):
+            printer.put(i, {"error": row, "line": i + 1})
+    if runnable:
+        backend = query.backend(options["model"], options["device"], options["dtype"],
+                                args.cache_mb)
+        run_options = {k: v for k, v in options.items() if k not in ("model", "device", "dtype")}
+        query.run_many(
+            [rows[i] for i in runnable], model=backend, batch_size=args.batch_size,
+            on_result=lambda k, outcome: printer.put(runnable[k], _line(outcome, runnable[k])),
+            **run_options,
+        )
+    printer.close()
+    return EXIT_RUNTIME if printer.failed else EXIT_OK
+
+
+def _line(outcome: Any, index: int) -> dict[str, Any]:
+    if isinstance(outcome, QrunError):
+        return {"error": str(outcome), "line": index + 1}
+    result: dict[str, Any] = outcome.to_dict()
+    return result
+
+
+class _OrderedPrinter:
+    """Prints JSON lines in input order as results arrive in any order (thread-safe)."""
+
+    def __init__(self, total: int, progress: Any) -> None:
+        self.lines: dict[int, dict[str, Any]] = {}
+        self.next = 0
+        self.total = total
+        self.failed = False
+        self.progress = progress
+        self.lock = threading.Lock()
+
+    def put(self, index: int, line: dict[str, Any]) -> None:
+        with self.lock:
+            self.lines[index] = line
+            self.failed |= "error" in line
+            if self.progress is not None:
+                self.progress.update(1)
+            while self.next in self.lines:
+                print(json.dumps(self.lines.pop(self.next), ensure_ascii=False), flush=True)
+                self.next += 1
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    if quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="run", file=sys.stderr)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -135,6 +199,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--temperature must be ≥ 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.cache_mb is not None and args.cache_mb < 0:
+        raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")
 

@@ -162,6 +162,72 @@ class TransformersBackend:
         logits: torch.Tensor = out.logits[0, -logits_for:, :].float()  # [logits_for, V]
         return logits
 
+    def forward_batch(
+        self, items: Sequence[tuple[Sequence[int], Any]], logits_for: int = 1
+    ) -> list[torch.Tensor]:
+        """One forward for several independent contexts: item i feeds token_ids_i on top of
+        cache_i (caches of any lengths), and each cache is extended as if fed alone. Returns
+        each item's logits of its last `logits_for` positions, [logits_for, V].
+
+        Caches are left-padded to a common length and new tokens right-padded; a 2-D attention
+        mask hides the padding and explicit positions keep each row's own numbering. Each
+        cache afterwards holds views of its row of the batched KV (no copy).
+        """
+        caches = [cache for _, cache in items]
+        assert all(isinstance(c, TransformersCache) for c in caches)
+        past = [c.length() for c in caches]
+        new = [len(ids) for ids, _ in items]
+        width_past, width_new = max(past), max(new)
+        device = self.model.device
+        pad = self.start_token_id
+        input_ids = torch.tensor(
+            [list(ids) + [pad] * (width_new - len(ids)) for ids, _ in items], device=device
+        )
+        attention = torch.zeros(len(items), width_past + width_new, dtype=torch.long,
+                                device=device)
+        positions = torch.zeros(len(items), width_new, dtype=torch.long, device=device)
+        for i, (p, n) in enumerate(zip(past, new, strict=True)):
+            attention[i, width_past - p : width_past + n] = 1
+            positions[i] = torch.arange(p, p + width_new, device=device)
+        batched = self._stack_caches(caches, width_past)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=batched,
+                use_cache=True,
+                logits_to_keep=width_new,
+            )
+        for i, (cache, p, n) in enumerate(zip(caches, past, new, strict=True)):
+            row = slice(width_past - p, width_past + n)
+            for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
+                _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
+        logits = out.logits.float()  # [B, width_new, V]
+        return [logits[i, n - logits_for : n] for i, n in enumerate(new)]
+
+    def _stack_caches(self, caches: Sequence[TransformersCache], width: int) -> Any:
+        from transformers import DynamicCache
+
+        batched = DynamicCache(config=self.model.config)
+        if width == 0:
+            return batched
+        for index, layer in enumerate(batched.layers):
+            keys, values = [], []
+            for cache in caches:
+                source = cache.cache.layers[index]
+                k, v = _layer_tensors(source, self._kv_shape(width), self.model)
+                keys.append(_left_pad(k, width))
+                values.append(_left_pad(v, width))
+            _set_layer(layer, torch.cat(keys), torch.cat(values))
+        return batched
+
+    def _kv_shape(self, width: int) -> tuple[int, int, int, int]:
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return (1, heads, 0, head_dim)
+
     def forward_rows(
         self, rows: Sequence[Sequence[int]], cache: Any
     ) -> tuple[torch.Tensor, TransformersCache]:
@@ -227,6 +293,35 @@ def load_transformers(
     model.eval()
     cache = PrefixCache(cache_mb << 20) if cache_mb > 0 else None
     return TransformersBackend(model, tokenizer, name, time.perf_counter() - started, cache)
+
+
+def _layer_tensors(
+    layer: Any, empty_shape: tuple[int, int, int, int], model: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values, or empty ones for a layer never filled."""
+    keys = getattr(layer, "keys", None)
+    if getattr(layer, "is_initialized", False) and keys is not None and keys.numel() > 0:
+        return layer.keys, layer.values
+    dtype = next(model.parameters()).dtype
+    empty = torch.zeros(empty_shape, dtype=dtype, device=model.device)
+    return empty, empty
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    # tensor: [1, heads, T, head_dim] -> [1, heads, width, head_dim], zeros first.
+    missing = width - tensor.shape[-2]
+    if missing == 0:
+        return tensor
+    zeros = tensor.new_zeros(tensor.shape[0], tensor.shape[1], missing, tensor.shape[3])
+    return torch.cat([zeros, tensor], dim=-2)
+
+
+def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    # DynamicLayer.update would copy again (it concatenates onto what it holds); setting the
+    # tensors after lazy initialisation keeps the views.
+    if not getattr(layer, "is_initialized", False):
+        layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
 
 
 @contextmanager

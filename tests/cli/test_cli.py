@@ -131,3 +131,26 @@ def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
                            "--check"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
+
+
+def test_batched_inputs_print_in_input_order(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = tmp_path / "in.jsonl"
+    questions = [f"q{i}" for i in range(7)]
+    lines.write_text("".join(json.dumps({"question": q}) + "\n" for q in questions)
+                     + '{"oops": 1}\n')
+    code = main([write(tmp_path, QA), "--inputs", str(lines), "--model", tiny_folder,
+                 "--batch-size", "3", "--quiet"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 1
+    assert [r["text"].split("\n")[0] for r in rows[:7]] == [f"Question: {q}" for q in questions]
+    assert "missing input 'question'" in rows[7]["error"]
+    code = main([write(tmp_path, QA), "--inputs", str(lines), "--model", tiny_folder])
+    sequential = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r.get("text") for r in sequential] == [r.get("text") for r in rows]
+
+
+def test_bad_batch_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([write(tmp_path, "hi"), "--batch-size", "0"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
