@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from qrun.backends import load_model
@@ -40,7 +39,9 @@ class Query:
             TemplateErrors: the template does not compile.
         """
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            # newline="" keeps CRLF as written, as compile_file does.
+            with open(path, encoding="utf-8", newline="") as handle:
+                text = handle.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read template {os.fspath(path)}: {exc}") from exc
         return cls(text, os.fspath(path))

@@ -8,6 +8,13 @@ import pytest
 from qrun.backends.transformers import TransformersBackend
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Registered here, not in tests/lang/conftest.py: pytest only reads command-line options
+    # from the conftest files it loads before parsing, which are those of the paths it is given.
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden expectations (tests/lang/golden) from current output")
+
+
 @pytest.fixture(scope="session")
 def tiny() -> TransformersBackend:
     from qrun.backends.tiny import load_tiny

@@ -1,5 +1,6 @@
 """Stage 2: lark.Tree -> ast.Template. Shape only: pairs block tags with a stack (reporting
-unclosed and mismatched blocks at their opening tag), applies whitespace control and raw, and
+unclosed and mismatched blocks at their opening tag), applies the whitespace rules (trim and
+lstrip around block tags and comments, `-` control) and raw, and
 turns expression subtrees into lang/expr.py nodes. Lark types stop here."""
 
 from __future__ import annotations

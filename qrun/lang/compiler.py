@@ -1,6 +1,7 @@
 """Stage 3: ast.Template -> ir.Program. Resolves names (inputs, captures, set and loop
-variables), lowers hole arguments and constraints, and runs every static check, reporting all
-errors at once as TemplateErrors. compile_source/compile_file run the whole front end."""
+variables), lowers holes (their arguments, constraints and the front matter are checked by
+lang/args.py), and runs every static check, reporting all errors at once as TemplateErrors.
+compile_source/compile_file run the whole front end."""
 
 from __future__ import annotations
 

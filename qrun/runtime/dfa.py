@@ -22,6 +22,8 @@ expands ranges such as `[\\x00-\\U0010FFFF]` into a set of every character.
 
 from __future__ import annotations
 
+import functools
+
 import re
 import warnings
 from collections import deque
@@ -145,6 +147,10 @@ class ByteDFA:
         return bytes(out)
 
 
+# Compiling is pure and ByteDFA immutable, so results are shared process-wide: the compiler
+# checks a literal pattern and the runtime builds its token index from the same DFA. Long
+# bounded repeats make minimisation cost seconds (x{5000}: ~5 s), so paying once matters.
+@functools.lru_cache(maxsize=256)
 def compile_dfa(pattern: str) -> ByteDFA:
     """Compile a regex (Python `regex` syntax, full-match, ASCII classes) to a byte DFA.
 

@@ -110,7 +110,8 @@ class _Runner:
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(int(options.seed or 0))
         for name in _loop_captures(program.ops):
-            self.vars[name] = []
+            # A loop capture exists (as a list) even when its loop never runs.
+            self.vars[name] = self.scope[name] = []
             self.holes[name] = []
 
     def run(self) -> Result:

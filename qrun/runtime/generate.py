@@ -115,8 +115,25 @@ class _Hole:
         if self.request.cursor is not None:
             self.request.cursor.advance(token)
         plen = len(self.request.prefix)
-        found = find_stop(self.text[plen:], self.request.stop, max(0, before - plen))
-        return None if found is None else found + plen
+        searched = max(0, before - plen)
+        while True:
+            found = find_stop(self.text[plen:], self.request.stop, searched)
+            if found is None:
+                return None
+            if self._matches_before(plen + found):
+                return found + plen
+            # With a constraint, a stop string ends the hole only where the value before it
+            # is a full match; elsewhere it is ordinary text the constraint allowed.
+            searched = found + 1
+
+    def _matches_before(self, offset: int) -> bool:
+        cursor = self.request.cursor
+        index = getattr(cursor, "index", None)
+        if cursor is None or index is None:
+            return True
+        fresh = index.start()
+        fresh.advance_bytes(bytes(self.text[:offset]))
+        return bool(fresh.can_end())
 
     def cut_at_stop(self, stop_at: int) -> None:
         """End the value at a stop string. Tokens wholly before it stay; the tokens from the
@@ -177,7 +194,8 @@ def generate(
             break
     record = hole.record
     record.finish = finish
-    if cursor is not None and not cursor.can_end():
+    # A stop was only taken where the value before it matched (_Hole.take).
+    if cursor is not None and finish != "stop" and not cursor.can_end():
         raise HoleFailure(
             f"hole '{request.name}' stopped ({finish}) before its value matched the "
             f"constraint; value so far: {hole.value()!r}"

@@ -198,3 +198,26 @@ def test_program_is_hashable_and_equal_across_compiles() -> None:
     text = '{% for x in xs %}{{ gen a regex=INT stop=["\\n"] }}{% endfor %}'
     assert compile_source(text).ops == compile_source(text).ops
     assert hash(compile_source(text).ops) == hash(compile_source(text).ops)
+
+
+def test_literal_patterns_are_compiled_once_per_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qrun.lang.args
+
+    calls: list[str] = []
+    real = qrun.lang.args.compile_dfa
+
+    def counting(pattern: str) -> object:
+        calls.append(pattern)
+        return real(pattern)
+
+    monkeypatch.setattr(qrun.lang.args, "compile_dfa", counting)
+    compile_source('{% for x in xs %}{{ gen a regex="[0-9]+" }}{{ gen b regex=INT }}'
+                   '{{ gen c regex="[0-9]+" }}{{ gen d regex=INT }}{% endfor %}')
+    assert sorted(calls) == sorted(["[0-9]+", PATTERNS["INT"]])
+    compile_source('{{ gen a regex="[0-9]+" }}')  # a new compile starts a new cache
+    assert len(calls) == 3
+
+
+def test_non_literal_patterns_and_schemas_are_checked_at_run_time() -> None:
+    compile_source('{% set p = "(a)\\\\1" %}{{ gen a regex=p }}{{ gen b regex=q }}'
+                   '{{ gen c json=s }}{{ gen d json={"type": t} }}')

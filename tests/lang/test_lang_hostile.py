@@ -4,6 +4,8 @@ hang); the run-time guards are in test_lang_evaluate.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -117,6 +119,33 @@ def test_regex_bombs_are_refused_before_compiling(pattern: str) -> None:
         compile_source(f'{{{{ gen a regex="{pattern}" }}}}')
     assert "invalid regex" in info.value.first.message
     assert time.perf_counter() - start < 2
+
+
+_BOMB_SCRIPT = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from qrun.errors import TemplateErrors
+from qrun.lang import compile_source
+for pattern in sys.argv[1:]:
+    start = time.perf_counter()
+    try:
+        compile_source('{{ gen a regex="' + pattern + '" }}')
+    except TemplateErrors as err:
+        print(round(time.perf_counter() - start, 3), err.first.message)
+"""
+
+
+def test_regex_bombs_fail_fast_in_bounded_memory() -> None:
+    """In a child process limited to 3 GB of address space and a timeout: the patterns reach
+    neither `regex.compile` nor compile_dfa, which would expand them until memory runs out."""
+    bombs = ["(?:x{65535}){65535}", "(?:\\\\p{L}{65535}){65535}", "((a{100}){100}){100}"]
+    done = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT, *bombs], capture_output=True,
+                          text=True, timeout=60, check=True)
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(bombs), done.stdout + done.stderr
+    for line in lines:
+        seconds, message = line.split(" ", 1)
+        assert float(seconds) < 2 and message.startswith("invalid regex"), line
 
 
 def test_big_template_compiles_quickly() -> None:

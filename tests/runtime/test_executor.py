@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import regex
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -124,3 +125,28 @@ def test_the_context_is_the_text_the_user_reads(tiny: TransformersBackend, templ
         assert context == r.text
         assert r.stats.context_tokens == len(r.token_ids)
         assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rollback_tokens
+
+
+def test_a_stop_ends_a_regex_hole_only_where_the_value_matches(
+    tiny: TransformersBackend,
+) -> None:
+    # A "b" ends the hole only where the value before it matches [a-c]+: a "b" at the very
+    # start (empty value) is value text, any later "b" is the stop.
+    stopped = 0
+    for seed in range(12):
+        r = run_seeded(tiny, 'x {{ gen v regex="[a-c]+" stop="b" max_tokens=5 }}', seed)
+        assert regex.fullmatch("[a-c]+", r["v"])
+        assert "b" not in r["v"][1:]
+        stopped += r.holes["v"].finish == "stop"  # type: ignore[union-attr]
+    assert stopped > 0
+
+
+def run_seeded(tiny: TransformersBackend, template: str, seed: int) -> qrun.Result:
+    return qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed)
+
+
+def test_an_empty_loop_capture_is_an_empty_list_in_the_template(
+    tiny: TransformersBackend,
+) -> None:
+    r = run(tiny, "{% for x in [] %}{{ gen a }}{% endfor %}[{{ a | join(',') }}]{{ len(a) }}")
+    assert r.text == "[]0"
