@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from qrun.runtime.vocab import Vocabulary
@@ -26,6 +27,15 @@ class PrefixMasks:
         self._lock = threading.Lock()
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._everything: torch.Tensor | None = None
+        # Every token's bytes, zero-padded to the longest (49,152 x 81 bytes for SmolLM2,
+        # 4 MB): a prefix test over the whole vocabulary is then one numpy comparison.
+        width = max((len(b) for b in vocab.token_bytes if b), default=1)
+        self._lengths = np.array([len(b) if b else 0 for b in vocab.token_bytes], dtype=np.int32)
+        self._bytes = np.zeros((vocab.size, width), dtype=np.uint8)
+        for token_id, data in enumerate(vocab.token_bytes):
+            if data:
+                self._bytes[token_id, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._ids = {data: i for i, data in reversed(list(enumerate(vocab.token_bytes))) if data}
 
     def compatible(self, prefix: bytes) -> torch.Tensor:
         """Bool [V]: tokens whose bytes start with `prefix`, or are a non-empty proper prefix of
@@ -35,10 +45,20 @@ class PrefixMasks:
             if mask is not None:
                 self._cache.move_to_end(prefix)
                 return mask
-        mask = torch.zeros(self.vocab.size, dtype=torch.bool)
-        for token_id, data in enumerate(self.vocab.token_bytes):
-            if data and (data.startswith(prefix) or prefix.startswith(data)):
-                mask[token_id] = True
+        n = len(prefix)
+        if n <= self._bytes.shape[1]:
+            wanted = np.frombuffer(prefix, dtype=np.uint8)
+            starts = (self._lengths >= n) & (self._bytes[:, :n] == wanted).all(axis=1)
+        else:
+            starts = np.zeros(self.vocab.size, dtype=np.bool_)
+        for cut in range(1, n):
+            token_id = self._ids.get(prefix[:cut])
+            if token_id is not None:
+                starts[token_id] = True
+                for dup, rep in self.vocab.trie.duplicates:
+                    if rep == token_id:
+                        starts[dup] = True
+        mask = torch.from_numpy(starts)
         with self._lock:
             self._cache[prefix] = mask
             if len(self._cache) > _PREFIX_MASKS:
@@ -48,7 +68,7 @@ class PrefixMasks:
     def everything(self) -> torch.Tensor:
         """Bool [V]: every ordinary token and EOS (other special tokens stay out of holes)."""
         if self._everything is None:
-            mask = torch.tensor([bool(b) for b in self.vocab.token_bytes])
+            mask = torch.from_numpy(self._lengths > 0)
             mask[list(self.vocab.eos_token_ids)] = True
             self._everything = mask
         return self._everything
