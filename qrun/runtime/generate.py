@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -172,9 +172,9 @@ def generate(
     streamed = len(request.prefix)
     finish = "max_tokens"
     while hole.value_tokens < request.max_tokens:
-        tokens_left = request.max_tokens - hole.value_tokens
-        stop_at = _fast_forward(hole, tokens_left)
-        if stop_at is None and hole.value_tokens < request.max_tokens:
+        stop_at = _fast_forward(hole, request.max_tokens - hole.value_tokens)
+        tokens_left = request.max_tokens - hole.value_tokens  # forced tokens count too
+        if stop_at is None and tokens_left > 0:
             logits = session.next_logits()
             mask = _mask(session, request, tokens_left + (1 if _in_prefix(hole) else 0))
             token, logprob = sample(logits, mask, request.sampling, request.generator)
@@ -222,6 +222,8 @@ def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
     if not forced:
         return None
     token_ids = _forced_tokens(hole, forced)[:tokens_left]
+    if not token_ids or not _still_feasible(cursor, hole, token_ids, tokens_left):
+        return None
     stop_at = None
     for token in token_ids:
         hole.session.stats.forced_tokens += 1
@@ -229,6 +231,17 @@ def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
         if stop_at is not None:
             break
     return stop_at
+
+
+def _still_feasible(cursor: Any, hole: _Hole, token_ids: list[int], tokens_left: int) -> bool:
+    # Forced text is necessary, but its canonical tokens may be more than the fewest that
+    # could carry it; under a tight max_tokens, sampling (which the budget-aware mask steers)
+    # must then do it instead.
+    trial = cursor.copy()
+    for token in token_ids:
+        trial.advance(token)
+    left = tokens_left - len(token_ids)
+    return bool(trial.can_end()) or (left > 0 and bool(trial.allowed(left).numpy().any()))
 
 
 def _forced_tokens(hole: _Hole, forced: bytes) -> list[int]:
