@@ -15,6 +15,7 @@ from qrun.lang.ir import Program
 from qrun.runtime.batch import run_batched
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.executor import RunOptions, check_inputs, execute
+from qrun.runtime.prefix_cache import DEFAULT_CACHE_MB
 from qrun.runtime.result import Result
 
 
@@ -136,11 +137,11 @@ class Query:
         if model is not None and not isinstance(model, str):
             return model
         defaults = self.program.defaults
-        key = (model or defaults.model or DEFAULT_MODEL, device or defaults.device,
-               dtype or defaults.dtype)
+        name = model or defaults.model or DEFAULT_MODEL
+        key = (name, device or defaults.device, dtype or defaults.dtype)
         if key not in self._backends:
-            extra = {} if cache_mb is None else {"cache_mb": cache_mb}
-            self._backends[key] = load_model(*key, **extra)
+            budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
+            self._backends[key] = load_model(name, key[1], key[2], cache_mb=budget)
         return self._backends[key]
 
     def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:

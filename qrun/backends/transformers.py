@@ -216,16 +216,18 @@ class TransformersBackend:
             keys, values = [], []
             for cache in caches:
                 source = cache.cache.layers[index]
-                k, v = _layer_tensors(source, self._kv_shape(width), self.model)
+                k, v = _layer_tensors(source, self._empty_kv_shape(), self.model)
                 keys.append(_left_pad(k, width))
                 values.append(_left_pad(v, width))
             _set_layer(layer, torch.cat(keys), torch.cat(values))
         return batched
 
-    def _kv_shape(self, width: int) -> tuple[int, int, int, int]:
+    def _empty_kv_shape(self) -> tuple[int, int, int, int]:
+        """[batch 1, KV heads, 0 positions, head dim]: a layer that holds nothing yet."""
         config = self.model.config
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads)
         return (1, heads, 0, head_dim)
 
     def forward_rows(

@@ -157,7 +157,9 @@ class BatchedBackend:
     def new_cache(self) -> KVCache:
         return self._backend.new_cache()
 
-    def forward(self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1) -> torch.Tensor:
+    def forward(
+        self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
+    ) -> torch.Tensor:
         assert logits_for == 1, "batched forwards keep only the last position's logits"
         result: torch.Tensor = self._scheduler.submit("forward", list(token_ids), cache)
         return result.unsqueeze(0) if result.dim() == 1 else result

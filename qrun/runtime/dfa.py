@@ -23,7 +23,6 @@ expands ranges such as `[\\x00-\\U0010FFFF]` into a set of every character.
 from __future__ import annotations
 
 import functools
-
 import re
 import warnings
 from collections import deque
