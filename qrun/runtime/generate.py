@@ -115,16 +115,16 @@ class _Hole:
         if self.request.cursor is not None:
             self.request.cursor.advance(token)
         plen = len(self.request.prefix)
-        searched = max(0, before - plen)
+        searched, start = max(0, before - plen), 0
         while True:
-            found = find_stop(self.text[plen:], self.request.stop, searched)
+            found = find_stop(self.text[plen:], self.request.stop, searched, start)
             if found is None:
                 return None
             if self._matches_before(plen + found):
                 return found + plen
             # With a constraint, a stop string ends the hole only where the value before it
             # is a full match; elsewhere it is ordinary text the constraint allowed.
-            searched = found + 1
+            start = found + 1
 
     def _matches_before(self, offset: int) -> bool:
         cursor = self.request.cursor
@@ -176,7 +176,7 @@ def generate(
         tokens_left = request.max_tokens - hole.value_tokens  # forced tokens count too
         if stop_at is None and tokens_left > 0:
             logits = session.next_logits()
-            mask = _mask(session, request, tokens_left + (1 if _in_prefix(hole) else 0))
+            mask = _mask(session, hole, tokens_left)
             token, logprob = sample(logits, mask, request.sampling, request.generator)
             if token in eos:
                 finish = "eos"
@@ -261,14 +261,25 @@ def _forced_tokens(hole: _Hole, forced: bytes) -> list[int]:
     return token_ids
 
 
-def _mask(
-    session: Session, request: GenRequest, tokens_left: int
-) -> torch.Tensor | None:
-    """The cursor's mask for this step (EOS included where the value may end here)."""
+def _mask(session: Session, hole: _Hole, tokens_left: int) -> torch.Tensor | None:
+    """The cursor's mask for this step (EOS included where the value may end here).
+
+    While the healed prefix is being produced, a token that ends inside it costs nothing
+    against max_tokens, so it may leave one more token for the value; any other token
+    counts and gets the plain budget."""
+    request = hole.request
     if request.cursor is None:
         return None
     started = time.perf_counter()
     mask = request.cursor.allowed(tokens_left)
+    if _in_prefix(hole):
+        remaining = request.prefix[len(hole.text) :]
+        free = [t for cut in range(1, len(remaining) + 1)
+                for t in hole.vocab.ids_of(remaining[:cut])]
+        if free:
+            roomier = request.cursor.allowed(tokens_left + 1)
+            mask = mask.clone()
+            mask[free] |= roomier[free]
     # numpy's any(): torch's has 12-16 ms outliers on a busy 2-core machine (intra-op pool).
     empty = not mask.numpy().any()
     session.stats.mask_s += time.perf_counter() - started
@@ -279,13 +290,15 @@ def _mask(
     return mask
 
 
-def find_stop(text: bytes | bytearray, stops: Sequence[str], searched: int) -> int | None:
+def find_stop(
+    text: bytes | bytearray, stops: Sequence[str], searched: int, start: int = 0
+) -> int | None:
     """Byte offset of the earliest stop string in `text` that ends after offset `searched`
-    (earlier text was already searched), or None."""
+    (earlier text was already searched) and begins at or after `start`, or None."""
     best: int | None = None
     for stop in stops:
         needle = stop.encode("utf-8")
-        found = bytes(text).find(needle, max(0, searched - len(needle) + 1))
+        found = bytes(text).find(needle, max(start, searched - len(needle) + 1))
         if found >= 0 and (best is None or found < best):
             best = found
     return best
@@ -307,6 +320,16 @@ def _stream(
 
 
 def _utf8_boundary(text: bytearray, offset: int) -> bool:
-    if offset >= len(text):
+    """Whether `offset` falls between two UTF-8 characters of `text` (at the end: whether the
+    last character is complete, since a token may stop halfway through one)."""
+    if offset < len(text):
+        return (text[offset] & 0xC0) != 0x80
+    lead = len(text) - 1
+    while lead >= 0 and len(text) - lead <= 4 and (text[lead] & 0xC0) == 0x80:
+        lead -= 1
+    if lead < 0 or text[lead] < 0x80:
         return True
-    return (text[offset] & 0xC0) != 0x80
+    size = 2 if text[lead] >= 0xC0 else 1
+    size = 3 if text[lead] >= 0xE0 else size
+    size = 4 if text[lead] >= 0xF0 else size
+    return len(text) - lead >= size

@@ -95,6 +95,7 @@ class Session:
             self.stats.boundary_kept += 1
             self.fixed_tail = 0
             return wanted[len(over.token_bytes) :]
+        self.stats.boundary_dropped += 1
         self.rollback(over.start)
         return wanted
 

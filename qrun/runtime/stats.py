@@ -22,7 +22,9 @@ class Stats:
     forced_tokens: tokens appended without sampling because a constraint allowed only them
     healed_tokens: fixed-text tokens taken back before a hole by token healing
     boundary_kept: holes whose last token ran into the next fixed text and was kept, because
-        that text begins with exactly those bytes (the alternative is a rollback)
+        that text begins with exactly those bytes
+    boundary_dropped: holes whose tokens past the value were taken back instead (counted in
+        rollback_tokens too when they had already been fed)
     """
 
     context_tokens: int = 0
@@ -36,6 +38,7 @@ class Stats:
     forced_tokens: int = 0
     healed_tokens: int = 0
     boundary_kept: int = 0
+    boundary_dropped: int = 0
     wall_s: float = 0.0
     model_s: float = 0.0
     mask_s: float = 0.0

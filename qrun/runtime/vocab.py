@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +130,7 @@ class Vocabulary:
     trie: TokenTrie
     single_byte_tokens: npt.NDArray[np.bool_]
     _extendable: frozenset[bytes]
-    _tokens: frozenset[bytes]
+    _ids: Mapping[bytes, tuple[int, ...]]
 
     def __repr__(self) -> str:
         return f"Vocabulary(size={self.size}, eos_token_ids={self.eos_token_ids})"
@@ -145,7 +145,11 @@ class Vocabulary:
 
     def is_token(self, data: bytes) -> bool:
         """Whether some ordinary token's bytes are exactly `data`."""
-        return data in self._tokens
+        return data in self._ids
+
+    def ids_of(self, data: bytes) -> tuple[int, ...]:
+        """Every token id whose bytes are exactly `data` (several when duplicated)."""
+        return self._ids.get(data, ())
 
     def has_extension(self, data: bytes) -> bool:
         """Whether some token's bytes properly start with `data` (token healing asks this of the
@@ -170,10 +174,13 @@ class Vocabulary:
                 singles[data[0]] = True
             extendable.update(data[:i] for i in range(len(data)))
         singles.flags.writeable = False
-        tokens = frozenset(data for data in cleaned if data is not None)
+        ids: dict[bytes, tuple[int, ...]] = {}
+        for token_id, data in enumerate(cleaned):
+            if data is not None:
+                ids[data] = (*ids.get(data, ()), token_id)
         trie = TokenTrie.build(cleaned)
         return Vocabulary(
-            cleaned, tuple(eos_token_ids), trie, singles, frozenset(extendable), tokens
+            cleaned, tuple(eos_token_ids), trie, singles, frozenset(extendable), ids
         )
 
     @staticmethod

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 import pytest
 import regex
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +31,18 @@ from qrun.runtime.generate import HoleRecord
 from qrun.runtime.masks import IndexCache
 from qrun.stdlib.json_schema import schema_to_regex
 from qrun.stdlib.patterns import PATTERNS
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """The tiny model's ops are far too small for intra-op threads: on the busy 2-core CI
+    machine one thread runs these tests ~8x faster (sampling a 49k-vocab step: 0.3 ms vs
+    5-15 ms per masked_fill/multinomial with the default pool)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 # Holes checked per test (filled in as tests run) and the minimum each test must reach.
 CHECKED: dict[str, int] = {}
@@ -57,6 +72,12 @@ def min_tokens(tiny: TransformersBackend, pattern: str) -> int:
     return int(index.token_dist[index.start_state])
 
 
+def has_forced_text(tiny: TransformersBackend, pattern: str) -> bool:
+    """Whether fast-forward can happen in this pattern (some state forces bytes)."""
+    dfa = _INDEXES.get(pattern, tiny.vocabulary).dfa
+    return any(dfa.forced_bytes(state) for state in range(dfa.num_states))
+
+
 def template_of(holes: Sequence[Hole], tail: str) -> tuple[str, dict[str, Any]]:
     """The template text and its inputs (patterns, schemas and budgets go in as inputs, so no
     escaping is needed inside the template)."""
@@ -76,7 +97,8 @@ def template_of(holes: Sequence[Hole], tail: str) -> tuple[str, dict[str, Any]]:
             inputs[f"t{i}"] = hole.stop
         if not hole.heal:
             args.append("heal=false")
-        parts.append(hole.label.replace("{", "(") + "{{ gen h%d %s }}" % (i, " ".join(args)))
+        parts.append(hole.label.replace("{", "(") + "{{ gen h" + str(i) + " "
+                     + " ".join(args) + " }}")
     return "".join(parts) + tail, inputs
 
 
@@ -100,8 +122,25 @@ def run_holes(
         check(hole, value)
         check_record(tiny, hole, value, record, context)
         expected_text.append(hole.label.replace("{", "(") + value)
-    assert result.text == "".join(expected_text) + tail
+    assert same_text(result.text, "".join(expected_text) + tail)
+    # The model's context spells exactly the text the user reads (LANGUAGE.md §4.3).
+    context = b"".join(tiny.vocabulary.token_bytes[t] or b"" for t in result.token_ids)
+    assert context.decode("utf-8") == "".join(expected_text) + tail
     return result
+
+
+def same_text(rendered: str, expected: str) -> bool:
+    """rendered == expected, except that a non-ASCII character may come out as U+FFFD
+    replacement characters: generate._stream hands out bytes of a character split across
+    tokens before its last byte arrives (test_rendered_text_keeps_characters_split_across_
+    tokens shows it). Drop the tolerance once that is fixed."""
+    if rendered == expected:
+        return True
+    pattern = "".join(
+        re.escape(char) if char.isascii() else f"(?:{re.escape(char)}|\ufffd+)"
+        for char in expected
+    )
+    return re.fullmatch(pattern, rendered, flags=re.DOTALL) is not None
 
 
 def check_record(
@@ -212,8 +251,13 @@ def test_random_regex_holes_always_full_match(
 ) -> None:
     holes = [
         # Budget: the fewest tokens of a match plus 0-3, so every hole is feasible and many
-        # end under budget pressure (masks that only allow finishable tokens).
-        Hole(LABELS[label].format(i=i), pattern, min_tokens(tiny, pattern) + extra, heal)
+        # end under budget pressure (masks that only allow finishable tokens). Holes that
+        # heal or have forced text get 6 more: under budget pressure they hit the bugs shown
+        # by test_a_healed_hole_with_a_tight_budget_never_fails_when_a_match_fits and
+        # test_fast_forward.py::test_forced_tokens_count_against_the_budget_of_the_next_step.
+        Hole(LABELS[label].format(i=i), pattern,
+             max(1, min_tokens(tiny, pattern) + extra
+                 + (6 if heal or has_forced_text(tiny, pattern) else 0)), heal)
         for i, (pattern, extra, label, heal) in enumerate(specs)
     ]
     run_holes(tiny, holes, seed, full_match)
@@ -235,8 +279,8 @@ def test_stdlib_patterns_always_full_match(tiny: TransformersBackend, seed: int)
             # own, so the budget forces a valid end), some slack and healing on the other
             # (tight budgets with healing hit the bug shown by
             # test_a_healed_hole_with_a_tight_budget_never_fails_when_a_match_fits).
-            tight = copy == 0
-            extra = seed % 2 if tight else 4 + seed % 4
+            tight = copy == 0 and not has_forced_text(tiny, pattern)
+            extra = seed % 2 if tight else 6 + seed % 4
             label = f"\n{name.lower()}: " if (seed + copy) % 2 else f"\n{name}="
             holes.append(Hole(label, pattern, min_tokens(tiny, pattern) + extra,
                               heal=not tight))
@@ -327,12 +371,8 @@ def valid_json(hole: Hole, value: str) -> None:
     assert hole.schema is not None
     instance = json.loads(value)
     jsonschema.validate(instance, hole.schema, format_checker=_FORMATS)
-    # The documented compact form: ", " and ": " separators, properties in schema order.
-    assert json.dumps(instance, ensure_ascii=False) == value or _has_escapes(value), value
-
-
-def _has_escapes(value: str) -> bool:
-    return "\\" in value
+    # The documented compact form (", " and ": " separators, properties in schema order).
+    assert regex.fullmatch(hole.pattern, value, flags=regex.ASCII), value
 
 
 @pytest.mark.parametrize("seed", range(JSON_RUNS))
@@ -340,7 +380,9 @@ def test_json_schema_holes_always_validate(tiny: TransformersBackend, seed: int)
     holes = []
     for i, schema in enumerate(SCHEMAS):
         pattern = schema_to_regex(schema)
-        budget = min_tokens(tiny, pattern) + 8 + 4 * ((seed + i) % 3)
+        # Generous budgets (these schemas are nearly finite): with budget pressure, forced
+        # tokens hit the bug shown by test_fast_forward.py's budget test.
+        budget = min_tokens(tiny, pattern) + 40 + 4 * ((seed + i) % 3)
         holes.append(Hole(f"\nrecord {i}: ", pattern, budget, heal=(seed + i) % 4 != 0,
                           schema=schema))
     run_holes(tiny, holes, seed, valid_json)
@@ -406,27 +448,76 @@ def test_a_stop_inside_a_prefix_closed_regex_cuts_a_matching_value(
     count("stop_prefix_closed", len(holes))
 
 
-# A regex whose matches need text that contains the stop string: the value before the stop
-# cannot match, so the hole must fail (GenerationError) or end before any stop with a match.
-# generate.py checks the constraint on the text *including* the stop and the overshoot
-# (cursor.can_end() after every sampled byte), so it returns the cut value unchecked.
+# A regex whose matches need text that contains the stop string. generate.py (_Hole.take)
+# takes a stop only where the value before it full-matches; an occurrence before that is
+# ordinary text the constraint allowed. So the value full-matches, and when the hole ended at
+# a stop, no earlier occurrence had a matching value before it.
 CROSSING = [(r"[a-z]+ [a-z]+", " "), (r"[a-z ]{3,12}", " "), (r"\w+\.\w+", ".")]
 
 
 @pytest.mark.parametrize("pattern,stop", CROSSING)
-def test_the_value_before_a_stop_full_matches_the_regex(
+def test_a_stop_ends_a_constrained_hole_only_where_the_value_matches(
     tiny: TransformersBackend, pattern: str, stop: str
 ) -> None:
     query = qrun.Query("Name: {{ gen a regex=p stop=s max_tokens=8 }}\nNext")
-    wrong = []
     for seed in range(8):
-        try:
-            result = query.run(model=tiny, temperature=1.0, seed=seed, p=pattern, s=stop)
-        except qrun.GenerationError:
-            continue
-        if not regex.fullmatch(pattern, result["a"], flags=regex.ASCII):
-            wrong.append(result["a"])
-    assert wrong == []
+        result = query.run(model=tiny, temperature=1.0, seed=seed, p=pattern, s=stop)
+        value = result["a"]
+        assert regex.fullmatch(pattern, value, flags=regex.ASCII), value
+        assert result.text == f"Name: {value}\nNext"
+        record = result.holes["a"]
+        assert isinstance(record, HoleRecord)
+        if record.finish == "stop":
+            earlier = [at for at in range(len(value)) if value.startswith(stop, at)]
+            assert not any(regex.fullmatch(pattern, value[:at], flags=regex.ASCII)
+                           for at in earlier), value
+
+
+_HANG_CHECK = """
+import torch, qrun, regex
+from qrun.backends.tiny import load_tiny
+torch.set_num_threads(1)
+query = qrun.Query("Pair: {{ gen a regex=p stop=s max_tokens=8 }}\\nNext")
+tiny = load_tiny()
+for seed in range(4):
+    value = query.run(model=tiny, temperature=1.0, seed=seed, p=PATTERN, s=STOP)["a"]
+    assert regex.fullmatch(PATTERN, value, flags=regex.ASCII), value
+print("ok")
+"""
+
+
+def test_a_multi_byte_stop_the_value_cannot_end_at_does_not_hang() -> None:
+    # _Hole.take retries the stop search with `searched = found + 1`, but find_stop only
+    # skips occurrences that end at or before `searched`: a stop of n >= 2 bytes at `found`
+    # ends at found + n - 1 >= searched, so it is found again, forever. Run in a subprocess
+    # so a hang fails this test instead of the whole suite. Fix: search for occurrences that
+    # *start* after `found` (e.g. a `start` argument to find_stop).
+    # (Loading the tiny model and 4 runs take ~5 s; seed 0 already hangs.)
+    pattern, stop = r"[a-z]+, [a-z]+", ", "
+    code = f"PATTERN = {pattern!r}\nSTOP = {stop!r}\n" + _HANG_CHECK
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=45)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"regex={pattern!r} stop={stop!r}: the run did not finish in 45 s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
+
+
+def test_rendered_text_keeps_characters_split_across_tokens(tiny: TransformersBackend) -> None:
+    # SmolLM2 has no token for 😀 (F0 9F 98 80): it always comes in pieces. The value is right
+    # but the rendered text (built from streamed chunks) gets U+FFFD for the first one:
+    # generate._utf8_boundary() calls the end of the buffer a character boundary, so a chunk
+    # ending in the middle of a character is decoded with errors="replace".
+    query = qrun.Query("Smile: {{ gen a regex=p max_tokens=8 }}!")
+    for seed in range(3):
+        result = query.run(model=tiny, temperature=1.0, seed=seed, p="\U0001f600{2}")
+        assert result["a"] == "\U0001f600\U0001f600"
+        assert result.text == "Smile: \U0001f600\U0001f600!"
+        streamed: list[str] = []
+        query.run(model=tiny, temperature=1.0, seed=seed, p="\U0001f600{2}",
+                  on_text=streamed.append)
+        assert "".join(streamed) == result.text
 
 
 # --- budgets -----------------------------------------------------------------------------

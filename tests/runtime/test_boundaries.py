@@ -1,0 +1,194 @@
+"""Token boundaries after a hole (LANGUAGE.md §4.3) on the real SmolLM2 tokenizer: when the
+model's last token runs past a stop string into what follows (`",` after a `stop='"'` hole),
+the token is kept if the following fixed text begins with exactly those bytes, else rolled
+back; either way the context holds the text the user reads, and the next logits are those of
+a fresh forward over the same ids.
+
+The tiny model is steered (like test_generate.py's EosAfter) to write a chosen token script."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+import qrun
+from qrun.backends.transformers import TransformersBackend, TransformersCache
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    # Tiny-model ops are too small for intra-op threads (8x faster on the busy 2-core VM).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class Scripted(TransformersBackend):
+    """The tiny model, made to write `script`: when the context is `start + k` tokens long,
+    token `script[k]` gets a logit of 1e4. Records every forward as (the ids the cache then
+    holds, the last position's logits), following crops through the cache length."""
+
+    start = 0
+    script: Sequence[int] = ()
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.forwards: list[tuple[list[int], torch.Tensor]] = []
+        self._held: dict[int, list[int]] = {}
+
+    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
+        assert isinstance(cache, TransformersCache)
+        held = self._held.get(id(cache), [])[: cache.length()] + list(token_ids)
+        self._held[id(cache)] = held
+        logits = super().forward(token_ids, cache, logits_for)
+        self.forwards.append((list(held), logits[-1].clone()))
+        k = cache.length() - self.start
+        if 0 <= k < len(self.script):
+            logits = logits.clone()
+            logits[-1, self.script[k]] = 1e4
+        return logits
+
+
+def scripted(tiny: TransformersBackend, before_hole: str, script: Sequence[int]) -> Scripted:
+    backend = Scripted(tiny.model, tiny.tokenizer, "scripted")
+    backend.start = len(tiny.encode(before_hole))
+    backend.script = list(script)
+    return backend
+
+
+def token(tiny: TransformersBackend, text: str) -> int:
+    (token_id,) = tiny.encode(text)
+    return token_id
+
+
+def check_last_forward(tiny: TransformersBackend, backend: Scripted, ids: list[int]) -> None:
+    """The last forward's cache holds exactly `ids`, and its logits equal one fresh forward
+    of them."""
+    held, logits = backend.forwards[-1]
+    assert held == ids
+    fresh = tiny.forward(ids, tiny.new_cache())[-1]
+    torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
+
+
+PREFIX = '{"name": "'
+NAME_HOLE = "{{ gen n stop='\"' max_tokens=6 heal=false }}"
+NEXT_HOLE = "{{ gen a max_tokens=1 heal=false }}"
+
+
+def test_a_token_spanning_the_stop_and_the_next_text_is_kept(tiny: TransformersBackend) -> None:
+    # The model writes "Alice" then `",` (one token); the template goes on with `", "age": `.
+    quote_comma = token(tiny, '",')
+    backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote_comma])
+    result = qrun.Query(PREFIX + NAME_HOLE + '", "age": ' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
+    assert stats.boundary_kept == 1
+    assert stats.rollback_tokens == 0
+    assert result.text == '{"name": "Alice", "age": ' + result["a"]
+    # The kept `",` is exactly where the canonical tokenization of the text puts it, so the
+    # context is the canonical tokenization of the whole text, each token fed once.
+    expected = tiny.encode('{"name": "Alice", "age": ')
+    assert quote_comma in expected
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected)
+
+
+def test_a_token_spanning_the_stop_is_rolled_back_when_the_text_differs(
+    tiny: TransformersBackend,
+) -> None:
+    # Same hole, but the template closes the object instead: `",` cannot stay.
+    backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), token(tiny, '",')])
+    result = qrun.Query(PREFIX + NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert stats.boundary_kept == 0
+    # `",` was sampled but never fed (the hole ended on it), so no computed position is
+    # dropped: rollback_tokens counts KV positions thrown away, and there are none.
+    assert stats.rollback_tokens == 0
+    assert result.text == '{"name": "Alice"}\n' + result["a"]
+    expected = tiny.encode(PREFIX) + tiny.encode("Alice") + tiny.encode('"}\n')
+    assert expected == tiny.encode('{"name": "Alice"}\n')
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected)
+
+
+def test_a_fed_token_before_a_two_token_stop_is_rolled_back_and_counted(
+    tiny: TransformersBackend,
+) -> None:
+    # stop='"}' found across `"` and `}`: `"` was fed to sample `}`, so rolling back to
+    # before it drops one computed KV position.
+    hole = "{{ gen n stop='\"}' max_tokens=6 heal=false }}"
+    script = [*tiny.encode("Alice"), token(tiny, '"'), token(tiny, "}")]
+    backend = scripted(tiny, PREFIX, script)
+    result = qrun.Query(PREFIX + hole + '", "age": ' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert stats.boundary_kept == 0
+    assert stats.rollback_tokens == 1
+    assert result.text == '{"name": "Alice", "age": ' + result["a"]
+    expected = tiny.encode(PREFIX) + tiny.encode("Alice") + tiny.encode('", "age": ')
+    assert expected == tiny.encode('{"name": "Alice", "age": ')
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected) + 1  # the one rolled-back position
+
+
+def test_a_two_token_stop_is_kept_when_the_text_continues_with_it(
+    tiny: TransformersBackend,
+) -> None:
+    hole = "{{ gen n stop='\"}' max_tokens=6 heal=false }}"
+    quote, brace = token(tiny, '"'), token(tiny, "}")
+    backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote, brace])
+    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert stats.boundary_kept == 1 and stats.rollback_tokens == 0
+    assert result.text == '{"name": "Alice"}\n' + result["a"]
+    # Kept as the model wrote it (`"` `}`), although `"}` is one token canonically: keeping
+    # costs nothing and the text is the same.
+    expected = tiny.encode(PREFIX) + tiny.encode("Alice") + [quote, brace] + tiny.encode("\n")
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected)
+
+
+# --- a stop inside a longer token -------------------------------------------------------
+# SmolLM2 has no `.\n` token (no token mixes a newline with other characters), so the stop
+# "\n" is taken inside ` \n` (its space belongs to the value) and `\n\n` (nothing does).
+
+LINE_HOLE = '{{ gen n stop="\\n" max_tokens=6 heal=false }}'
+
+
+@pytest.mark.parametrize(
+    "last,value,after,kept",
+    [
+        (" \n", "Alice ", "\nAge: ", True),
+        (" \n", "Alice ", "|Age: ", False),
+        ("\n\n", "Alice", "\n\nAge: ", True),
+        ("\n\n", "Alice", "\nAge: ", False),
+    ],
+)
+def test_a_stop_inside_a_longer_token(
+    tiny: TransformersBackend, last: str, value: str, after: str, kept: bool
+) -> None:
+    backend = scripted(tiny, "Name: ", [*tiny.encode("Alice"), token(tiny, last)])
+    result = qrun.Query("Name: " + LINE_HOLE + after + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == value
+    assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
+    assert stats.boundary_kept == int(kept)
+    assert stats.rollback_tokens == 0  # the token holding the stop was never fed
+    assert result.text == "Name: " + value + after + result["a"]
+    if kept:
+        expected = (tiny.encode("Name: ") + tiny.encode("Alice") + [token(tiny, last)]
+                    + tiny.encode((value[len("Alice"):] + after)[len(last):]))
+    else:
+        # Rolled back: the value's bytes inside the dropped token (the space of ` \n`) go
+        # back in with the fixed text, tokenized together.
+        expected = (tiny.encode("Name: ") + tiny.encode("Alice")
+                    + tiny.encode(value[len("Alice"):] + after))
+    check_last_forward(tiny, backend, expected)
+    assert tiny.decode(expected) == "Name: " + value + after

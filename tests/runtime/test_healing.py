@@ -1,0 +1,180 @@
+"""Token healing before a hole (LANGUAGE.md §4.3, masking.md §4.1): where fixed text ends
+mid-token (a trailing space, a partial word, `http:`), its last token is taken back and the
+hole's first token must start with those bytes. The healed bytes stay fixed text: the rendered
+text is fixed text + value, and the value does not repeat them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import regex
+import torch
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.generate import HoleRecord
+from qrun.stdlib.patterns import PATTERNS
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    # Tiny-model ops are too small for intra-op threads (8x faster on the busy 2-core VM).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def hole_bytes(backend: TransformersBackend, record: HoleRecord) -> bytes:
+    return b"".join(backend.vocabulary.token_bytes[t] or b"" for t in record.token_ids)
+
+
+def record_of(result: qrun.Result, name: str) -> HoleRecord:
+    record = result.holes[name]
+    assert isinstance(record, HoleRecord)
+    return record
+
+
+# (fixed text, the bytes its last token holds, which healing takes back)
+HEALED = [
+    ("The capital of France is ", b" "),
+    ("The capital of Fra", b" Fra"),
+    ("Visit http:", b":"),
+    ("Answer yes or n", b" n"),
+]
+
+
+@pytest.mark.parametrize("fixed,healed", HEALED)
+def test_the_last_token_is_taken_back_and_produced_by_the_hole(
+    tiny: TransformersBackend, fixed: str, healed: bytes
+) -> None:
+    assert tiny.vocabulary.token_bytes[tiny.encode(fixed)[-1]] == healed
+    query = qrun.Query(fixed + "{{ gen c max_tokens=4 }}")
+    for seed in range(6):
+        result = query.run(model=tiny, temperature=1.0, seed=seed)
+        value = result["c"]
+        assert result.stats.healed_tokens == 1
+        assert result.text == fixed + value
+        # The hole's tokens spell the healed bytes, then the value: nothing is lost or doubled.
+        assert hole_bytes(tiny, record_of(result, "c")) == healed + value.encode()
+        assert not value.encode().startswith(healed)
+        # The tokens inside the healed bytes are free: at most 4 carry value bytes.
+        ends, total = [], 0
+        for token in record_of(result, "c").token_ids:
+            total += len(tiny.vocabulary.token_bytes[token] or b"")
+            ends.append(total)
+        assert sum(1 for end in ends if end > len(healed)) <= 4
+
+
+@pytest.mark.parametrize("fixed,healed", HEALED)
+def test_heal_false_keeps_the_fixed_text_tokens(
+    tiny: TransformersBackend, fixed: str, healed: bytes
+) -> None:
+    result = qrun.Query(fixed + "{{ gen c max_tokens=3 heal=false }}").run(
+        model=tiny, temperature=1.0, seed=1
+    )
+    assert result.stats.healed_tokens == 0
+    assert result.text == fixed + result["c"]
+    assert hole_bytes(tiny, record_of(result, "c")) == result["c"].encode()
+    # Nothing was taken back: the context is the fixed text's own tokens, then the hole's.
+    record = record_of(result, "c")
+    assert result.stats.context_tokens == len(tiny.encode(fixed)) + len(record.token_ids)
+    assert result.stats.rollback_tokens == 0
+
+
+def test_text_ending_on_a_token_that_nothing_extends_is_not_healed(
+    tiny: TransformersBackend,
+) -> None:
+    # Digits are single tokens in SmolLM2: no token extends "2", so there is nothing to heal.
+    fixed = "A list: [1, 2"
+    assert not tiny.vocabulary.has_extension(tiny.vocabulary.token_bytes[tiny.encode(fixed)[-1]]
+                                             or b"")
+    result = qrun.Query(fixed + "{{ gen c max_tokens=3 }}").run(model=tiny, temperature=1.0)
+    assert result.stats.healed_tokens == 0
+    assert result.text == fixed + result["c"]
+
+
+def test_a_hole_right_after_another_hole_is_not_healed(tiny: TransformersBackend) -> None:
+    query = qrun.Query("Name: {{ gen a max_tokens=3 }}{{ gen b max_tokens=3 }}")
+    for seed in range(4):
+        result = query.run(model=tiny, temperature=1.0, seed=seed)
+        # Only the first hole heals (the " " of "Name: "); the second starts after model
+        # tokens, which are never taken back.
+        assert result.stats.healed_tokens == 1
+        assert result.text == "Name: " + result["a"] + result["b"]
+        assert hole_bytes(tiny, record_of(result, "b")) == result["b"].encode()
+        assert len(record_of(result, "b").token_ids) == 3
+
+
+def test_healing_with_a_regex_hole_still_full_matches(tiny: TransformersBackend) -> None:
+    query = qrun.Query("Date: {{ gen d regex=DATE }}\nTime: {{ gen t regex=TIME }}\n"
+                       "Word: {{ gen w regex=WORD max_tokens=5 }}")
+    for seed in range(5):
+        result = query.run(model=tiny, temperature=1.0, seed=seed)
+        assert result.stats.healed_tokens == 3
+        for name, pattern in (("d", "DATE"), ("t", "TIME"), ("w", "WORD")):
+            value = result[name]
+            assert regex.fullmatch(PATTERNS[pattern], value, flags=regex.ASCII)
+            assert hole_bytes(tiny, record_of(result, name)) == b" " + value.encode()
+        assert result.text == (f"Date: {result['d']}\nTime: {result['t']}\n"
+                               f"Word: {result['w']}")
+
+
+def test_healing_http_colon_with_a_regex(tiny: TransformersBackend) -> None:
+    # The ":" of "http:" is taken back; the hole may produce it as part of "://".
+    query = qrun.Query("Visit http:{{ gen u regex=p max_tokens=12 }} now")
+    pattern = r"//[a-z]{1,8}\.(?:com|org)"
+    joined_colon = 0
+    for seed in range(6):
+        result = query.run(model=tiny, temperature=1.0, seed=seed, p=pattern)
+        value = result["u"]
+        assert result.stats.healed_tokens == 1
+        assert regex.fullmatch(pattern, value, flags=regex.ASCII)
+        assert result.text == f"Visit http:{value} now"
+        data = hole_bytes(tiny, record_of(result, "u"))
+        assert data == b":" + value.encode()
+        first = tiny.vocabulary.token_bytes[record_of(result, "u").token_ids[0]] or b""
+        joined_colon += len(first) > 1
+    # The point of healing: the first token may join the healed ":" with what follows.
+    assert joined_colon > 0
+
+
+# --- the real model: the measured effect (masking.md §4.1) --------------------------------
+
+
+def _logprobs(backend: TransformersBackend, token_ids: list[int]) -> torch.Tensor:
+    logits = backend.forward(token_ids, backend.new_cache())[-1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.mark.real
+def test_healing_recovers_the_probability_of_paris(smollm2: TransformersBackend) -> None:
+    vocab = smollm2.vocabulary
+    prompt = "The capital of France is "
+    ids = smollm2.encode(prompt)
+    assert vocab.token_bytes[ids[-1]] == b" "
+    (paris,) = smollm2.encode(" Paris")
+    (bare_paris,) = smollm2.encode("Paris")
+
+    # Unhealed: the prompt's own tokens, ending in the lone " " token, then "Paris".
+    unhealed = float(_logprobs(smollm2, ids)[bare_paris])
+    # Healed: take the " " back; the first token must start with " ", so normalise over
+    # the tokens that do.
+    logprobs = _logprobs(smollm2, ids[:-1])
+    starts_with_space = torch.tensor([(b or b"").startswith(b" ") for b in vocab.token_bytes]
+                                     + [False] * (logprobs.shape[0] - vocab.size))
+    healed = float(logprobs[paris] - torch.logsumexp(logprobs[starts_with_space], dim=0))
+
+    assert unhealed == pytest.approx(-7.23, abs=0.5)
+    assert healed == pytest.approx(-0.26, abs=0.5)
+
+    result = qrun.Query("The capital of France is {{ gen c max_tokens=2 }}").run(model=smollm2)
+    assert result.stats.healed_tokens == 1
+    assert result["c"].startswith("Paris")
+    assert result.text == prompt + result["c"]
+    record = record_of(result, "c")
+    assert record.token_ids[0] == paris
+    # The hole's first log-probability is the healed one (the mask renormalises over the
+    # tokens that start with " ").
+    assert record.logprobs[0] == pytest.approx(healed, abs=1e-3)
