@@ -10,7 +10,7 @@ from qrun.backends import load_model
 from qrun.backends.base import Backend
 from qrun.backends.loading import DEFAULT_MODEL
 from qrun.errors import QrunError, UsageError
-from qrun.lang import compile_source
+from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
 from qrun.runtime.batch import run_batched
 from qrun.runtime.constraints import ConstraintCompiler
@@ -27,7 +27,10 @@ class Query:
     """
 
     def __init__(self, text: str, name: str = "<string>") -> None:
-        self.program: Program = compile_source(text, name)
+        self._setup(compile_source(text, name))
+
+    def _setup(self, program: Program) -> None:
+        self.program: Program = program
         self._backends: dict[tuple[str, str | None, str | None], Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
@@ -39,13 +42,9 @@ class Query:
             UsageError: the file cannot be read.
             TemplateErrors: the template does not compile.
         """
-        try:
-            # newline="" keeps CRLF as written, as compile_file does.
-            with open(path, encoding="utf-8", newline="") as handle:
-                text = handle.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read template {os.fspath(path)}: {exc}") from exc
-        return cls(text, os.fspath(path))
+        query = cls.__new__(cls)
+        query._setup(compile_file(path))
+        return query
 
     @property
     def inputs(self) -> tuple[str, ...]:
