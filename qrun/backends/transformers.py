@@ -204,7 +204,7 @@ class TransformersBackend:
             for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
                 _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
         logits = out.logits.float()  # [B, width_new, V]
-        return [logits[i, n - logits_for : n] for i, n in enumerate(new)]
+        return [logits[i, max(0, n - logits_for) : n] for i, n in enumerate(new)]
 
     def _stack_caches(self, caches: Sequence[TransformersCache], width: int) -> Any:
         from transformers import DynamicCache

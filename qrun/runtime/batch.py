@@ -96,9 +96,10 @@ class ForwardScheduler:
             self.batches += 1
             try:
                 items = [(r.args[0], r.args[1]) for r in forwards]
-                outputs = self._forward_batch(items)
+                keep = max(r.args[2] for r in forwards)
+                outputs = self._forward_batch(items, keep)
                 for request, logits in zip(forwards, outputs, strict=True):
-                    request.result = logits
+                    request.result = logits[-request.args[2] :]
             except BaseException as exc:  # each waiting run gets the failure as its own
                 for request in forwards:
                     request.error = exc
@@ -109,11 +110,13 @@ class ForwardScheduler:
                 except BaseException as exc:
                     request.error = exc
 
-    def _forward_batch(self, items: list[tuple[Sequence[int], KVCache]]) -> list[torch.Tensor]:
+    def _forward_batch(
+        self, items: list[tuple[Sequence[int], KVCache]], keep: int
+    ) -> list[torch.Tensor]:
         if len(items) == 1:
             ids, cache = items[0]
-            return [self.backend.forward(ids, cache)]
-        return list(self.backend.forward_batch(items))  # type: ignore[attr-defined]
+            return [self.backend.forward(ids, cache, keep)]
+        return list(self.backend.forward_batch(items, keep))  # type: ignore[attr-defined]
 
 
 class BatchedBackend:
@@ -160,9 +163,9 @@ class BatchedBackend:
     def forward(
         self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
     ) -> torch.Tensor:
-        assert logits_for == 1, "batched forwards keep only the last position's logits"
-        result: torch.Tensor = self._scheduler.submit("forward", list(token_ids), cache)
-        return result.unsqueeze(0) if result.dim() == 1 else result
+        result: torch.Tensor = self._scheduler.submit("forward", list(token_ids), cache,
+                                                      logits_for)
+        return result
 
     def forward_rows(
         self, rows: Sequence[Sequence[int]], cache: KVCache

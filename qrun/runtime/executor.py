@@ -176,22 +176,26 @@ class _Runner:
             raise self._bad_arg(p.max_tokens, op.span, f"max_tokens must be ≥ 1, got {max_tokens}")
         stop = self._stop(p.stop, op.span)
         sampling, generator = self._sampling(p, op.span)
-        prefix = self._heal() if self._arg(p.heal, bool, True, op.span, "heal") else b""
+        prefix = b""
+        if self._arg(p.heal, bool, True, op.span, "heal"):
+            prefix = self._heal(keep_last=True)
         cursor: Cursor | None = None
         if p.constraint is not None:
             cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
                                              op.span, prefix)
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
-        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix)
+        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix,
+                          healed_in_context=bool(prefix))
 
-    def _heal(self) -> bytes:
+    def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
-        could have continued it, returning its bytes (the hole must produce them first)."""
+        could have continued it, returning its bytes (the hole must produce them first).
+        `keep_last`: see Session.heal."""
         self.session.settle()
         vocab = self.backend.vocabulary
-        return self.session.heal(
-            healable_tail(vocab, self.session.token_ids, self.session.fixed_tail))
+        count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
+        return self.session.heal(count, keep_last)
 
     def _sampling(
         self, p: ir.GenParams, span: Span

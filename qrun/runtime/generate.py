@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from qrun.runtime.sampler import SamplingParams, sample
@@ -81,6 +82,9 @@ class GenRequest:
     generator: torch.Generator | None
     cursor: Cursor | None = None
     prefix: bytes = b""
+    # The healed token is still the context's last token (Session.heal keep_last): the first
+    # step decides from the logits before it and keeps it if the model writes it again.
+    healed_in_context: bool = False
 
 
 class _Hole:
@@ -91,7 +95,8 @@ class _Hole:
         self.session = session
         self.request = request
         self.vocab = session.backend.vocabulary
-        self.start = len(session.token_ids)
+        self.speculative = request.healed_in_context
+        self.start = len(session.token_ids) - (1 if self.speculative else 0)
         self.text = bytearray()
         self.ends: list[int] = []
         self.record = HoleRecord(request.name, "")
@@ -104,8 +109,18 @@ class _Hole:
 
     def take(self, token: int, logprob: float, forced: bool) -> int | None:
         """Append a token to the context and the hole; return the byte offset of a stop
-        string it completed, if any."""
-        self.session.append_tokens([token])
+        string it completed, if any. The first token of a speculatively healed hole is kept
+        in place when it is the healed token itself, else the healed token is taken back."""
+        if self.speculative:
+            self.speculative = False
+            context = self.session.token_ids
+            if context[self.start :] == [token]:
+                self.session.fixed_tail = 0
+            else:
+                self.session.rollback(self.start)
+                self.session.append_tokens([token])
+        else:
+            self.session.append_tokens([token])
         self.record.token_ids.append(token)
         self.record.logprobs.append(logprob)
         self.record.forced.append(forced)
@@ -175,14 +190,22 @@ def generate(
         stop_at = _fast_forward(hole, request.max_tokens - hole.value_tokens)
         tokens_left = request.max_tokens - hole.value_tokens  # forced tokens count too
         if stop_at is None and tokens_left > 0:
-            logits = session.next_logits()
             mask = _mask(session, hole, tokens_left)
-            token, logprob = sample(logits, mask, request.sampling, request.generator)
-            if token in eos:
-                finish = "eos"
-                break
-            session.stats.generated_tokens += 1
-            stop_at = hole.take(token, logprob, forced=False)
+            only = _only_token(mask)
+            if only is not None and only not in eos:
+                # One legal token (inside a healed prefix, or a forced byte the text-level
+                # fast-forward left to the model): take it without asking for logits, so its
+                # forward joins the next one.
+                session.stats.forced_tokens += 1
+                stop_at = hole.take(only, float("nan"), forced=True)
+            else:
+                logits = session.logits_before_last() if hole.speculative else session.next_logits()
+                token, logprob = sample(logits, mask, request.sampling, request.generator)
+                if token in eos:
+                    finish = "eos"
+                    break
+                session.stats.generated_tokens += 1
+                stop_at = hole.take(token, logprob, forced=False)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
             finish = "stop"
@@ -205,6 +228,14 @@ def generate(
         on_text(bytes(hole.text[streamed:]).decode("utf-8", errors="replace"))
     record.seconds = time.perf_counter() - started
     return record
+
+
+def _only_token(mask: torch.Tensor | None) -> int | None:
+    """The single token a mask allows, if it allows exactly one."""
+    if mask is None:
+        return None
+    allowed = np.flatnonzero(mask.numpy())
+    return int(allowed[0]) if len(allowed) == 1 else None
 
 
 def _in_prefix(hole: _Hole) -> bool:

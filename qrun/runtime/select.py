@@ -61,10 +61,8 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     row = rows[chosen]
     # The winner's positions stay; every loser's were computed for nothing.
     session.stats.rollback_tokens += sum(len(r) for i, r in enumerate(rows) if i != chosen)
-    session.cache = backend.keep_row(batched, chosen, prefix + len(row))
-    session.token_ids.extend(row)
-    session.fed = len(session.token_ids)
-    session._logits = logits[chosen, len(row) - 1]
+    session.extend_fed(row, backend.keep_row(batched, chosen, prefix + len(row)),
+                       logits[chosen, len(row) - 1])
     session.stats.generated_tokens += len(row)
     return HoleRecord(
         name=request.name,

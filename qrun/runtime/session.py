@@ -36,8 +36,9 @@ class Session:
     """Token ids and KV cache of one run.
 
     Invariants: the cache holds exactly `token_ids[:fed]`; `token_ids[fed:]` are appended but
-    not fed yet; `_logits` is the next-token distribution after all of `token_ids` when not
-    None; the last `fixed_tail` tokens came from fixed text (token healing may take them back).
+    not fed yet; `_known[n]` is the next-token distribution after `token_ids[:n]` (kept while
+    those n tokens stand); the last `fixed_tail` tokens came from fixed text (token healing may
+    take them back).
     """
 
     def __init__(
@@ -57,7 +58,7 @@ class Session:
         # Token positions where a fixed-text segment began or ended: the points where runs of
         # one template diverge, so where KV snapshots are worth keeping.
         self.boundaries: set[int] = set()
-        self._logits: torch.Tensor | None = None
+        self._known: dict[int, torch.Tensor] = {}
 
     def append_text(self, text: str) -> list[int]:
         """Append fixed text, tokenized once as one segment and fed when logits are next
@@ -83,7 +84,6 @@ class Session:
 
     def _append(self, token_ids: Sequence[int]) -> None:
         self.token_ids.extend(token_ids)
-        self._logits = None
 
     def _settle_overshoot(self, text: bytes) -> bytes:
         """Keep the overshoot tokens if the context must read value_bytes + text and they spell
@@ -102,32 +102,66 @@ class Session:
     def next_logits(self) -> torch.Tensor:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
         one forward. An empty context first gets the model's start token."""
-        if self._logits is not None:
-            return self._logits
+        known = self._known.get(len(self.token_ids))
+        if known is not None and self.overshoot is None:
+            return known
         if self.overshoot is not None:
             self._drop_overshoot()
         if not self.token_ids:
             self.token_ids.append(self.backend.start_token_id)
+        known = self._known.get(len(self.token_ids))
+        if known is not None:
+            return known
         if self.prefix_cache is not None and self._from_prefix_cache():
-            assert self._logits is not None
-            return self._logits
+            return self._known[len(self.token_ids)]
         if self.fed == len(self.token_ids):
-            # Everything is fed but the logits were dropped (after a rollback to a point
-            # whose logits were not kept): re-feed the last token.
+            # Everything is fed but those logits were not kept (after a rollback): re-feed the
+            # last token.
             self.rollback(self.fed - 1)
+        self._feed(1)
+        return self._known[len(self.token_ids)]
+
+    def _feed(self, keep: int) -> None:
+        """Feed every unfed token in one forward, keeping the logits after the last `keep`
+        positions."""
         start = self.fed
-        logits = self.forward(self.token_ids[start:])
-        self.fed = len(self.token_ids)
-        self._logits = logits[-1]
+        logits = self.forward(self.token_ids[start:], logits_for=keep)
+        self.fed = end = len(self.token_ids)
+        for back in range(min(keep, end - start)):
+            self._known[end - back] = logits[-1 - back]
         if self.prefix_cache is not None:
             self._into_prefix_cache(start)
-        return self._logits
 
-    def _from_prefix_cache(self) -> bool:
-        """Take the deepest cached KV snapshot on the context, and the logits after it when
-        cached (then no forward is needed: True)."""
+    def logits_before_last(self) -> torch.Tensor:
+        """Logits after all but the last token, which stays in the context: when it is not fed
+        yet it goes through the model in the same forward (logits of both positions kept), so
+        a healed token the model then writes again costs no extra forward."""
+        n = len(self.token_ids)
+        if self.prefix_cache is not None and self.overshoot is None and self.fed < n:
+            self._from_prefix_cache(n - 1)
+        known = self._known.get(n - 1)
+        if known is not None:
+            return known
+        if self.fed < n - 1 and self.overshoot is None:
+            self._feed(2)
+            return self._known[n - 1]
+        # The last token is fed already (its predecessor's logits are gone), or nothing
+        # before it is unfed: ask for the logits without it.
+        last = self.token_ids.pop()
+        if self.fed > len(self.token_ids):
+            self.token_ids.append(last)
+            self.rollback(n - 1)
+            return self.next_logits()
+        before = self.next_logits()
+        self.token_ids.append(last)
+        return before
+
+    def _from_prefix_cache(self, upto: int | None = None) -> bool:
+        """Take the deepest cached KV snapshot on the first `upto` tokens of the context (all
+        by default), and the logits after them when cached (True: no forward needed)."""
         assert self.prefix_cache is not None
-        hit = self.prefix_cache.lookup(self.token_ids, self.fed)
+        upto = len(self.token_ids) if upto is None else upto
+        hit = self.prefix_cache.lookup(self.token_ids[:upto], self.fed)
         if hit.kv is not None:
             self.stats.cached_tokens += hit.kv_length - self.fed
             self.cache = hit.kv
@@ -137,7 +171,7 @@ class Session:
         # The KV may now lag behind token_ids (fed < len): the positions in between are fed
         # with the next forward that needs them, if any does.
         self.stats.cached_logits += 1
-        self._logits = hit.logits
+        self._known[upto] = hit.logits
         return True
 
     def _into_prefix_cache(self, start: int) -> None:
@@ -146,13 +180,18 @@ class Session:
         assert self.prefix_cache is not None
         end = len(self.token_ids)
         multi = end - start > 1
-        self.prefix_cache.insert(self.token_ids, self.cache if multi else None, self._logits)
+        self.prefix_cache.insert(self.token_ids, self.cache if multi else None,
+                                 self._known.get(end))
         if not multi:
             return
         for boundary in sorted(b for b in self.boundaries if start < b < end):
             snapshot = self.cache.fork()
             snapshot.crop(boundary)
-            self.prefix_cache.insert(self.token_ids[:boundary], snapshot, None)
+            self.prefix_cache.insert(self.token_ids[:boundary], snapshot,
+                                     self._known.get(boundary))
+        before_last = self._known.get(end - 1)
+        if before_last is not None and end - 1 not in self.boundaries:
+            self.prefix_cache.insert(self.token_ids[: end - 1], None, before_last)
 
     def settle(self) -> None:
         """Resolve a pending overshoot when no fixed text follows (before a hole starts)."""
@@ -166,6 +205,17 @@ class Session:
         rest = self._settle_overshoot(b"")
         if rest:
             self._append(self.backend.encode(rest.decode("utf-8", errors="replace")))
+
+    def extend_fed(self, token_ids: Sequence[int], cache: KVCache, logits: torch.Tensor) -> None:
+        """Append tokens that were already fed elsewhere: `cache` holds the whole context with
+        them (e.g. the winning row of a select batch) and `logits` follow them."""
+        assert self.fed == len(self.token_ids), "the context must be fed before it is extended"
+        assert cache.length() == self.fed + len(token_ids)
+        self.token_ids.extend(token_ids)
+        self.cache = cache
+        self.fed = len(self.token_ids)
+        self.fixed_tail = 0
+        self._known[self.fed] = logits
 
     def sync(self) -> None:
         """Make the KV cache cover the whole context: after logits came from the prefix cache
@@ -197,17 +247,21 @@ class Session:
             self.stats.rollback_tokens += self.fed - length
             self.cache.crop(length)
             self.fed = length
-        self._logits = None
+        self._known = {n: v for n, v in self._known.items() if n <= length}
 
-    def heal(self, count: int) -> bytes:
+    def heal(self, count: int, keep_last: bool = False) -> bytes:
         """Take back the last `count` fixed-text tokens (token healing) and return their bytes,
-        which the next hole must produce first. Unfed tokens cost nothing to take back."""
+        which the next hole must produce first. Unfed tokens cost nothing to take back.
+
+        With `keep_last` (count 1), the token stays in the context for now: the hole decides
+        with logits_before_last() and keeps it if the model writes that very token again."""
         self.settle()
         if count == 0:
             return b""
         vocab = self.backend.vocabulary
         removed = b"".join(vocab.token_bytes[t] or b"" for t in self.token_ids[-count:])
-        self.rollback(len(self.token_ids) - count)
+        if not keep_last:
+            self.rollback(len(self.token_ids) - count)
         self.stats.healed_tokens += count
         return removed
 
