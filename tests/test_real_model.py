@@ -96,4 +96,7 @@ def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBack
     assert result["rest"] == free["rest"][: offset - 2]
     assert result.text == prompt + result["rest"] + " and so on."
     assert result.holes["rest"].finish == "stop"  # type: ignore[union-attr]
-    assert result.stats.rollback_tokens >= 1
+    # The tokens past the value ran into the stop, and the template continues differently:
+    # they were taken back (whether they had been fed depends on the prefix cache, which
+    # holds the unconstrained run above).
+    assert result.stats.boundary_dropped == 1
