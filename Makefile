@@ -28,8 +28,9 @@ check: setup
 	$(PY) -m ruff check qrun tests bench
 	$(PY) -m mypy
 
+# One torch thread: on a shared 2-core machine two threads made decoding several times slower.
 bench: setup
-	$(PY) -m bench
+	$(PY) -m bench --threads 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

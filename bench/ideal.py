@@ -3,27 +3,38 @@ forward per stretch of context between two model decisions, greedy argmax at eac
 masks, no template machinery. It is the physical limit for producing that same sequence.
 
 Where the decisions are: a run is traced (`trace_decisions`) by wrapping the runtime's token
-intake (`generate._Hole.take`) and `select`, which record the context position of every token
-the model chose. A decision is a sampled, kept token that carries value bytes; tokens forced by
-a constraint (fast-forward) and a re-sampled token-healing prefix (a token whose bytes lie inside
-the text healing took back: the model re-chose fixed text) count as fixed text, and a `select`
-is one decision at its first token, its winner fed with the text after it. If the hooks are
-missing (the runtime was refactored), `align_decisions` finds the holes' tokens in the final
-context instead, an approximation the report flags."""
+intake (`generate._Hole.take`), `generate` and `select`, which record the context position of
+every token the model chose and of every hole end by EOS. Decisions:
+- a sampled, kept token that carries value bytes;
+- the end of a hole by EOS (the model had to be asked after the hole's last token);
+- a `select`: one decision at its first token, its winner fed with the text after it.
+Tokens forced by a constraint (fast-forward) are fixed text, and so is a token re-sampled
+inside a token-healing prefix (its bytes lie inside the text healing took back): it gives back
+the template's own text (`healed=True` counts it as a decision instead).
+
+If the hooks are missing (the runtime was refactored), `align_decisions` finds the holes'
+tokens in the final context instead, an approximation the report flags."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from qrun.runtime.generate import HoleRecord
 
 # --- tracing decisions ----------------------------------------------------------------------
+
+# Event kinds: a token carrying value bytes, a token inside a healed prefix, a forced token, a
+# select's first token, a hole ended by EOS (its token is EOS_TOKEN: not in the context).
+VALUE, HEALED, FORCED, SELECT, EOS = "value", "healed", "forced", "select", "eos"
+EOS_TOKEN = -1
+Event = tuple[int, int, str]  # (context position, token id, kind)
 
 
 @dataclass
@@ -31,32 +42,42 @@ class DecisionLog:
     """Decision events per session, in the order sessions first appeared."""
 
     sessions: list[Any] = field(default_factory=list)
-    events: dict[int, list[tuple[int, int, bool]]] = field(default_factory=dict)
+    events: dict[int, list[Event]] = field(default_factory=dict)
     hooked: bool = False
+    healed_resampled: int = 0  # tokens sampled inside a healed prefix
+    healed_one_choice: int = 0  # ... of which the mask allowed that token only
 
-    def add(self, session: Any, position: int, token: int, decides: bool) -> None:
+    def add(self, session: Any, position: int, token: int, kind: str) -> None:
         key = id(session)
         if key not in self.events:
             self.sessions.append(session)  # kept alive, so ids are not reused
             self.events[key] = []
-        self.events[key].append((position, token, decides))
+        self.events[key].append((position, token, kind))
 
-    def runs(self) -> list[list[tuple[int, int, bool]]]:
+    def runs(self) -> list[list[Event]]:
         return [self.events[id(s)] for s in self.sessions]
 
 
 def decisions_from_events(
-    token_ids: Sequence[int], events: Sequence[tuple[int, int, bool]]
+    token_ids: Sequence[int], events: Sequence[Event], healed: bool = False
 ) -> list[int]:
-    """Sorted context positions whose token the model decided, from one run's events (the last
-    event at a position wins: a rolled-back position may be decided again)."""
-    last: dict[int, tuple[int, bool]] = {}
-    for position, token, decides in events:
-        last[position] = (token, decides)
-    return sorted(
-        p for p, (token, decides) in last.items()
-        if decides and p < len(token_ids) and token_ids[p] == token
-    )
+    """Sorted context positions before which the model decided something: a kept token (the
+    last event at a position wins: a rolled-back position may be decided again) or the end of a
+    hole by EOS (a position may equal len(token_ids)). With `healed`, tokens re-sampled inside
+    a healed prefix count too."""
+    deciding = {VALUE, SELECT} | ({HEALED} if healed else set())
+    last: dict[int, tuple[int, str]] = {}
+    ends: set[int] = set()
+    for position, token, kind in events:
+        if kind == EOS:
+            ends.add(position)
+        else:
+            last[position] = (token, kind)
+    kept = {
+        p for p, (token, kind) in last.items()
+        if kind in deciding and p < len(token_ids) and token_ids[p] == token
+    }
+    return sorted(kept | {p for p in ends if p <= len(token_ids)})
 
 
 @contextmanager
@@ -69,30 +90,51 @@ def trace_decisions() -> Iterator[DecisionLog]:
     hole_cls = getattr(generate, "_Hole", None)
     take = getattr(hole_cls, "take", None)
     select = getattr(executor, "select", None)
-    if hole_cls is None or take is None or select is None:
+    gen = getattr(executor, "generate", None)
+    if hole_cls is None or take is None or select is None or gen is None:
         yield log
         return
 
     def traced_take(self: Any, token: int, logprob: float, forced: bool) -> Any:
         data = self.vocab.token_bytes[token] or b""
-        carries_value = len(self.text) + len(data) > len(self.request.prefix)
-        log.add(self.session, len(self.session.token_ids), token, not forced and carries_value)
+        kind = FORCED if forced else VALUE
+        if not forced and len(self.text) + len(data) <= len(self.request.prefix):
+            kind = HEALED
+            log.healed_resampled += 1
+            log.healed_one_choice += _choices(self.request.cursor) == 1
+        log.add(self.session, len(self.session.token_ids), token, kind)
         return take(self, token, logprob, forced)
 
     def traced_select(session: Any, request: Any) -> HoleRecord:
         record: HoleRecord = select(session, request)
         position = len(session.token_ids) - len(record.token_ids)
-        log.add(session, position, record.token_ids[0], True)
+        log.add(session, position, record.token_ids[0], SELECT)
         return record
 
-    hole_cls.take = traced_take
-    executor.select = traced_select  # type: ignore[assignment]
+    def traced_generate(session: Any, request: Any, on_text: Any = None) -> HoleRecord:
+        record: HoleRecord = gen(session, request, on_text)
+        if record.finish == "eos":
+            log.add(session, len(session.token_ids), EOS_TOKEN, EOS)
+        return record
+
+    hooks = ((hole_cls, "take", traced_take, take), (executor, "select", traced_select, select),
+             (executor, "generate", traced_generate, gen))
+    for owner, name, wrapper, _ in hooks:
+        setattr(owner, name, wrapper)
     log.hooked = True
     try:
         yield log
     finally:
-        hole_cls.take = take
-        executor.select = select
+        for owner, name, _, original in hooks:
+            setattr(owner, name, original)
+
+
+def _choices(cursor: Any) -> int:
+    """How many tokens the cursor allows now (budget ignored), EOS included."""
+    if cursor is None:
+        return 2
+    mask = cursor.allowed(1 << 30)  # [V] bool
+    return int(np.count_nonzero(mask.numpy()))
 
 
 def align_decisions(
@@ -112,6 +154,8 @@ def align_decisions(
                     decisions.append(at)
                 else:
                     decisions += [at + i for i in range(k) if not record.forced[i]]
+                    if record.finish == "eos":
+                        decisions.append(at + k)
                 pointer = at + k
                 break
     return sorted(set(decisions))
@@ -178,7 +222,7 @@ def replay(
             stats.forward_calls += 1
             stats.forward_tokens += b - a
             stats.decisions += 1
-            stats.argmax_agree += chosen == token_ids[b]
+            stats.argmax_agree += b < len(token_ids) and chosen == token_ids[b]
     stats.wall_s = time.perf_counter() - started
     return stats
 
@@ -245,5 +289,3 @@ def holes_in_order(
             out.append(value)
     return out
 
-
-Decider = Callable[[Sequence[int]], list[int]]

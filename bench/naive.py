@@ -80,7 +80,8 @@ class NaiveRunner:
         self.indexes = IndexCache()
         eos = sorted(backend.eos_token_ids)
         self.eos = set(eos)
-        self.config = GenerationConfig(do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        self._config: Any = GenerationConfig
+        self._config_args = {"do_sample": False, "eos_token_id": eos, "pad_token_id": eos[0]}
 
     def run(self, steps: Sequence[Step]) -> NaiveRun:
         out = NaiveRun()
@@ -120,7 +121,8 @@ class NaiveRunner:
             warnings.simplefilter("ignore")
             generated = self.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids),
-                generation_config=self.config, max_new_tokens=step.max_tokens,
+                generation_config=self._config(**self._config_args,
+                                               max_new_tokens=step.max_tokens),
                 logits_processor=processors, stopping_criteria=criteria,
             )
         new = generated[0, len(prompt) :].tolist()
@@ -128,7 +130,7 @@ class NaiveRunner:
         out.forward_calls += len(new)
         out.forward_tokens += len(prompt) + len(new) - 1
         new = [t for t in new if t not in self.eos]
-        value = self.tokenizer.decode(new, skip_special_tokens=True)
+        value = str(self.tokenizer.decode(new, skip_special_tokens=True))
         cut = min((i for i in (value.find(s) for s in step.stop) if i >= 0), default=-1)
         return value if cut < 0 else value[:cut]
 

@@ -82,7 +82,7 @@ class Workload:
 
     def template(self) -> str:
         """The qrun template text."""
-        return "".join(_render(part) for part in self.parts)
+        return _render_seq(self.parts)
 
     def steps(self, inputs: Mapping[str, Any]) -> list[Step]:
         """The flat step list for one input mapping: inputs substituted, loops unrolled,
@@ -120,6 +120,24 @@ def _literal(value: Any) -> str:
     return json.dumps(value)
 
 
+# qrun trims the first newline right after a block tag (Jinja's trim_blocks); an empty
+# interpolation between the tag and fixed text that starts with one keeps that newline.
+_KEEP_NEWLINE = '{{ "" }}'
+
+
+def _starts_line(part: Part | None) -> bool:
+    return isinstance(part, Text) and part.text.startswith(("\n", "\r\n"))
+
+
+def _render_seq(parts: Sequence[Part]) -> str:
+    out = []
+    for i, part in enumerate(parts):
+        out.append(_render(part))
+        if isinstance(part, Loop) and _starts_line(parts[i + 1] if i + 1 < len(parts) else None):
+            out.append(_KEEP_NEWLINE)
+    return "".join(out)
+
+
 def _render(part: Part) -> str:
     match part:
         case Text():
@@ -141,10 +159,11 @@ def _render(part: Part) -> str:
         case Select():
             return "{{ select " + part.name + " options=" + _literal(list(part.options)) + " }}"
         case Loop():
-            body = "".join(_render(p) for p in part.body)
+            guard = _KEEP_NEWLINE if part.body and _starts_line(part.body[0]) else ""
+            body = _render_seq(part.body)
             sep = ("{{ " + _literal(part.sep) + " if not loop.last else \"\" }}"
                    if part.sep else "")
-            return f"{{% for i in range({part.count}) %}}{body}{sep}{{% endfor %}}"
+            return f"{{% for i in range({part.count}) %}}{guard}{body}{sep}{{% endfor %}}"
 
 
 def _expand(parts: Sequence[Part], inputs: Mapping[str, Any], k: int | None) -> Iterator[Step]:

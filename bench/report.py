@@ -1,0 +1,301 @@
+"""Machine details and the RESULTS.md writer: one table per workload with the targets and
+PASS/MISS, qrun's time split, and the model speed options."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WORKLOAD_ORDER = ("rpg", "longdoc", "batch", "regex")
+
+
+def machine(backend: Any | None = None) -> dict[str, Any]:
+    """CPU, cores, torch threads, versions, dtype, load: what the figures depend on."""
+    import transformers
+
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "commit": _commit(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    if backend is not None:
+        cache = getattr(backend, "prefix_cache", None)
+        info.update(model=backend.name, dtype=backend.dtype, device=backend.device,
+                    attn=getattr(backend.model.config, "_attn_implementation", None),
+                    prefix_cache_mb=None if cache is None else cache.budget_bytes >> 20)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _commit() -> str:
+    """HEAD's short hash, plus a mark when qrun/ has uncommitted changes (read-only git)."""
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "qrun"],
+                               capture_output=True, text=True, timeout=10,
+                               cwd=here.parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" + uncommitted changes in qrun/" if dirty else "")
+
+
+# --- markdown ---------------------------------------------------------------------------------
+
+
+def write_results(results: Mapping[str, Any], path: Path) -> None:
+    path.write_text(render(results), encoding="utf-8")
+
+
+def render(results: Mapping[str, Any]) -> str:
+    m = results.get("machine", {})
+    lines = [
+        "# qrun benchmark results",
+        "",
+        "Written by `python -m bench` (see bench/README.md for what each figure means). Each "
+        "workload is measured in one process, one after another: qrun, then the **ideal** "
+        "(qrun's final token ids replayed through the bare model, one forward per stretch "
+        "between model decisions), then the **naive** baseline (`model.generate` per hole on "
+        "the re-tokenized text so far). Every measurement follows one warm-up that is not "
+        "counted; qrun and the ideal replays are timed in `--repeat` passes (default 2, order "
+        "alternated), the naive baseline in `--naive-repeat` (default 1), and the fastest pass "
+        "of each is kept. Greedy decoding throughout.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m.get('cpu')} ({m.get('cores')} cores, {m.get('cpu_capability')}); "
+        f"torch threads {m.get('torch_threads')} (inter-op {m.get('torch_interop_threads')})",
+        f"- {m.get('platform')}; Python {m.get('python')}, torch {m.get('torch')}, "
+        f"transformers {m.get('transformers')}",
+        f"- model {m.get('model')} ({m.get('dtype')}, {m.get('device')}, attention "
+        f"{m.get('attn')}, prefix cache {m.get('prefix_cache_mb')} MB, emptied before "
+        f"every timed qrun pass); commit {m.get('commit')}; {m.get('date')}",
+        f"- load average at start: {m.get('load_avg')}. **The machine is shared**: other "
+        "engineers run tests on it at the same time, so timings are noisy (±30 % and "
+        "occasional several-fold outliers); each workload lists the load average before and "
+        "after it.",
+        "",
+        "## Summary",
+        "",
+        "| workload | context | forward/context | qrun s | ideal s | naive s | qrun/ideal | "
+        "naive/qrun | targets |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name in WORKLOAD_ORDER:
+        row = results.get(name)
+        if row is None:
+            continue
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error'].splitlines()[0][:120]} "
+                         "| | | | | | | |")
+            continue
+        verdicts = ", ".join(f"{t['name']} {'PASS' if t['pass'] else 'MISS'}"
+                             for t in row["targets"])
+        lines.append(
+            f"| {name} | {row['context_tokens']} | {row['forward_over_context']:.3f} | "
+            f"{row['qrun']['wall_s']:.2f} | {row['ideal']['wall_s']:.2f} | "
+            f"{row['naive']['wall_s']:.2f} | {row['qrun_over_ideal']:.3f} | "
+            f"{row['naive_over_qrun']:.2f} | {verdicts} |")
+    lines.append("")
+    for name in WORKLOAD_ORDER:
+        if name in results:
+            lines += _workload_section(name, results[name])
+    if "speed" in results:
+        lines += _speed_section(results["speed"], results.get("compile"))
+    elif "compile" in results:
+        lines += _speed_section(None, results["compile"])
+    lines += _notes(results)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
+    lines = [f"## {name}", ""]
+    if "error" in row:
+        return lines + [f"Failed ({row.get('measured_at', '')}):", "", "```",
+                        row["error"].rstrip(), "```", ""]
+    q, ideal, naive = row["qrun"], row["ideal"], row["naive"]
+    wall = q["wall_s"] or 1.0
+    lines += [
+        f"{row['description']}. {row['runs']} run(s); measured {row['measured_at']}; load "
+        f"average {row['load_avg_before']} → {row['load_avg_after']}.",
+        "",
+        "| target | value | bound | |",
+        "|---|---:|---:|---|",
+    ]
+    for t in row["targets"]:
+        value = "—" if t["value"] is None else f"{t['value']:.3f}"
+        lines.append(f"| {t['name']} | {value} | {t['target']} | "
+                     f"{'PASS' if t['pass'] else 'MISS'} |")
+    lines += [
+        "",
+        "| | wall s | forward calls | forward tokens |",
+        "|---|---:|---:|---:|",
+        f"| qrun | {q['wall_s']:.3f} | {q['forward_calls']} | {row['forward_tokens']} |",
+        f"| ideal | {ideal['wall_s']:.3f} | {ideal['forward_calls']} | "
+        f"{ideal['forward_tokens']} |",
+    ]
+    shared = row.get("ideal_shared_prefix")
+    if shared:
+        lines.append(f"| ideal, common {shared['prefix_tokens']}-token prefix once | "
+                     f"{shared['wall_s']:.3f} | {shared['forward_calls']} | "
+                     f"{shared['forward_tokens']} |")
+    lines += [
+        f"| naive | {naive['wall_s']:.3f} | {naive['forward_calls']} | "
+        f"{naive['forward_tokens']} |",
+        "",
+        f"qrun's time: model {q['model_s']:.3f} s ({100 * q['model_s'] / wall:.1f} %), masks "
+        f"{q['mask_s']:.3f} s ({100 * q['mask_s'] / wall:.1f} %), the rest "
+        f"{q['rest_s']:.3f} s ({100 * q['rest_s'] / wall:.1f} %). Context "
+        f"{row['context_tokens']} tokens ({q['prompt_tokens']} fixed, "
+        f"{q['generated_tokens']} generated, {q['forced_tokens']} forced, "
+        f"{q['healed_tokens']} healed, {q['rollback_tokens']} rolled back, "
+        f"{q['boundary_kept']} boundary tokens kept). The ideal made "
+        f"{ideal['decisions']} decisions, its unmasked argmax agreeing with qrun's token at "
+        f"{ideal['argmax_agree']}; decisions {row['decisions_from']}. Tokens re-sampled "
+        f"inside a healed prefix: {row.get('healed_tokens_resampled', '—')}, of which "
+        f"{row.get('healed_tokens_one_choice', '—')} under a one-token mask; they give back "
+        f"the template's own text, so the ideal feeds them as fixed text. Naive values equal "
+        f"qrun's for {row['naive_values_agree']} holes; template and naive step list "
+        f"{'agree' if row['template_consistent'] else 'DISAGREE'} on the rendered text.",
+        "",
+    ]
+    if len(q.get("walls_s", [])) > 1:
+        shared_walls = (shared or {}).get("walls_s", [])
+        lines += [f"Passes (s): qrun {q['walls_s']}, ideal {ideal['walls_s']}"
+                  + (f", ideal with the common prefix once {shared_walls}"
+                     if shared_walls else "")
+                  + f", naive {naive['walls_s']}.", ""]
+    return lines
+
+
+def _speed_section(speed: Mapping[str, Any] | None, compiled: Mapping[str, Any] | None
+                   ) -> list[str]:
+    lines = ["## Model speed options", ""]
+    if speed is not None and "error" in speed:
+        lines += ["Failed:", "", "```", speed["error"].rstrip(), "```", ""]
+    elif speed is not None:
+        lines += [
+            f"SmolLM2-135M on this CPU, measured {speed.get('measured_at', '')} (load average "
+            f"{speed.get('load_avg_before')} → {speed.get('load_avg_after')}). Prefill: one "
+            "forward over the first N tokens of the longdoc document (`logits_to_keep=1`), "
+            f"median; decode: {speed['decode_steps']} greedy one-token forwards after it, "
+            "median ms/token.",
+            "",
+            "| dtype | threads | grad mode | cache | prefill 256 tok/s | decode @256 ms | "
+            "prefill 1k tok/s | decode @1k ms |",
+            "|---|---:|---|---|---:|---:|---:|---:|",
+        ]
+        for row in speed["configs"]:
+            head = f"| {row['dtype']} | {row['threads']} | {row['grad']} | {row['cache']} |"
+            if "error" in row:
+                lines.append(f"{head} error: {row['error'][:100]} | | | |")
+                continue
+            cells = []
+            for ctx in ("256", "1024"):
+                r = row.get(ctx, {})
+                cells += [f"{r.get('prefill_tok_s', '—')}", f"{r.get('decode_ms', '—')}"]
+            lines.append(head + " " + " | ".join(cells) + " |")
+        lines.append("")
+    if compiled is not None:
+        if "skipped" in compiled:
+            lines += [f"torch.compile: skipped — {compiled['skipped']} "
+                      f"({compiled.get('measured_at', '')}).", ""]
+        elif "error" in compiled:
+            lines += [f"torch.compile: failed — {compiled['error'].splitlines()[0]}", ""]
+        else:
+            c = compiled
+            lines += [
+                f"torch.compile (inductor, `dynamic=False`, StaticCache), measured "
+                f"{c.get('measured_at', '')} in a child process: compiling took "
+                f"{c['compile_s']} s; decode at {c['context']} context "
+                f"{c['compiled_static']['decode_ms']} ms/token compiled vs "
+                f"{c['eager_static']['decode_ms']} eager with the same StaticCache and "
+                f"{c['eager_dynamic']['decode_ms']} eager with DynamicCache; prefill "
+                f"{c['compiled_static']['prefill_tok_s']} vs "
+                f"{c['eager_dynamic']['prefill_tok_s']} tok/s.",
+                "",
+            ]
+    return lines
+
+
+def _notes(results: Mapping[str, Any]) -> list[str]:
+    m = results.get("machine", {})
+    notes = []
+    threads, cores = m.get("torch_threads"), m.get("cores")
+    if threads and cores and threads < cores:
+        notes.append(
+            f"- The workloads ran with `--threads {threads}` ({cores} cores). On this shared VM "
+            "all-core torch threads are the slow option whenever another process is busy: each "
+            "OpenMP region waits for the thread that lost its core, and vocabulary-wide tensor "
+            "ops (49,152 logits, above torch's 32,768-element grain) become multi-thread "
+            "regions too" + _threads_evidence(results.get("speed"), cores) + ". One thread "
+            "gives stable figures; the ratios compare like with like either way.")
+    for name in WORKLOAD_ORDER:
+        row = results.get(name, {})
+        q = row.get("qrun", {})
+        if q.get("rollback_tokens") and "forward_tokens" in row:
+            rest = (row["forward_tokens"] - q["rollback_tokens"]) / row["context_tokens"]
+            notes.append(
+                f"- {name}: {q['rollback_tokens']} of qrun's forward tokens were rolled back "
+                f"(select options that lost, scored in full as LANGUAGE.md §2 requires; healed "
+                f"tokens fed with the text before a hole that the model then replaced; "
+                f"stop-string overshoots); without them forward/context is {rest:.3f}.")
+    if "batch" in results and "ideal_shared_prefix" in results["batch"]:
+        b = results["batch"]
+        notes.append(
+            f"- batch: qrun's prefix cache computes the {b['ideal_shared_prefix']['prefix_tokens']}"
+            f"-token few-shot prefix once, so the issue's ideal (16 runs from empty caches) is "
+            f"beaten; against the ideal that also computes it once, qrun/ideal is "
+            f"{b.get('qrun_over_ideal_shared_prefix')}.")
+    return ["## Notes", "", *notes, ""] if notes else []
+
+
+def _threads_evidence(speed: Mapping[str, Any] | None, cores: int) -> str:
+    """'(float32 decode 59-65 ms/token with 1 thread, 62-740 with 2, in the speed table)'."""
+    if not speed or "configs" not in speed:
+        return ""
+    spans = {}
+    for row in speed["configs"]:
+        if (row.get("dtype"), row.get("grad"), row.get("cache")) != (
+                "float32", "inference_mode", "dynamic") or "error" in row:
+            continue
+        values = [row[c]["decode_ms"] for c in ("256", "1024") if c in row]
+        if values:
+            spans[row["threads"]] = f"{min(values):.0f}-{max(values):.0f}"
+    if 1 not in spans or cores not in spans:
+        return ""
+    return (f" (float32 decode {spans[1]} ms/token with 1 thread, {spans[cores]} with {cores}, "
+            "in the speed table)")
