@@ -181,6 +181,7 @@ def generate(
     """
     started = time.perf_counter()
     session.settle()
+    session.ensure_start()  # before the hole's start position is taken
     hole = _Hole(session, request)
     eos = session.backend.eos_token_ids
     cursor = request.cursor

@@ -107,17 +107,19 @@ class Session:
             return known
         if self.overshoot is not None:
             self._drop_overshoot()
-        if not self.token_ids:
-            self.token_ids.append(self.backend.start_token_id)
+        self.ensure_start()
         known = self._known.get(len(self.token_ids))
         if known is not None:
             return known
         if self.prefix_cache is not None and self._from_prefix_cache():
             return self._known[len(self.token_ids)]
         if self.fed == len(self.token_ids):
-            # Everything is fed but those logits were not kept (after a rollback): re-feed the
-            # last token.
-            self.rollback(self.fed - 1)
+            # Everything is fed but those logits were not kept (after a rollback, or a prefix
+            # cache snapshot without logits): un-feed the last token, keeping it, and feed it
+            # again.
+            self.stats.rollback_tokens += 1
+            self.fed -= 1
+            self.cache.crop(self.fed)
         self._feed(1)
         return self._known[len(self.token_ids)]
 
@@ -131,6 +133,11 @@ class Session:
             self._known[end - back] = logits[-1 - back]
         if self.prefix_cache is not None:
             self._into_prefix_cache(start)
+
+    def ensure_start(self) -> None:
+        """Give an empty context the model's start token (logits need something to follow)."""
+        if not self.token_ids:
+            self.token_ids.append(self.backend.start_token_id)
 
     def logits_before_last(self) -> torch.Tensor:
         """Logits after all but the last token, which stays in the context: when it is not fed

@@ -8,7 +8,7 @@ The tiny model is steered (like test_generate.py's EosAfter) to write a chosen t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,15 +16,7 @@ import torch
 
 import qrun
 from qrun.backends.transformers import TransformersBackend, TransformersCache
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    # Tiny-model ops are too small for intra-op threads (8x faster on the busy 2-core VM).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from qrun.runtime.prefix_cache import PrefixCache
 
 
 class Scripted(TransformersBackend):
@@ -87,7 +79,7 @@ def test_a_token_spanning_the_stop_and_the_next_text_is_kept(tiny: TransformersB
     stats = result.stats
     assert result["n"] == "Alice"
     assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
-    assert stats.boundary_kept == 1
+    assert stats.boundary_kept == 1 and stats.boundary_dropped == 0
     assert stats.rollback_tokens == 0
     assert result.text == '{"name": "Alice", "age": ' + result["a"]
     # The kept `",` is exactly where the canonical tokenization of the text puts it, so the
@@ -106,9 +98,10 @@ def test_a_token_spanning_the_stop_is_rolled_back_when_the_text_differs(
     result = qrun.Query(PREFIX + NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"
-    assert stats.boundary_kept == 0
     # `",` was sampled but never fed (the hole ended on it), so no computed position is
-    # dropped: rollback_tokens counts KV positions thrown away, and there are none.
+    # dropped: rollback_tokens counts KV positions thrown away, and there are none. Only
+    # boundary_dropped tells this roll-back from a hole with nothing to roll back.
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
     assert stats.rollback_tokens == 0
     assert result.text == '{"name": "Alice"}\n' + result["a"]
     expected = tiny.encode(PREFIX) + tiny.encode("Alice") + tiny.encode('"}\n')
@@ -128,7 +121,7 @@ def test_a_fed_token_before_a_two_token_stop_is_rolled_back_and_counted(
     result = qrun.Query(PREFIX + hole + '", "age": ' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"
-    assert stats.boundary_kept == 0
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
     assert stats.rollback_tokens == 1
     assert result.text == '{"name": "Alice", "age": ' + result["a"]
     expected = tiny.encode(PREFIX) + tiny.encode("Alice") + tiny.encode('", "age": ')
@@ -146,7 +139,8 @@ def test_a_two_token_stop_is_kept_when_the_text_continues_with_it(
     result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"
-    assert stats.boundary_kept == 1 and stats.rollback_tokens == 0
+    assert stats.boundary_kept == 1 and stats.boundary_dropped == 0
+    assert stats.rollback_tokens == 0
     assert result.text == '{"name": "Alice"}\n' + result["a"]
     # Kept as the model wrote it (`"` `}`), although `"}` is one token canonically: keeping
     # costs nothing and the text is the same.
@@ -180,6 +174,7 @@ def test_a_stop_inside_a_longer_token(
     assert result["n"] == value
     assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
     assert stats.boundary_kept == int(kept)
+    assert stats.boundary_dropped == int(not kept)
     assert stats.rollback_tokens == 0  # the token holding the stop was never fed
     assert result.text == "Name: " + value + after + result["a"]
     if kept:
@@ -192,3 +187,88 @@ def test_a_stop_inside_a_longer_token(
                     + tiny.encode(value[len("Alice"):] + after))
     check_last_forward(tiny, backend, expected)
     assert tiny.decode(expected) == "Name: " + value + after
+
+
+# --- nothing to roll back, and nothing to keep it for -------------------------------------
+
+
+def test_a_hole_that_ends_without_a_stop_has_no_boundary(tiny: TransformersBackend) -> None:
+    # max_tokens runs out on "Alice" before any `"`: no overshoot, so neither counter moves.
+    alice = tiny.encode("Alice")
+    hole = "{{ gen n stop='\"' max_tokens=" + str(len(alice)) + " heal=false }}"
+    backend = scripted(tiny, PREFIX, [*alice, token(tiny, '",')])
+    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert result.holes["n"].finish == "max_tokens"  # type: ignore[union-attr]
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 0
+    assert stats.rollback_tokens == 0
+    assert result.text == '{"name": "Alice"}\n' + result["a"]
+    expected = tiny.encode(PREFIX) + alice + tiny.encode('"}\n')
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected)
+
+
+def test_an_overshoot_before_another_hole_is_rolled_back(tiny: TransformersBackend) -> None:
+    # No fixed text follows the stop: `",` cannot be kept (it is not part of any text).
+    quote_comma = token(tiny, '",')
+    backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote_comma])
+    result = qrun.Query(PREFIX + NAME_HOLE + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
+    assert stats.rollback_tokens == 0
+    assert result.text == '{"name": "Alice' + result["a"]
+    expected = tiny.encode(PREFIX) + tiny.encode("Alice")
+    check_last_forward(tiny, backend, expected)
+    assert stats.forward_tokens == len(expected)
+
+
+def test_an_overshoot_at_the_end_of_the_template_is_rolled_back(
+    tiny: TransformersBackend,
+) -> None:
+    backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), token(tiny, '",')])
+    result = qrun.Query(PREFIX + NAME_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert result.text == '{"name": "Alice'
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
+    assert stats.context_tokens == len(tiny.encode(PREFIX) + tiny.encode("Alice"))
+
+
+def spelled(tiny: TransformersBackend, result: qrun.Result) -> str:
+    """The text the model's context spells (special tokens spell nothing)."""
+    return b"".join(tiny.vocabulary.token_bytes[t] or b"" for t in result.token_ids).decode()
+
+
+def test_a_stop_hole_that_opens_the_template_rolls_back_only_the_overshoot(
+    tiny: TransformersBackend,
+) -> None:
+    backend = scripted(tiny, "", [*tiny.encode("Alice"), token(tiny, '",')])
+    backend.start = 1  # the model's start token comes first
+    result = qrun.Query(NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
+    stats = result.stats
+    assert result["n"] == "Alice"
+    assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
+    assert result.text == 'Alice"}\n' + result["a"]
+    assert spelled(tiny, result) == result.text  # the bug: the context reads '"}\n' + ...
+    expected = [tiny.start_token_id, *tiny.encode("Alice"), *tiny.encode('"}\n')]
+    check_last_forward(tiny, backend, expected)
+
+
+# --- a cached KV of the whole context, without the logits after it ------------------------
+
+
+def test_a_kv_snapshot_of_the_whole_context_without_logits_is_fed_again(
+    tiny: TransformersBackend,
+) -> None:
+    # Also on the default SmolLM2 backend (load_model's 1 GB prefix cache): same two runs.
+    cached = TransformersBackend(tiny.model, tiny.tokenizer, "tiny-cached",
+                                 prefix_cache=PrefixCache())
+    # One forward over "Name:" + "x" + " B": a KV snapshot at the end of the "Name:" segment.
+    qrun.Query("Name:{{ v }} B{{ gen b max_tokens=1 }}").run(model=cached, v="x")
+    query = qrun.Query("Name:{{ gen a max_tokens=2 heal=false }}")
+    result = query.run(model=cached, temperature=0.0)
+    assert result.stats.cached_tokens == len(tiny.encode("Name:"))
+    assert result.text == "Name:" + result["a"] == spelled(tiny, result)
+    assert result["a"] == query.run(model=tiny, temperature=0.0)["a"]

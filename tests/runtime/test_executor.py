@@ -111,11 +111,13 @@ def test_from_file_reports_under_the_path(tmp_path: object, tiny: TransformersBa
 @pytest.mark.parametrize(
     "template",
     [
-        "Q: {{ q }}\nA: {{ gen a max_tokens=6 stop=[\".\", \"\\n\"] }}\nQ2: {{ gen b max_tokens=4 }}",
+        "Q: {{ q }}\nA: {{ gen a max_tokens=6 stop=[\".\", \"\\n\"] }}\n"
+        "Q2: {{ gen b max_tokens=4 }}",
         "{% user %}Hi {{ q }}{% enduser %}{% assistant %}{{ gen a max_tokens=5 stop=\" \" }}"
         "{% endassistant %}",
         "Date: {{ gen d regex=DATE }}; code {{ gen c regex=\"[A-Z]{3}-[0-9]{2}\" }}",
-        'x{{ gen a max_tokens=3 stop="e" }}{{ gen b max_tokens=3 stop="a" }}{{ gen c max_tokens=2 }}',
+        'x{{ gen a max_tokens=3 stop="e" }}{{ gen b max_tokens=3 stop="a" }}'
+        '{{ gen c max_tokens=2 }}',
     ],
 )
 def test_the_context_is_the_text_the_user_reads(tiny: TransformersBackend, template: str) -> None:
