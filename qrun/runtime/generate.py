@@ -254,7 +254,7 @@ def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
     if not forced:
         return None
     token_ids = _forced_tokens(hole, forced)[:tokens_left]
-    if not token_ids or not _still_feasible(cursor, hole, token_ids, tokens_left):
+    if not token_ids or not _still_feasible(cursor, token_ids, tokens_left):
         return None
     stop_at = None
     for token in token_ids:
@@ -265,7 +265,7 @@ def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
     return stop_at
 
 
-def _still_feasible(cursor: Any, hole: _Hole, token_ids: list[int], tokens_left: int) -> bool:
+def _still_feasible(cursor: Any, token_ids: list[int], tokens_left: int) -> bool:
     # Forced text is necessary, but its canonical tokens may be more than the fewest that
     # could carry it; under a tight max_tokens, sampling (which the budget-aware mask steers)
     # must then do it instead.
