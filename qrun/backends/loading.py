@@ -51,6 +51,11 @@ def locate_model(name_or_path: str) -> ModelLocation:
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {name_or_path}")
         return ModelLocation(name_or_path, str(path.parent.resolve()), path.name)
+    if path.is_file():
+        raise ModelLoadError(
+            f"{name_or_path} is a file but not a .gguf model; give a .gguf file, a Hugging "
+            "Face model folder, a hub id or 'smollm2'"
+        )
     if path.exists():
         if not (path / "config.json").is_file():
             raise ModelLoadError(

@@ -107,3 +107,9 @@ def test_cuda_without_a_gpu_is_a_usage_error() -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(UsageError, match="no CUDA device"):
         load_model("smollm2", device="cuda")
+
+
+def test_a_file_that_is_not_gguf_is_not_a_model(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ModelLoadError, match="is a file but not a .gguf model"):
+        locate_model(str(tmp_path / "notes.txt"))
