@@ -28,9 +28,9 @@ check: setup
 	$(PY) -m ruff check qrun tests bench
 	$(PY) -m mypy
 
-# One torch thread: on a shared 2-core machine two threads made decoding several times slower.
+# On a shared machine add `--threads 1` (steadier figures when other jobs hold a core).
 bench: setup
-	$(PY) -m bench --threads 1
+	$(PY) -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -281,9 +281,11 @@ def load_transformers(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or "cpu"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device} was asked for, but torch sees no CUDA device")
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = _resolve_dtype(dtype, device)
     started = time.perf_counter()
     with _quiet_transformers():
         try:
@@ -326,6 +328,22 @@ def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
     layer.keys, layer.values = keys, values
 
 
+def default_dtype(device: str) -> torch.dtype:
+    """bfloat16 on CUDA and on CPUs with native bf16 kernels, else float32.
+
+    Measured on this project's 2-core AVX512-bf16 CPU with SmolLM2 (quiet machine, torch's
+    default threads): decode 43 ms/token in bfloat16 against 67 in float32, prefill of 256
+    tokens 668 against 589 tokens/s. Without bf16 kernels bfloat16 is emulated and slower.
+    """
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    return torch.bfloat16 if native else torch.float32
+
+
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """No progress bars or notices on stderr while loading; the caller's settings come back."""
@@ -343,9 +361,9 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-def _resolve_dtype(dtype: str | None) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
+def _resolve_dtype(dtype: str | None, device: str = "cpu") -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
