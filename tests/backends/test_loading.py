@@ -83,7 +83,7 @@ def test_conversion_runs_once_then_the_cache_is_read(
 def test_a_hugging_face_folder_loads(tiny: TransformersBackend, tmp_path: Path) -> None:
     tiny.model.save_pretrained(tmp_path)
     tiny.tokenizer.save_pretrained(tmp_path)
-    backend = load_model(str(tmp_path))
+    backend = load_model(str(tmp_path), dtype="float32")
     assert isinstance(backend, TransformersBackend)
     ids = tiny.encode("same weights, same logits")
     a = tiny.forward(ids, tiny.new_cache())
