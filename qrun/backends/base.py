@@ -96,17 +96,20 @@ class Backend(Protocol):
 
 
 @runtime_checkable
-class BatchScorer(Protocol):
-    """Backends that can score several continuations of one cache in a single forward."""
+class TreeScorer(Protocol):
+    """Backends that can score a tree of continuations of one cache in a single forward
+    (select: options sharing leading tokens share their positions)."""
 
-    def forward_rows(
-        self, rows: Sequence[Sequence[int]], cache: KVCache
+    def forward_tree(
+        self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
     ) -> tuple[torch.Tensor, KVCache]:
-        """Feed each row after the cache's positions, as one right-padded batch, leaving `cache`
-        unchanged. Returns logits [n, L, V] (L = longest row; positions past a row's end are
-        padding) and the batched cache."""
+        """Feed `token_ids` as a tree after the cache's positions: node i follows node
+        `parents[i]` (an earlier node; -1: the cache's last position) and sees only the cache
+        and its own ancestors. `cache` is left unchanged. Returns the logits after each node,
+        [n, V], and a cache holding the cache's positions then every node."""
         ...
 
-    def keep_row(self, batched: KVCache, row: int, length: int) -> KVCache:
-        """The single-row cache of `row` from a batched cache, cropped to `length` positions."""
+    def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
+        """From a cache returned by forward_tree over a `length`-position cache: the cache of
+        those positions followed by the nodes `path` (a root-to-node chain), in order."""
         ...

@@ -33,7 +33,8 @@ def load_tiny(seed: int = 0, hidden_size: int = 64, layers: int = 2) -> Transfor
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model: Any = LlamaForCausalLM(config)
+        # (untyped in some transformers releases, typed in others)
+        model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
         # The default init (std 0.02) gives near-uniform logits; std 0.25 on the output layer
         # gives logits of std ~2 (hidden 64 after RMSNorm), so samples vary with the context
         # but greedy choices are still decisive.

@@ -230,43 +230,59 @@ class TransformersBackend:
                     or config.hidden_size // config.num_attention_heads)
         return (1, heads, 0, head_dim)
 
-    def forward_rows(
-        self, rows: Sequence[Sequence[int]], cache: Any
+    def forward_tree(
+        self, token_ids: Sequence[int], parents: Sequence[int], cache: Any
     ) -> tuple[torch.Tensor, TransformersCache]:
         assert isinstance(cache, TransformersCache)
-        prefix = cache.length()
-        width = max(len(row) for row in rows)
+        prefix, n = cache.length(), len(token_ids)
         device = self.model.device
-        batched = cache.fork()
-        batched.cache.batch_repeat_interleave(len(rows))
-        pad = self.start_token_id
-        input_ids = torch.tensor(
-            [list(row) + [pad] * (width - len(row)) for row in rows], device=device
-        )
-        # Right padding: a row's padding comes after all its real tokens, so the causal mask
-        # already keeps it out of their attention; the attention mask hides it as well.
-        attention = torch.ones(len(rows), prefix + width, dtype=torch.long, device=device)
-        for i, row in enumerate(rows):
-            attention[i, prefix + len(row) :] = 0
-        positions = torch.arange(prefix, prefix + width, device=device).expand(len(rows), -1)
+        depth = [0] * n
+        # sees[i, j]: node i attends to node j (an ancestor, or itself).
+        sees = torch.zeros(n, n, dtype=torch.bool)
+        for i, parent in enumerate(parents):
+            assert -1 <= parent < i, "a node's parent comes before it"
+            if parent >= 0:
+                depth[i] = depth[parent] + 1
+                sees[i] = sees[parent]
+            sees[i, i] = True
+        visible = torch.ones(n, prefix + n, dtype=torch.bool)
+        visible[:, prefix:] = sees
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        positions = torch.tensor([[prefix + d for d in depth]], dtype=torch.long, device=device)
+        tree = cache.fork()
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
-                attention_mask=attention,
                 position_ids=positions,
-                past_key_values=batched.cache,
+                attention_mask=self._custom_mask(visible),
+                past_key_values=tree.cache,
                 use_cache=True,
-                logits_to_keep=width,
+                logits_to_keep=n,
             )
-        # logits: [n, L, V]
-        return out.logits.float(), batched
+        return out.logits[0].float(), tree  # [n, V]
 
-    def keep_row(self, batched: Any, row: int, length: int) -> TransformersCache:
-        assert isinstance(batched, TransformersCache)
-        single = batched.fork()
-        single.cache.batch_select_indices(torch.tensor([row], device=self.model.device))
-        single.crop(length)
-        return single
+    def _custom_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """A ready 4-D attention mask [1, 1, q, kv] from a bool [q, kv] (True: attend), in the
+        form the model's attention takes as is: bool for SDPA, additive floats otherwise."""
+        mask = visible[None, None].to(self.model.device)
+        if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
+            return mask
+        dtype = next(self.model.parameters()).dtype
+        additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return additive.masked_fill(~mask, torch.finfo(dtype).min)
+
+    def keep_path(self, tree: Any, length: int, path: Sequence[int]) -> TransformersCache:
+        assert isinstance(tree, TransformersCache)
+        kept = tree.fork()
+        if list(path) == list(range(len(path))):
+            kept.crop(length + len(path))  # the path is the first nodes: a view, no copy
+            return kept
+        index = torch.tensor([*range(length), *(length + p for p in path)],
+                             device=self.model.device)
+        for layer in kept.cache.layers:
+            _set_layer(layer, layer.keys.index_select(-2, index),
+                       layer.values.index_select(-2, index))
+        return kept
 
 
 def load_transformers(

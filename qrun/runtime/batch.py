@@ -104,9 +104,9 @@ class ForwardScheduler:
                 for request in forwards:
                     request.error = exc
         for request in requests:
-            if request.kind == "forward_rows":
+            if request.kind == "forward_tree":
                 try:
-                    request.result = self.backend.forward_rows(*request.args)  # type: ignore[attr-defined]
+                    request.result = self.backend.forward_tree(*request.args)  # type: ignore[attr-defined]
                 except BaseException as exc:
                     request.error = exc
 
@@ -167,14 +167,15 @@ class BatchedBackend:
                                                       logits_for)
         return result
 
-    def forward_rows(
-        self, rows: Sequence[Sequence[int]], cache: KVCache
+    def forward_tree(
+        self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
     ) -> tuple[torch.Tensor, KVCache]:
-        result: tuple[torch.Tensor, KVCache] = self._scheduler.submit("forward_rows", rows, cache)
+        result: tuple[torch.Tensor, KVCache] = self._scheduler.submit(
+            "forward_tree", token_ids, parents, cache)
         return result
 
-    def keep_row(self, batched: KVCache, row: int, length: int) -> KVCache:
-        return self._backend.keep_row(batched, row, length)  # type: ignore[attr-defined, no-any-return]
+    def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
+        return self._backend.keep_path(tree, length, path)  # type: ignore[attr-defined, no-any-return]
 
 
 def run_batched(

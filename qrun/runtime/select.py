@@ -1,16 +1,18 @@
-"""Filling a `select` hole: every option scored in full, in context, in one batched forward on
-top of the current KV cache; the chosen option's row of that batch becomes the context, so the
-winner is never encoded twice."""
+"""Filling a `select` hole: every option scored in full, in context, in one forward on top of
+the current KV cache, the options' tokens merged into a tree (shared leading tokens fed once,
+each option's last token not fed at all); the winner's positions stay in the context, so it is
+never encoded twice."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from qrun.backends.base import BatchScorer
+from qrun.backends.base import TreeScorer
 from qrun.runtime.generate import HoleFailure, HoleRecord
 from qrun.runtime.session import Session
 
@@ -27,6 +29,44 @@ class SelectRequest:
     prefix: str = ""  # healed text taken back from the context; every option starts with it
 
 
+@dataclass(frozen=True, slots=True)
+class OptionTree:
+    """The options' token rows merged into a trie. Only nodes with children are fed to the
+    model (a row's last token predicts nothing the score needs), once each however many
+    options share them: `fed` lists those nodes' tokens, `parents` their parent's index in
+    `fed` (-1: the context), and `paths[r]` the `fed` indices of row r's tokens but its last."""
+
+    fed: tuple[int, ...]
+    parents: tuple[int, ...]
+    paths: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def build(rows: Sequence[Sequence[int]]) -> OptionTree:
+        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        tokens: list[int] = []
+        parent_of: list[int] = []
+        row_nodes: list[list[int]] = []
+        for row in rows:
+            node, nodes = -1, []
+            for token in row:
+                key = (node, token)
+                if key not in children:
+                    children[key] = len(tokens)
+                    tokens.append(token)
+                    parent_of.append(node)
+                node = children[key]
+                nodes.append(node)
+            row_nodes.append(nodes)
+        has_child = {parent for parent in parent_of if parent >= 0}
+        # Nodes are created parents first, so fed positions keep that order.
+        position = {node: i for i, node in enumerate(sorted(has_child))}
+        return OptionTree(
+            fed=tuple(tokens[node] for node in sorted(has_child)),
+            parents=tuple(position.get(parent_of[node], -1) for node in sorted(has_child)),
+            paths=tuple(tuple(position[node] for node in nodes[:-1]) for nodes in row_nodes),
+        )
+
+
 def select(session: Session, request: SelectRequest) -> HoleRecord:
     """Score every option and append the chosen one to the context.
 
@@ -35,7 +75,7 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     """
     started = time.perf_counter()
     backend = session.backend
-    if not isinstance(backend, BatchScorer):
+    if not isinstance(backend, TreeScorer):
         raise HoleFailure(f"backend '{backend.name}' cannot score select options")
     # With healing, each row is the canonical tokenization of prefix + option, so an option
     # after "Paid: " is scored as " yes", not as "yes" glued to a lone space token. The
@@ -45,24 +85,32 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
         if not row:
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")
     first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
-    session.sync()
-    prefix = len(session.token_ids)
-    t0 = time.perf_counter()
-    logits, batched = backend.forward_rows(rows, session.cache)  # [n, L, V]
-    session.stats.model_s += time.perf_counter() - t0
-    session.stats.forward_calls += 1
-    session.stats.forward_tokens += sum(len(row) for row in rows)
-    token_logprobs = _token_logprobs(first, logits, rows)
-    scores = {
-        option: _score(lps, request.normalize)
-        for option, lps in zip(request.options, token_logprobs, strict=True)
-    }
-    chosen = _choose(list(scores.values()), request.temperature, request.generator)
-    row = rows[chosen]
-    # The winner's positions stay; every loser's were computed for nothing.
-    session.stats.rollback_tokens += sum(len(r) for i, r in enumerate(rows) if i != chosen)
-    session.extend_fed(row, backend.keep_row(batched, chosen, prefix + len(row)),
-                       logits[chosen, len(row) - 1])
+    tree = OptionTree.build(rows)
+    logprobs = torch.empty(0, first.shape[-1])
+    if tree.fed:
+        session.sync()
+        context = len(session.token_ids)
+        t0 = time.perf_counter()
+        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
+        session.stats.model_s += time.perf_counter() - t0
+        session.stats.forward_calls += 1
+        session.stats.forward_tokens += len(tree.fed)
+        logprobs = torch.log_softmax(logits, dim=-1)  # [len(fed), V]
+    token_logprobs = [
+        [float(first[row[0]])] + [float(logprobs[node, token])
+                                  for node, token in zip(path, row[1:], strict=True)]
+        for row, path in zip(rows, tree.paths, strict=True)
+    ]
+    scores = [_score(lps, request.normalize) for lps in token_logprobs]
+    chosen = _choose(scores, request.temperature, request.generator)
+    row, path = rows[chosen], tree.paths[chosen]
+    # The winner's fed positions stay (its last token is fed with what follows, like a
+    # sampled token); every other fed node was computed for nothing.
+    session.stats.rollback_tokens += len(tree.fed) - len(path)
+    if path:
+        session.extend_fed(row[:-1], backend.keep_path(fed_cache, context, path),
+                           logits[path[-1]])
+    session.append_tokens(row[-1:])
     session.stats.generated_tokens += len(row)
     return HoleRecord(
         name=request.name,
@@ -76,19 +124,6 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
             o: sum(lps) for o, lps in zip(request.options, token_logprobs, strict=True)
         },
     )
-
-
-def _token_logprobs(
-    first: torch.Tensor, logits: torch.Tensor, rows: list[list[int]]
-) -> list[list[float]]:
-    # Token k of a row is predicted by position k-1 of that row (position -1 = the context).
-    logprobs = torch.log_softmax(logits, dim=-1)  # [n, L, V]
-    out = []
-    for i, row in enumerate(rows):
-        values = [float(first[row[0]])]
-        values += [float(logprobs[i, k - 1, row[k]]) for k in range(1, len(row))]
-        out.append(values)
-    return out
 
 
 def _score(logprobs: list[float], normalize: str) -> float:

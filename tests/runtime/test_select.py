@@ -1,4 +1,5 @@
-"""select: options scored in full, in context, in one batched forward; the winner's KV kept."""
+"""select: options scored in full, in context, in one forward over their token tree; the
+winner's KV kept."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import torch
 
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.select import SelectRequest, _choose, select
+from qrun.runtime.select import OptionTree, SelectRequest, _choose, select
 from qrun.runtime.session import Session
 
 PREFIX = "My favourite colour is"
@@ -44,7 +45,7 @@ def test_the_winner_row_becomes_the_context(tiny: TransformersBackend) -> None:
     session, record = run_select(tiny)
     ids = tiny.encode(PREFIX) + tiny.encode(record.value)  # type: ignore[attr-defined]
     assert session.token_ids == ids
-    assert session.cache.length() == len(ids)
+    assert session.cache.length() == len(ids) - 1  # the last token is fed with what follows
     fresh = Session(tiny)
     fresh.append_tokens(ids)
     torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
@@ -53,13 +54,56 @@ def test_the_winner_row_becomes_the_context(tiny: TransformersBackend) -> None:
     torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
 
 
-def test_one_batched_forward_counts_every_option(tiny: TransformersBackend) -> None:
+def test_one_forward_feeds_each_option_but_its_last_token(tiny: TransformersBackend) -> None:
     session, record = run_select(tiny)
     option_tokens = [len(tiny.encode(o)) for o in OPTIONS]
+    fed = sum(n - 1 for n in option_tokens)  # no two options share a first token here
     assert session.stats.forward_calls == 2  # the prefix, then all options together
-    assert session.stats.forward_tokens == len(tiny.encode(PREFIX)) + sum(option_tokens)
+    assert session.stats.forward_tokens == len(tiny.encode(PREFIX)) + fed
     winner = len(tiny.encode(record.value))  # type: ignore[attr-defined]
-    assert session.stats.rollback_tokens == sum(option_tokens) - winner
+    assert session.stats.rollback_tokens == fed - (winner - 1)
+    # The winner's last token is in the context, to be fed with whatever follows.
+    assert session.fed == len(session.token_ids) - 1
+
+
+SHARED = (" green", " green and blue", " green and gold", " greenish", " grey")
+
+
+def test_options_sharing_tokens_are_scored_off_one_tree(tiny: TransformersBackend) -> None:
+    session = Session(tiny)
+    session.append_text(PREFIX)
+    request = SelectRequest("c", SHARED, 0.0, "sum", None)
+    record = select(session, request)
+    for option in SHARED:
+        assert math.isclose(record.option_logprobs[option],  # type: ignore[index]
+                            sequential_score(tiny, option), abs_tol=1e-3)
+    rows = [tiny.encode(o) for o in SHARED]
+    prefixes = {tuple(row[:k]) for row in rows for k in range(1, len(row))}
+    assert len(prefixes) < sum(len(row) - 1 for row in rows)  # some tokens are shared
+    assert session.stats.forward_tokens == len(tiny.encode(PREFIX)) + len(prefixes)
+
+
+def test_any_option_can_win_and_become_the_context(tiny: TransformersBackend) -> None:
+    # Whichever option wins, keep_path must give the cache of the context followed by that
+    # option's fed tokens, wherever its nodes sit in the tree (first path: a crop; others:
+    # gathered positions).
+    tree = OptionTree.build([tiny.encode(o) for o in SHARED])
+    base = Session(tiny)
+    base.append_text(PREFIX)
+    base.next_logits()
+    logits, fed = tiny.forward_tree(tree.fed, tree.parents, base.cache)
+    context = len(base.token_ids)
+    for option, path in zip(SHARED, tree.paths, strict=True):
+        row = tiny.encode(option)
+        kept = tiny.keep_path(fed, context, path)
+        assert kept.length() == context + len(row) - 1
+        fresh = tiny.new_cache()
+        expected = tiny.forward(base.token_ids + row, fresh, logits_for=1)
+        got = tiny.forward(row[-1:], kept, logits_for=1)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+        if path:
+            direct = tiny.forward(base.token_ids + row[:-1], tiny.new_cache(), logits_for=1)
+            torch.testing.assert_close(logits[path[-1]], direct[0], atol=1e-4, rtol=0)
 
 
 def test_mean_normalisation_divides_by_token_count(tiny: TransformersBackend) -> None:
