@@ -31,7 +31,7 @@ class Query:
 
     def _setup(self, program: Program) -> None:
         self.program: Program = program
-        self._backends: dict[tuple[str, str | None, str | None], Backend] = {}
+        self._backends: dict[tuple[str, str | None, str | None, str, str | None], Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
@@ -129,18 +129,21 @@ class Query:
 
     def backend(
         self, model: Backend | str | None = None, device: str | None = None,
-        dtype: str | None = None, cache_mb: int | None = None,
+        dtype: str | None = None, cache_mb: int | None = None, kind: str = "transformers",
+        url: str | None = None,
     ) -> Backend:
         """The backend a run would use: `model` if given a loaded one, else the named model
-        (argument, then front matter, then the default), loaded once per Query."""
+        (argument, then front matter, then the default), loaded once per Query on the backend
+        `kind` ("transformers" or "vllm"; with `url`, a vLLM server)."""
         if model is not None and not isinstance(model, str):
             return model
         defaults = self.program.defaults
         name = model or defaults.model or DEFAULT_MODEL
-        key = (name, device or defaults.device, dtype or defaults.dtype)
+        key = (name, device or defaults.device, dtype or defaults.dtype, kind, url)
         if key not in self._backends:
             budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
-            self._backends[key] = load_model(name, key[1], key[2], cache_mb=budget)
+            self._backends[key] = load_model(name, key[1], key[2], kind, cache_mb=budget,
+                                             url=url)
         return self._backends[key]
 
     def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:

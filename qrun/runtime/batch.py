@@ -178,6 +178,27 @@ class BatchedBackend:
         return self._backend.keep_path(tree, length, path)  # type: ignore[attr-defined, no-any-return]
 
 
+class CountingBackend:
+    """A backend that batches itself (vLLM), as seen by one batched run: the backend itself,
+    with its forwards counted in the scheduler (the lead run's first forward must be done
+    before the others start, so they find its prefix cached)."""
+
+    def __init__(self, backend: Backend, scheduler: ForwardScheduler) -> None:
+        self._backend = backend
+        self._scheduler = scheduler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def forward(
+        self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
+    ) -> torch.Tensor:
+        with self._scheduler.cond:
+            self._scheduler.submitted += 1
+            self._scheduler.cond.notify_all()
+        return self._backend.forward(token_ids, cache, logits_for)
+
+
 def run_batched(
     program: Program,
     backend: Backend,
@@ -195,7 +216,10 @@ def run_batched(
     """
     outcomes: list[Outcome | None] = [None] * len(inputs)
     scheduler = ForwardScheduler(backend)
-    proxy = BatchedBackend(backend, scheduler)
+    # A backend with its own scheduler (vLLM) batches whatever is in flight: runs call it
+    # directly, and the scheduler here only counts their forwards for the lead-run rule.
+    own = bool(getattr(backend, "batches_itself", False))
+    proxy: Any = CountingBackend(backend, scheduler) if own else BatchedBackend(backend, scheduler)
     next_index = [0]
     lock = threading.Lock()
     finished = threading.Event()
@@ -253,7 +277,8 @@ def run_batched(
 
     launch = threading.Thread(target=launcher, daemon=True)
     launch.start()
-    scheduler.serve(finished.is_set)
+    if not own:
+        scheduler.serve(finished.is_set)
     launch.join()
     done = [o for o in outcomes if o is not None]
     assert len(done) == len(outcomes), "every run records a result or an error"

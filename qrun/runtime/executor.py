@@ -11,13 +11,22 @@ from typing import Any, assert_never
 import torch
 
 from qrun.backends.base import Backend
-from qrun.errors import EvaluationError, GenerationError, InputError, TemplateCompileError
+from qrun.errors import (
+    ConstraintError,
+    EvaluationError,
+    GenerationError,
+    InputError,
+    TemplateCompileError,
+)
 from qrun.lang import ir
 from qrun.lang.evaluate import LoopInfo, evaluate
 from qrun.lang.expr import Expr
 from qrun.runtime.constraints import ConstraintCompiler
+from qrun.runtime.dfa import PatternError
 from qrun.runtime.generate import Cursor, GenRequest, HoleFailure, HoleRecord, generate
 from qrun.runtime.healing import healable_tail
+from qrun.runtime.portable import escape, portable_regex
+from qrun.runtime.remote import HoleSampler, generate_remote
 from qrun.runtime.result import Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
@@ -116,8 +125,11 @@ class _Runner:
 
     def run(self) -> Result:
         started = time.perf_counter()
-        self._exec_block(self.program.ops)
-        self.session.finish()
+        try:
+            self._exec_block(self.program.ops)
+            self.session.finish()
+        finally:
+            self.session.close()
         self.stats.wall_s = time.perf_counter() - started
         return Result("".join(self.pieces), self.vars, self.stats, self.holes,
                       list(self.session.token_ids))
@@ -162,14 +174,39 @@ class _Runner:
         return evaluate(expr, self.scope, self.program.source)
 
     def _exec_gen(self, op: ir.Gen) -> None:
-        request = self._gen_request(op)
+        remote = isinstance(self.backend, HoleSampler)
+        request = self._gen_request(op, remote)
         try:
-            record = generate(self.session, request, self._show)
+            if isinstance(self.backend, HoleSampler):
+                regex = self._portable_regex(op, request.prefix)
+                record = generate_remote(self.session, self.backend, request, regex, self._show)
+            else:
+                record = generate(self.session, request, self._show)
         except HoleFailure as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
+        finally:
+            self.session.pause()
         self._capture(op.name, record, op.in_loop)
 
-    def _gen_request(self, op: ir.Gen) -> GenRequest:
+    def _portable_regex(self, op: ir.Gen, prefix: bytes) -> str | None:
+        """The hole's constraint (healed prefix first) as a regex a server reads the way qrun
+        does; None for an unconstrained hole with nothing healed."""
+        pattern = None
+        if op.params.constraint is not None:
+            pattern = self.constraints.pattern(op.params.constraint, self.scope,
+                                               self.program.source, op.span)
+        if pattern is None and not prefix:
+            return None
+        where = op.params.constraint.pattern.span if isinstance(
+            op.params.constraint, ir.Regex) else op.span
+        try:
+            body = portable_regex(pattern) if pattern is not None else "[\\s\\S]*"
+        except PatternError as exc:
+            raise ConstraintError(f"this constraint cannot be sent to the server: {exc}",
+                                  where, self.program.source) from None
+        return escape(prefix.decode("utf-8")) + ("(?:" + body + ")" if prefix else body)
+
+    def _gen_request(self, op: ir.Gen, remote: bool = False) -> GenRequest:
         p = op.params
         max_tokens = self._arg(p.max_tokens, int, self.options.max_tokens, op.span, "max_tokens")
         if max_tokens < 1:
@@ -178,7 +215,9 @@ class _Runner:
         sampling, generator = self._sampling(p, op.span)
         prefix = b""
         if self._arg(p.heal, bool, True, op.span, "heal"):
-            prefix = self._heal(keep_last=True)
+            # Locally the healed token stays in the context until the model writes it again
+            # (no extra forward); a server samples the whole hole, so it is taken back.
+            prefix = self._heal(keep_last=not remote)
         cursor: Cursor | None = None
         if p.constraint is not None:
             cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
@@ -186,7 +225,7 @@ class _Runner:
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix,
-                          healed_in_context=bool(prefix))
+                          healed_in_context=bool(prefix) and not remote)
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
@@ -255,6 +294,8 @@ class _Runner:
             record = select(self.session, request)
         except HoleFailure as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
+        finally:
+            self.session.pause()
         self._show(record.value)
         self._capture(op.name, record, op.in_loop)
         logprobs = dict(record.option_logprobs or {})

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from qrun.backends.base import TreeScorer
+from qrun.backends.base import PromptScorer, TreeScorer
 from qrun.runtime.generate import HoleFailure, HoleRecord
 from qrun.runtime.session import Session
 
@@ -75,8 +75,6 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     """
     started = time.perf_counter()
     backend = session.backend
-    if not isinstance(backend, TreeScorer):
-        raise HoleFailure(f"backend '{backend.name}' cannot score select options")
     # With healing, each row is the canonical tokenization of prefix + option, so an option
     # after "Paid: " is scored as " yes", not as "yes" glued to a lone space token. The
     # prefix is common text, so comparing P(prefix + option) compares the options.
@@ -84,33 +82,16 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     for option, row in zip(request.options, rows, strict=True):
         if not row:
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")
-    first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
-    tree = OptionTree.build(rows)
-    logprobs = torch.empty(0, first.shape[-1])
-    if tree.fed:
-        session.sync()
-        context = len(session.token_ids)
-        t0 = time.perf_counter()
-        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
-        session.stats.model_s += time.perf_counter() - t0
-        session.stats.forward_calls += 1
-        session.stats.forward_tokens += len(tree.fed)
-        logprobs = torch.log_softmax(logits, dim=-1)  # [len(fed), V]
-    token_logprobs = [
-        [float(first[row[0]])] + [float(logprobs[node, token])
-                                  for node, token in zip(path, row[1:], strict=True)]
-        for row, path in zip(rows, tree.paths, strict=True)
-    ]
+    if isinstance(backend, TreeScorer):
+        token_logprobs, commit = _score_tree(session, backend, rows)
+    elif isinstance(backend, PromptScorer):
+        token_logprobs, commit = _score_prompts(session, backend, rows)
+    else:
+        raise HoleFailure(f"backend '{backend.name}' cannot score select options")
     scores = [_score(lps, request.normalize) for lps in token_logprobs]
     chosen = _choose(scores, request.temperature, request.generator)
-    row, path = rows[chosen], tree.paths[chosen]
-    # The winner's fed positions stay (its last token is fed with what follows, like a
-    # sampled token); every other fed node was computed for nothing.
-    session.stats.rollback_tokens += len(tree.fed) - len(path)
-    if path:
-        session.extend_fed(row[:-1], backend.keep_path(fed_cache, context, path),
-                           logits[path[-1]])
-    session.append_tokens(row[-1:])
+    commit(chosen)
+    row = rows[chosen]
     session.stats.generated_tokens += len(row)
     return HoleRecord(
         name=request.name,
@@ -124,6 +105,69 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
             o: sum(lps) for o, lps in zip(request.options, token_logprobs, strict=True)
         },
     )
+
+
+Commit = Callable[[int], None]
+
+
+def _score_tree(
+    session: Session, backend: TreeScorer, rows: list[list[int]]
+) -> tuple[list[list[float]], Commit]:
+    """Every option in one forward over their token tree on top of the KV cache; committing
+    keeps the winner's positions and lets the others go."""
+    first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
+    tree = OptionTree.build(rows)
+    logprobs = torch.empty(0, first.shape[-1])
+    logits = logprobs
+    fed_cache = session.cache
+    context = len(session.token_ids)
+    if tree.fed:
+        session.sync()
+        t0 = time.perf_counter()
+        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
+        session.stats.model_s += time.perf_counter() - t0
+        session.stats.forward_calls += 1
+        session.stats.forward_tokens += len(tree.fed)
+        logprobs = torch.log_softmax(logits, dim=-1)  # [len(fed), V]
+    token_logprobs = [
+        [float(first[row[0]])] + [float(logprobs[node, token])
+                                  for node, token in zip(path, row[1:], strict=True)]
+        for row, path in zip(rows, tree.paths, strict=True)
+    ]
+
+    def commit(chosen: int) -> None:
+        row, path = rows[chosen], tree.paths[chosen]
+        # The winner's fed positions stay (its last token is fed with what follows, like a
+        # sampled token); every other fed node was computed for nothing.
+        session.stats.rollback_tokens += len(tree.fed) - len(path)
+        if path:
+            session.extend_fed(row[:-1], backend.keep_path(fed_cache, context, path),
+                               logits[path[-1]])
+        session.append_tokens(row[-1:])
+
+    return token_logprobs, commit
+
+
+def _score_prompts(
+    session: Session, backend: PromptScorer, rows: list[list[int]]
+) -> tuple[list[list[float]], Commit]:
+    """Every option as a prompt (context + option) whose token log-probabilities the backend
+    returns; committing appends the winner, fed with what follows."""
+    session.settle()
+    session.ensure_start()
+    session.pause()
+    t0 = time.perf_counter()
+    scored = backend.score_continuations(session.token_ids, rows)
+    session.stats.model_s += time.perf_counter() - t0
+    session.stats.forward_calls += len(rows)
+    session.stats.forward_tokens += scored.computed
+    session.stats.cached_tokens += scored.cached
+
+    def commit(chosen: int) -> None:
+        session.stats.rollback_tokens += sum(len(r) for i, r in enumerate(rows) if i != chosen)
+        session.append_tokens(rows[chosen])
+
+    return scored.logprobs, commit
 
 
 def _score(logprobs: list[float], normalize: str) -> float:

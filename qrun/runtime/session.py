@@ -237,8 +237,30 @@ class Session:
         logits = self.backend.forward(token_ids, self.cache, logits_for)
         self.stats.model_s += time.perf_counter() - started
         self.stats.forward_calls += 1
-        self.stats.forward_tokens += len(token_ids)
+        if not self._take_counts():
+            self.stats.forward_tokens += len(token_ids)
         return logits
+
+    def _take_counts(self) -> bool:
+        """Add what the backend reports it computed and served from its own cache (vLLM);
+        False when it computes exactly the tokens given."""
+        counts = self.cache.take_counts()
+        if counts is None:
+            return False
+        self.stats.forward_tokens += counts[0]
+        self.stats.cached_tokens += counts[1]
+        return True
+
+    def pause(self) -> None:
+        """No logits are needed until more text comes (a hole has ended): see
+        KVCache.release."""
+        self.cache.release()
+
+    def close(self) -> None:
+        """The run is over (finished or failed): let the backend free what it holds for this
+        context, and take its last counts."""
+        self.cache.release(wait=True)
+        self._take_counts()
 
     def rollback(self, length: int) -> None:
         """Truncate the context to its first `length` tokens, cropping the KV cache; positions

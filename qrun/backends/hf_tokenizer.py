@@ -1,0 +1,85 @@
+"""The token-level half of the Backend protocol for models with a Hugging Face tokenizer:
+encoding, decoding, the byte vocabulary for masks, end/start tokens and chat markers. Every
+adapter over a HF model (transformers, vLLM) shares it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from typing import Any
+
+from qrun.runtime.vocab import Vocabulary
+
+# A text no chat template would contain, used to cut a rendered message into its markers.
+_SENTINEL = "\x00QRUN-CONTENT\x00"
+
+
+class HFTokenizerMixin:
+    """Needs `tokenizer` (a HF tokenizer), `vocab_size` and `_generation_eos()`."""
+
+    tokenizer: Any
+    _markers: dict[str, tuple[str, str] | None]
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def _generation_eos(self) -> Iterable[int]:
+        """End-of-sequence ids the model's generation config names besides the tokenizer's."""
+        raise NotImplementedError
+
+    @cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids = {int(i) for i in self._generation_eos()}
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    @cached_property
+    def start_token_id(self) -> int:
+        for token_id in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, 0):
+            if token_id is not None:
+                return int(token_id)
+        return 0
+
+    @cached_property
+    def vocabulary(self) -> Vocabulary:
+        return Vocabulary.from_tokenizer(self.tokenizer, size=self.vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def chat_markers(self, role: str) -> tuple[str, str] | None:
+        if role not in self._markers:
+            self._markers[role] = self._render_markers(role)
+        return self._markers[role]
+
+    def _render_markers(self, role: str) -> tuple[str, str] | None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            return None
+        # Some templates (SmolLM2's among them) add a default system turn before the first
+        # message; rendering after an explicit system turn and subtracting it leaves only
+        # this role's own markers.
+        base = [{"role": "system", "content": "S"}] if role != "system" else []
+        before = self._render(base) if base else ""
+        rendered = self._render([*base, {"role": role, "content": _SENTINEL}])
+        if not rendered.startswith(before) or _SENTINEL not in rendered:
+            return None
+        prefix, _, suffix = rendered[len(before):].partition(_SENTINEL)
+        return prefix, suffix
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return str(text)
+
+
+def generation_eos(configured: Any) -> list[int]:
+    """The eos_token_id of a generation config: an int, a list of them, or None."""
+    if isinstance(configured, int):
+        return [configured]
+    if isinstance(configured, list | tuple):
+        return [int(i) for i in configured]
+    return []

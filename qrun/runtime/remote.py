@@ -1,0 +1,114 @@
+"""Filling a `gen` hole on a server that samples whole holes (vLLM's OpenAI-compatible
+server): one completion per hole on the context's token ids, its constraint sent as a regex
+in the server's dialect (runtime/portable.py), and every returned token replayed through the
+same cursor, stop-string and boundary logic as a local hole (generate.py's _Hole), so the
+value, the overshoot handling and the checks are qrun's own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from qrun.runtime.generate import GenRequest, HoleFailure, HoleRecord, _Hole
+from qrun.runtime.session import Session
+
+# Legality of a server token is judged by the regex alone: the server knows nothing of
+# max_tokens' budget, which is checked once the value is complete.
+_UNBOUNDED = 1 << 30
+
+
+@runtime_checkable
+class HoleSampler(Protocol):
+    """Backends that sample a whole hole per request (a vLLM server)."""
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
+                 top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
+                 regex: str | None = None) -> object:
+        """Sample up to max_tokens after `prompt`; see vllm_server.Completion."""
+        ...
+
+
+def generate_remote(
+    session: Session, sampler: HoleSampler, request: GenRequest, regex: str | None,
+    on_text: Callable[[str], None] | None = None,
+) -> HoleRecord:
+    """Fill one hole with one server completion and append it to the session's context.
+
+    `regex` is the hole's constraint (healed prefix included) in the server's dialect, or
+    None. An unconstrained hole sends its stop strings as the server's; a constrained one
+    lets its regex end the value, optionally followed by a stop string, and qrun finds the
+    stop in the replay (where the value before it is a full match, as locally).
+
+    Raises:
+        HoleFailure: the server's value breaks the constraint or does not complete it within
+            max_tokens.
+    """
+    started = time.perf_counter()
+    session.settle()
+    session.ensure_start()
+    hole = _Hole(session, request)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
+        if request.generator is not None else 0
+    sampling = request.sampling
+    if regex is not None and request.stop:
+        stops = "|".join(_escape(s) for s in request.stop)
+        regex = f"(?:{regex})(?:{stops})?"
+    t0 = time.perf_counter()
+    completion = sampler.complete(
+        list(session.token_ids), request.max_tokens, temperature=sampling.temperature,
+        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
+        stop=request.stop if regex is None else (), regex=regex)
+    stats = session.stats
+    stats.model_s += time.perf_counter() - t0
+    stats.forward_calls += 1
+    stats.forward_tokens += int(getattr(completion, "computed", 0))
+    stats.cached_tokens += int(getattr(completion, "cached", 0))
+    finish = _replay(hole, request, completion)
+    record = hole.record
+    record.finish = finish
+    cursor = request.cursor
+    if cursor is not None and finish != "stop" and not cursor.can_end():
+        raise HoleFailure(
+            f"hole '{request.name}': the server's value does not complete the constraint "
+            f"within {request.max_tokens} token(s) ({finish}); value so far: {hole.value()!r}")
+    record.value = hole.value()
+    if on_text is not None and record.value:
+        on_text(record.value)
+    record.seconds = time.perf_counter() - started
+    return record
+
+
+def _replay(hole: _Hole, request: GenRequest, completion: object) -> str:
+    """Take the server's tokens into the hole one by one, checking each against the cursor;
+    returns the finish reason."""
+    token_ids: list[int] = list(getattr(completion, "token_ids", []))
+    logprobs: list[float] = list(getattr(completion, "logprobs", []))
+    cursor = request.cursor
+    for k, token in enumerate(token_ids):
+        if hole.value_tokens >= request.max_tokens:
+            raise HoleFailure(f"hole '{request.name}': the server returned more than "
+                              f"max_tokens={request.max_tokens} tokens")
+        if cursor is not None and not bool(cursor.allowed(_UNBOUNDED)[token]):
+            raise HoleFailure(
+                f"hole '{request.name}': the server's token {k + 1} "
+                f"({hole.vocab.token_bytes[token]!r}) breaks the constraint; value so far: "
+                f"{hole.value()!r}")
+        hole.session.stats.generated_tokens += 1
+        stop_at = hole.take(token, logprobs[k] if k < len(logprobs) else float("nan"),
+                            forced=False)
+        if stop_at is not None:
+            hole.cut_at_stop(stop_at)
+            return "stop"
+        if cursor is not None and not cursor.can_continue():
+            return "match"
+    reason = str(getattr(completion, "finish", "stop"))
+    return "max_tokens" if reason == "length" else "eos" if reason == "eos" else reason
+
+
+def _escape(text: str) -> str:
+    from qrun.runtime.portable import escape
+
+    return escape(text)
