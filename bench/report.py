@@ -137,8 +137,43 @@ def render(results: Mapping[str, Any]) -> str:
         lines += _speed_section(results["speed"], results.get("compile"))
     elif "compile" in results:
         lines += _speed_section(None, results["compile"])
+    for key in sorted(k for k in results if k.startswith("vllm-")):
+        lines += _vllm_section(key, results[key])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
+    m = block.get("machine", {})
+    lines = [
+        f"## vLLM backend, {m.get('dtype')}", "",
+        f"`python -m bench --backend vllm --dtype {m.get('dtype')}` (bench/vllm_suite.py): "
+        f"vLLM {m.get('vllm')} (CPU build, in-process engine, loaded in "
+        f"{m.get('vllm_load_s')} s), commit {m.get('commit')}, {m.get('date')}, load average "
+        f"at start {m.get('load_avg')}. **raw vLLM** replays qrun's final token ids as one "
+        "`LLM.generate` per stretch of model decisions (greedy, prefix cache on); "
+        "**transformers** is qrun on the transformers backend, same dtype, same process. "
+        "Target: qrun/raw ≤ 1.10.", "",
+        "| workload | qrun on vLLM s | raw vLLM s | qrun/raw | target | qrun on transformers s "
+        "| transformers/vLLM | same text | forward / context | cached |",
+        "|---|---:|---:|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for name in WORKLOAD_ORDER:
+        row = block.get(name)
+        if row is None:
+            continue
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error'].splitlines()[-1][:100]} "
+                         "| | | | | | | | |")
+            continue
+        q = row["qrun"]
+        lines.append(
+            f"| {name} | {q['wall_s']:.2f} | {row['raw']['wall_s']:.2f} | "
+            f"{row['qrun_over_raw']:.3f} | {'PASS' if row['overhead_pass'] else 'MISS'} | "
+            f"{row.get('transformers', {}).get('wall_s', float('nan')):.2f} | "
+            f"{row.get('transformers_over_vllm')} | {row.get('same_text_as_transformers')} | "
+            f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
+    return lines + [""]
 
 
 def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:

@@ -26,6 +26,11 @@ class ModelLoadError(QrunError):
     exit_code = 2
 
 
+class BackendError(QrunError):
+    """A model backend failed to run a request (vLLM's engine, or a server that refused or
+    could not be reached); reported at the hole it was filling."""
+
+
 class TemplateError(QrunError):
     """An error about a place in a template: `message` at `span` of `source`, plus notes
     (e.g. "expected one of ...", "did you mean ...?") printed after the caret."""

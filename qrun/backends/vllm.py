@@ -14,12 +14,15 @@ Only this module imports vllm; it is an optional extra (`make vllm`)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import sys
 import threading
 import time
+import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +30,8 @@ import torch
 
 from qrun.backends.base import ScoredRows
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
-from qrun.errors import ModelLoadError, QrunError, UsageError
+from qrun.errors import BackendError, ModelLoadError, UsageError
+from qrun.runtime.prefix_cache import PrefixCache
 
 # vLLM's CPU attention works on blocks of a multiple of 32 positions (16 is refused); prefix
 # caching reuses whole blocks only, so at most 31 trailing positions of a prompt are
@@ -43,7 +47,7 @@ DECISION_TIMEOUT_S = 10.0
 _EXTRA_KEY = "qrun_request"
 
 
-class VllmError(QrunError):
+class VllmError(BackendError):
     """vLLM failed to run a request."""
 
 
@@ -243,8 +247,7 @@ class _Hub:
             self.cond.notify_all()
             deadline = time.monotonic() + DECISION_TIMEOUT_S
             for live, row in waiting:
-                self.cond.wait_for(lambda live=live: bool(live.plan) or live.released,
-                                   timeout=max(0.0, deadline - time.monotonic()))
+                self.cond.wait_for(_decided(live), timeout=max(0.0, deadline - time.monotonic()))
                 live.awaiting = False
                 if live.plan and not live.released:
                     forced.append((row, live.plan.popleft()))
@@ -255,6 +258,10 @@ class _Hub:
         for row, token in forced:
             row.fill_(float("-inf"))
             row[token] = 0.0
+
+
+def _decided(live: _Live) -> Callable[[], bool]:
+    return lambda: bool(live.plan) or live.released
 
 
 @dataclass(eq=False)
@@ -352,7 +359,7 @@ class VllmBackend(HFTokenizerMixin):
         self.tokenizer = tokenizer
         self.name = name
         self.load_s = load_s
-        self.prefix_cache = None  # vLLM's own prefix cache does this job
+        self.prefix_cache: PrefixCache | None = None  # vLLM's own prefix cache does this job
         config = llm.llm_engine.vllm_config.model_config
         self.device = "cpu" if _platform_is_cpu() else "cuda"
         self.dtype = str(config.dtype).removeprefix("torch.")
@@ -508,14 +515,31 @@ def load_vllm(name: str, folder: str, device: str | None, dtype: str | None,
     # 2-core CPU the separate engine processes cost 20-35 s per start for nothing.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: ~23k positions of SmolLM2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default, which would mix with qrun's output (--json).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     started = time.perf_counter()
-    try:
-        from vllm import LLM
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"the vllm backend needs vLLM ({exc}); install it with `make vllm` "
-            "(vLLM's CPU build) or `pip install 'qrun[vllm]'`") from None
+    with _quiet():
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"the vllm backend needs vLLM ({exc}); install it with `make vllm` "
+                "(vLLM's CPU build) or `pip install 'qrun[vllm]'`") from None
+        return _load(LLM, name, folder, device, dtype, max_model_len, started)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """vLLM's import and start-up print notices to stdout and raise deprecation warnings;
+    stdout is qrun's (text or --json), so they go to stderr, warnings to nowhere."""
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _load(LLM: Any, name: str, folder: str, device: str | None, dtype: str | None,
+          max_model_len: int | None, started: float) -> VllmBackend:
     from transformers import AutoConfig, AutoTokenizer
 
     cpu = _platform_is_cpu()
@@ -536,6 +560,7 @@ def load_vllm(name: str, folder: str, device: str | None, dtype: str | None,
         enforce_eager=True, enable_prefix_caching=True, enable_chunked_prefill=False,
         max_model_len=length, max_num_batched_tokens=length,
         logits_processors=[_decisions_processor(holder)], disable_log_stats=True,
+        use_tqdm_on_load=False,
     )
     if cpu:
         kwargs["block_size"] = CPU_BLOCK_SIZE

@@ -20,13 +20,14 @@ from typing import Any
 
 from qrun.backends.base import ScoredRows
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
-from qrun.errors import ModelLoadError, QrunError
+from qrun.errors import BackendError, ModelLoadError
+from qrun.runtime.prefix_cache import PrefixCache
 
 # A completion can wait this long for a busy server (the engine queues requests).
 REQUEST_TIMEOUT_S = 600.0
 
 
-class ServerError(QrunError):
+class ServerError(BackendError):
     """The server refused or failed a request (the message carries its own)."""
 
 
@@ -70,11 +71,11 @@ class VllmServerBackend(HFTokenizerMixin):
     """A model served by `vllm serve`, with its tokenizer loaded here."""
 
     batches_itself = True  # the server batches concurrent requests
-    prefix_cache = None
 
     def __init__(self, url: str, model_id: str, tokenizer: Any, name: str,
                  eos: Sequence[int], vocab_size: int, load_s: float = 0.0) -> None:
         self.url = url.rstrip("/")
+        self.prefix_cache: PrefixCache | None = None  # the server's own does this job
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.name = name

@@ -12,6 +12,7 @@ import torch
 
 from qrun.backends.base import Backend
 from qrun.errors import (
+    BackendError,
     ConstraintError,
     EvaluationError,
     GenerationError,
@@ -125,6 +126,8 @@ class _Runner:
 
     def run(self) -> Result:
         started = time.perf_counter()
+        if isinstance(self.backend, HoleSampler):
+            self._check_portable()
         try:
             self._exec_block(self.program.ops)
             self.session.finish()
@@ -182,11 +185,21 @@ class _Runner:
                 record = generate_remote(self.session, self.backend, request, regex, self._show)
             else:
                 record = generate(self.session, request, self._show)
-        except HoleFailure as exc:
+        except (HoleFailure, BackendError) as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
         finally:
             self.session.pause()
         self._capture(op.name, record, op.in_loop)
+
+    def _check_portable(self) -> None:
+        """Before any model work: every constraint that can be known now (not built from
+        captures) must have a form the server reads as qrun does."""
+        for op in _walk(self.program.ops):
+            if isinstance(op, ir.Gen) and op.params.constraint is not None:
+                try:
+                    self._portable_regex(op, b"")
+                except EvaluationError:
+                    pass  # depends on values not known yet: checked when the hole comes
 
     def _portable_regex(self, op: ir.Gen, prefix: bytes) -> str | None:
         """The hole's constraint (healed prefix first) as a regex a server reads the way qrun
@@ -292,7 +305,7 @@ class _Runner:
                                 prefix)
         try:
             record = select(self.session, request)
-        except HoleFailure as exc:
+        except (HoleFailure, BackendError) as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
         finally:
             self.session.pause()

@@ -7,6 +7,7 @@ quantifiers as greedy ones (set semantics), and the only anchors qrun allows at 
 
 from __future__ import annotations
 
+from re import _constants as sre_c  # type: ignore[attr-defined, unused-ignore]
 from typing import Any
 
 from qrun.runtime.dfa import (
@@ -17,7 +18,6 @@ from qrun.runtime.dfa import (
     _normalise,
     _parse,
     _unsupported,
-    sre_c,
 )
 
 Ranges = tuple[tuple[int, int], ...]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,12 @@ def test_default_dtype_is_bfloat16_only_with_native_kernels() -> None:
     assert _resolve_dtype("auto", "cpu") == default_dtype("cpu")
     assert _resolve_dtype(None, "cpu") == default_dtype("cpu")
     assert _resolve_dtype("float32", "cpu") == torch.float32
+
+
+@pytest.mark.real
+def test_the_converted_default_model_names_its_architecture() -> None:
+    # vLLM picks the model class from it; the GGUF route alone leaves it out.
+    folder = ensure_converted(locate_model("smollm2"))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config

@@ -1,0 +1,227 @@
+"""The vLLM backends (tests marked `vllm`; `make test` installs vLLM's CPU build and runs them
+in a pytest process of their own): the example templates on the in-process engine and on a
+`vllm serve` started here on 127.0.0.1, every constraint checked, greedy outputs compared
+with the transformers backend, vLLM's prefix cache seen in the stats, batched runs, the
+command line, and the errors a user meets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import regex
+from test_examples import EXAMPLES, INPUTS, check_values
+
+import qrun
+from qrun.backends.loading import ensure_converted, locate_model
+from qrun.backends.transformers import TransformersBackend
+from qrun.errors import ConstraintError, GenerationError, ModelLoadError
+from qrun.stdlib.patterns import PATTERNS
+
+pytestmark = pytest.mark.vllm
+
+SERVER_START_TIMEOUT_S = 300
+# How many example runs gave the transformers backend's text, per vLLM mode (printed at the
+# end of the session: numerics differ between the engines, so near-ties may go either way).
+AGREEMENT: dict[str, list[str]] = {"local": [], "server": []}
+
+
+@pytest.fixture(scope="module")
+def vllm_local() -> Iterator[Any]:
+    backend = qrun.load_model("smollm2", backend="vllm")
+    yield backend
+    backend.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `vllm serve` of the default model on 127.0.0.1, stopped at the end."""
+    folder = ensure_converted(locate_model("smollm2"))
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
+        "--block-size", "32", "--enable-prefix-caching", "--enforce-eager",
+        "--enable-prompt-tokens-details",
+    ]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited ({server.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"vllm serve did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(2)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def vllm_remote(vllm_url: str) -> Any:
+    return qrun.load_model("smollm2", backend="vllm", url=vllm_url)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2: TransformersBackend) -> dict[str, qrun.Result]:
+    """The transformers backend's greedy run of every example (float32 like the engines)."""
+    return {name: qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=smollm2)
+            for name in sorted(INPUTS)}
+
+
+def run_example(backend: Any, name: str, reference: dict[str, qrun.Result], mode: str) -> None:
+    r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=backend)
+    check_values(name, r)
+    assert r.stats.context_tokens == len(r.token_ids)
+    assert backend.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
+    if r.text == reference[name].text:
+        AGREEMENT[mode].append(name)
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_examples_on_the_in_process_engine(vllm_local: Any, reference: dict[str, qrun.Result],
+                                           name: str) -> None:
+    run_example(vllm_local, name, reference, "local")
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_examples_on_a_vllm_server(vllm_remote: Any, reference: dict[str, qrun.Result],
+                                   name: str) -> None:
+    run_example(vllm_remote, name, reference, "server")
+
+
+def test_greedy_outputs_agree_with_transformers() -> None:
+    # The in-process engine runs qrun's own sampler on vLLM's logits: only numerics differ.
+    # The server samples with its own structured-output engine: the same constraints, but
+    # healing, forced text and budgets are its own, so fewer runs need agree.
+    print(f"\ngreedy agreement with transformers: in-process {len(AGREEMENT['local'])}/"
+          f"{len(INPUTS)} {AGREEMENT['local']}, server {len(AGREEMENT['server'])}/"
+          f"{len(INPUTS)} {AGREEMENT['server']}")
+    assert len(AGREEMENT["local"]) >= len(INPUTS) - 1
+    assert len(AGREEMENT["server"]) >= len(INPUTS) // 2
+
+
+# A filled-in record first: a server does not steer a value to end within max_tokens (only
+# qrun's own masks know the budget), so the model is shown what short values look like.
+CONSTRAINED = (
+    'Name: Ada Byron\nBorn: 1815-12-10\nMail: ada@example.org\nProfile: {"age": 36, '
+    '"city": "London"}\nCode: "ADA18"\nMood: calm.\n\n'
+    'Name: {{ gen name stop="\\n" max_tokens=8 }}\n'
+    "Born: {{ gen born regex=DATE }}\n"
+    "Mail: {{ gen mail regex=EMAIL max_tokens=24 }}\n"
+    'Profile: {{ gen profile json={"type": "object", "properties": {"age": {"type": '
+    '"integer"}, "city": {"type": "string", "maxLength": 12}}, "required": ["age", "city"]} '
+    "max_tokens=40 }}\n"
+    'Code: "{{ gen code regex="[A-Z]{3}[0-9]{2}" stop="\\"" }}"\n'
+    "Mood: {{ select mood options=['happy', 'sad', 'calm'] }}."
+)
+
+
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_every_constraint_holds(vllm_local: Any, vllm_remote: Any, mode: str) -> None:
+    backend = vllm_local if mode == "local" else vllm_remote
+    r = qrun.Query(CONSTRAINED).run(model=backend)
+    assert "\n" not in r["name"]
+    assert regex.fullmatch(PATTERNS["DATE"], r["born"], flags=regex.ASCII)
+    assert regex.fullmatch(PATTERNS["EMAIL"], r["mail"], flags=regex.ASCII)
+    profile = json.loads(r["profile"])
+    assert isinstance(profile["age"], int) and len(profile["city"]) <= 12
+    assert regex.fullmatch(r"[A-Z]{3}[0-9]{2}", r["code"])
+    assert r["mood"] in ("happy", "sad", "calm")
+    assert r.text.endswith(f'Code: "{r["code"]}"\nMood: {r["mood"]}.')
+
+
+LONG_PREFIX = ("Facts about the river town of Emberwick. " * 20
+               + "\nQ: {{ q }}\nA:{{ gen a stop='\\n' max_tokens=6 }}")
+
+
+def test_the_prefix_cache_serves_the_shared_prefix(vllm_local: Any) -> None:
+    query = qrun.Query(LONG_PREFIX)
+    vllm_local.clear_cache()
+    first = query.run(model=vllm_local, q="Who founded it?")
+    second = query.run(model=vllm_local, q="How big is it?")
+    assert first.stats.cached_tokens == 0
+    # Whole 32-position blocks of the ~200-token shared text come from vLLM's cache.
+    assert second.stats.cached_tokens >= 160
+    assert second.stats.forward_tokens < second.stats.context_tokens - 100
+
+
+def test_batched_runs_equal_one_at_a_time(vllm_local: Any) -> None:
+    query = qrun.Query.from_file(EXAMPLES / "classify.tmpl")
+    reviews = [{"review": text} for text in (
+        "Loved it.", "Broke on day two.", "Fine, nothing special.", "Best purchase ever!")]
+    one_by_one = query.run_many(reviews, model=vllm_local)
+    together = query.run_many(reviews, model=vllm_local, batch_size=4)
+    assert [r.vars for r in together] == [r.vars for r in one_by_one]  # type: ignore[union-attr]
+
+
+def test_a_constraint_the_server_cannot_read_fails_before_the_run(vllm_remote: Any) -> None:
+    query = qrun.Query('A: {{ gen a max_tokens=4 }}\nB: {{ gen b regex="(^x|y)z" }}')
+    with pytest.raises(ConstraintError, match="cannot be sent to the server") as caught:
+        query.run(model=vllm_remote)
+    assert (caught.value.span.line, caught.value.span.column) == (2, 19)  # the regex
+
+
+def test_a_server_value_left_incomplete_is_an_error_not_a_value(vllm_remote: Any) -> None:
+    # Two tokens cannot hold a whole date: locally the masks would refuse to start one, a
+    # server cuts it off; either way no half-date comes back as a value.
+    query = qrun.Query("Today is {{ gen day regex=DATE max_tokens=2 }}.")
+    with pytest.raises(GenerationError, match="does not complete the constraint") as caught:
+        query.run(model=vllm_remote)
+    assert caught.value.span.line == 1
+
+
+def test_an_unreachable_server_is_a_clear_error() -> None:
+    with pytest.raises(ModelLoadError, match="cannot reach the vLLM server"):
+        qrun.load_model("smollm2", backend="vllm", url=f"http://127.0.0.1:{_free_port()}")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "qrun.cli", *args], capture_output=True,
+                          text=True, check=False, timeout=600)
+
+
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_an_example_from_the_command_line(vllm_url: str, mode: str) -> None:
+    extra = ["--url", vllm_url] if mode == "server" else []
+    proc = _cli(str(EXAMPLES / "extract.tmpl"), "--backend", "vllm", *extra, "--json",
+                "-v", f"document={INPUTS['extract.tmpl']['document']}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert regex.fullmatch(PATTERNS["DATE"], out["vars"]["date"], flags=regex.ASCII)
+    assert out["vars"]["paid"] in ("yes", "no")
+    assert out["stats"]["forward_calls"] > 0
+
+
+def test_url_without_the_vllm_backend_is_a_usage_error() -> None:
+    proc = _cli(str(EXAMPLES / "hello.tmpl"), "--url", "http://127.0.0.1:1")
+    assert proc.returncode == 2
+    assert "--url needs --backend vllm" in proc.stderr
+
