@@ -173,13 +173,19 @@ def test_the_prefix_cache_serves_the_shared_prefix(vllm_local: Any) -> None:
     assert second.stats.forward_tokens < second.stats.context_tokens - 100
 
 
-def test_batched_runs_equal_one_at_a_time(vllm_local: Any) -> None:
-    query = qrun.Query.from_file(EXAMPLES / "classify.tmpl")
-    reviews = [{"review": text} for text in (
-        "Loved it.", "Broke on day two.", "Fine, nothing special.", "Best purchase ever!")]
-    one_by_one = query.run_many(reviews, model=vllm_local)
-    together = query.run_many(reviews, model=vllm_local, batch_size=4)
-    assert [r.vars for r in together] == [r.vars for r in one_by_one]  # type: ignore[union-attr]
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_batched_runs_equal_one_at_a_time(vllm_local: Any, vllm_remote: Any, mode: str) -> None:
+    backend = vllm_local if mode == "local" else vllm_remote
+    query = qrun.Query.from_file(EXAMPLES / "extract.tmpl")
+    documents = [{"document": INPUTS["extract.tmpl"]["document"].replace("2024-03-18", day)}
+                 for day in ("2024-03-18", "2023-11-02", "2025-01-30", "2022-07-09")]
+    one_by_one = query.run_many(documents, model=backend)
+    together = query.run_many(documents, model=backend, batch_size=4)
+    assert [r.vars["date"] for r in together] == [  # type: ignore[union-attr]
+        r.vars["date"] for r in one_by_one]  # type: ignore[union-attr]
+    for r in together:
+        assert isinstance(r, qrun.Result)
+        check_values("extract.tmpl", r)
 
 
 def test_a_constraint_the_server_cannot_read_fails_before_the_run(vllm_remote: Any) -> None:

@@ -179,24 +179,29 @@ class BatchedBackend:
 
 
 class CountingBackend:
-    """A backend that batches itself (vLLM), as seen by one batched run: the backend itself,
-    with its forwards counted in the scheduler (the lead run's first forward must be done
-    before the others start, so they find its prefix cached)."""
+    """A backend that batches itself (vLLM in-process or a server), as seen by one batched
+    run: the backend itself, with its model calls counted in the scheduler (the lead run's
+    first call must be done before the others start, so they find its prefix cached)."""
+
+    _COUNTED = frozenset({"forward", "complete", "score_continuations"})
 
     def __init__(self, backend: Backend, scheduler: ForwardScheduler) -> None:
         self._backend = backend
         self._scheduler = scheduler
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+        value = getattr(self._backend, name)
+        if name not in self._COUNTED:
+            return value
+        scheduler = self._scheduler
 
-    def forward(
-        self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
-    ) -> torch.Tensor:
-        with self._scheduler.cond:
-            self._scheduler.submitted += 1
-            self._scheduler.cond.notify_all()
-        return self._backend.forward(token_ids, cache, logits_for)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with scheduler.cond:
+                scheduler.submitted += 1
+                scheduler.cond.notify_all()
+            return value(*args, **kwargs)
+
+        return counted
 
 
 def run_batched(
