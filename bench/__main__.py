@@ -167,7 +167,10 @@ def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,
             return models[dtype]
 
         out = run_speed(load, _probe_tokens(backend), lambda s: progress(f"speed: {s}"))
+        from qrun.backends.transformers import default_dtype
+
         out.update(measured_at=_now(), load_avg_before=before,
+                   default_dtype=str(default_dtype("cpu")).removeprefix("torch."),
                    load_avg_after=[round(x, 2) for x in os.getloadavg()])
         return out
     if name == "compile":

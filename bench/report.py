@@ -263,7 +263,7 @@ def _speed_section(speed: Mapping[str, Any] | None, compiled: Mapping[str, Any] 
                 r = row.get(ctx, {})
                 cells += [f"{r.get('prefill_tok_s', '—')}", f"{r.get('decode_ms', '—')}"]
             lines.append(head + " " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", _defaults_line(speed), ""]
     if compiled is not None:
         if "skipped" in compiled:
             lines += [f"torch.compile: skipped — {compiled['skipped']} "
@@ -284,6 +284,30 @@ def _speed_section(speed: Mapping[str, Any] | None, compiled: Mapping[str, Any] 
                 "",
             ]
     return lines
+
+
+def _defaults_line(speed: Mapping[str, Any]) -> str:
+    """What qrun runs with on this CPU, and the measured row that says why."""
+    dtype = speed.get("default_dtype")
+    if dtype is None:
+        return ""
+    rows = {(r["dtype"], r["threads"], r["grad"], r["cache"]): r for r in speed["configs"]
+            if "error" not in r}
+    threads = max((r["threads"] for r in speed["configs"]), default=1)
+    chosen = rows.get((dtype, threads, "inference_mode", "dynamic"))
+    if chosen is None:
+        return ""
+
+    def figures(row: Mapping[str, Any]) -> str:
+        return (f"prefill {row['1024']['prefill_tok_s']} tok/s, decode "
+                f"{row['1024']['decode_ms']} ms/token at 1k")
+
+    others = [f"{k[0]}, {k[1]} thread(s), {k[2]}, {k[3]} cache: {figures(r)}"
+              for k, r in rows.items() if r is not chosen]
+    return (f"**qrun's CPU defaults here**: {dtype} (bfloat16 only on CPUs with native bf16 "
+            f"kernels, see `default_dtype`), torch's own thread count ({threads}), "
+            "`inference_mode`, DynamicCache, no torch.compile: "
+            f"{figures(chosen)}; the others: " + "; ".join(others) + ".")
 
 
 def _notes(results: Mapping[str, Any]) -> list[str]:

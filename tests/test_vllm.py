@@ -158,6 +158,18 @@ def test_every_constraint_holds(vllm_local: Any, vllm_remote: Any, mode: str) ->
     assert r.text.endswith(f'Code: "{r["code"]}"\nMood: {r["mood"]}.')
 
 
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_a_stop_inside_a_constrained_value_ends_it_where_the_value_matches(
+        vllm_local: Any, vllm_remote: Any, mode: str) -> None:
+    backend = vllm_local if mode == "local" else vllm_remote
+    query = qrun.Query('Three animals: {{ gen first regex="[a-z ,]+" stop="," max_tokens=12 }}, '
+                       "and more.")
+    r = query.run(model=backend)
+    assert regex.fullmatch(r"[a-z ]+", r["first"]), r["first"]
+    assert r.text == f"Three animals: {r['first']}, and more."
+    assert r.holes["first"].finish == "stop"  # type: ignore[union-attr]
+
+
 LONG_PREFIX = ("Facts about the river town of Emberwick. " * 20
                + "\nQ: {{ q }}\nA:{{ gen a stop='\\n' max_tokens=6 }}")
 

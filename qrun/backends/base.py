@@ -118,6 +118,31 @@ class ScoredRows:
     cached: int
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One hole sampled by a server: the tokens (an end-of-sequence token not included), their
+    log-probabilities, why it ended ("stop": a stop string, "eos", or "length"), and the
+    positions it computed / served from its prefix cache when it reports them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish: str
+    computed: int
+    cached: int
+
+
+@runtime_checkable
+class HoleSampler(Protocol):
+    """Backends that sample a whole hole per request (a vLLM server)."""
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
+                 top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
+                 regex: str | None = None) -> Completion:
+        """Sample up to max_tokens after `prompt` (token ids), under `regex` (the server's
+        dialect) when given, ending at a stop string when one is given."""
+        ...
+
+
 @runtime_checkable
 class PromptScorer(Protocol):
     """Backends that score continuations through prompt log-probabilities (vLLM)."""

@@ -15,10 +15,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from qrun.backends.base import ScoredRows
+from qrun.backends.base import Completion, ScoredRows
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
 from qrun.errors import BackendError, ModelLoadError
 from qrun.runtime.prefix_cache import PrefixCache
@@ -29,19 +28,6 @@ REQUEST_TIMEOUT_S = 600.0
 
 class ServerError(BackendError):
     """The server refused or failed a request (the message carries its own)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One hole's completion: the tokens the server sampled (an end-of-sequence token not
-    included), their log-probabilities, why it stopped ("stop", "eos" or "length"), and the
-    positions it computed / served from its prefix cache when it reports them."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish: str
-    computed: int
-    cached: int
 
 
 class ServerContext:

@@ -10,7 +10,7 @@ from typing import Any, assert_never
 
 import torch
 
-from qrun.backends.base import Backend
+from qrun.backends.base import Backend, HoleSampler
 from qrun.errors import (
     BackendError,
     ConstraintError,
@@ -27,7 +27,7 @@ from qrun.runtime.dfa import PatternError
 from qrun.runtime.generate import Cursor, GenRequest, HoleFailure, HoleRecord, generate
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.portable import escape, portable_regex
-from qrun.runtime.remote import HoleSampler, generate_remote
+from qrun.runtime.remote import generate_remote
 from qrun.runtime.result import Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
@@ -182,7 +182,8 @@ class _Runner:
         try:
             if isinstance(self.backend, HoleSampler):
                 regex = self._portable_regex(op, request.prefix)
-                record = generate_remote(self.session, self.backend, request, regex, self._show)
+                record = generate_remote(self.session, self.backend, request, regex,
+                                         op.params.constraint is not None, self._show)
             else:
                 record = generate(self.session, request, self._show)
         except (HoleFailure, BackendError) as exc:

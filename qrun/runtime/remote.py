@@ -7,11 +7,11 @@ value, the overshoot handling and the checks are qrun's own."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
 
 import torch
 
+from qrun.backends.base import Completion, HoleSampler
 from qrun.runtime.generate import GenRequest, HoleFailure, HoleRecord, _Hole
 from qrun.runtime.session import Session
 
@@ -20,27 +20,17 @@ from qrun.runtime.session import Session
 _UNBOUNDED = 1 << 30
 
 
-@runtime_checkable
-class HoleSampler(Protocol):
-    """Backends that sample a whole hole per request (a vLLM server)."""
-
-    def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
-                 top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
-                 regex: str | None = None) -> object:
-        """Sample up to max_tokens after `prompt`; see vllm_server.Completion."""
-        ...
-
-
 def generate_remote(
     session: Session, sampler: HoleSampler, request: GenRequest, regex: str | None,
-    on_text: Callable[[str], None] | None = None,
+    constrained: bool, on_text: Callable[[str], None] | None = None,
 ) -> HoleRecord:
     """Fill one hole with one server completion and append it to the session's context.
 
-    `regex` is the hole's constraint (healed prefix included) in the server's dialect, or
-    None. An unconstrained hole sends its stop strings as the server's; a constrained one
-    lets its regex end the value, optionally followed by a stop string, and qrun finds the
-    stop in the replay (where the value before it is a full match, as locally).
+    `regex` is the hole's constraint in the server's dialect (healed prefix first), or None.
+    A hole without a constraint of its own sends its stop strings as the server's (the first
+    occurrence ends it, as locally). A `constrained` one does not: locally a stop ends such a
+    value only where the text before it is a full match, so the server samples under the
+    regex alone and the replay finds the stop by qrun's rule, ignoring the tokens after it.
 
     Raises:
         HoleFailure: the server's value breaks the constraint or does not complete it within
@@ -53,19 +43,16 @@ def generate_remote(
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
         if request.generator is not None else 0
     sampling = request.sampling
-    if regex is not None and request.stop:
-        stops = "|".join(_escape(s) for s in request.stop)
-        regex = f"(?:{regex})(?:{stops})?"
     t0 = time.perf_counter()
     completion = sampler.complete(
         list(session.token_ids), request.max_tokens, temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
-        stop=request.stop if regex is None else (), regex=regex)
+        stop=() if constrained else request.stop, regex=regex)
     stats = session.stats
     stats.model_s += time.perf_counter() - t0
     stats.forward_calls += 1
-    stats.forward_tokens += int(getattr(completion, "computed", 0))
-    stats.cached_tokens += int(getattr(completion, "cached", 0))
+    stats.forward_tokens += completion.computed
+    stats.cached_tokens += completion.cached
     finish = _replay(hole, request, completion)
     record = hole.record
     record.finish = finish
@@ -81,13 +68,12 @@ def generate_remote(
     return record
 
 
-def _replay(hole: _Hole, request: GenRequest, completion: object) -> str:
+def _replay(hole: _Hole, request: GenRequest, completion: Completion) -> str:
     """Take the server's tokens into the hole one by one, checking each against the cursor;
     returns the finish reason."""
-    token_ids: list[int] = list(getattr(completion, "token_ids", []))
-    logprobs: list[float] = list(getattr(completion, "logprobs", []))
+    logprobs = completion.logprobs
     cursor = request.cursor
-    for k, token in enumerate(token_ids):
+    for k, token in enumerate(completion.token_ids):
         if hole.value_tokens >= request.max_tokens:
             raise HoleFailure(f"hole '{request.name}': the server returned more than "
                               f"max_tokens={request.max_tokens} tokens")
@@ -104,11 +90,6 @@ def _replay(hole: _Hole, request: GenRequest, completion: object) -> str:
             return "stop"
         if cursor is not None and not cursor.can_continue():
             return "match"
-    reason = str(getattr(completion, "finish", "stop"))
-    return "max_tokens" if reason == "length" else "eos" if reason == "eos" else reason
-
-
-def _escape(text: str) -> str:
-    from qrun.runtime.portable import escape
-
-    return escape(text)
+    # Ended without a stop string qrun found: by EOS, by the token limit, or by a stop the
+    # server matched where qrun's rule does not (inside the healed text): the value ends here.
+    return "max_tokens" if completion.finish == "length" else "eos"
