@@ -58,6 +58,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
         "--block-size", "32", "--enable-prefix-caching", "--enforce-eager",
+        "--dtype", "float32",  # as the local engines here (vLLM's CPU default is bfloat16)
         "--enable-prompt-tokens-details",
     ]
     with log.open("w") as out:
@@ -118,14 +119,13 @@ def test_examples_on_a_vllm_server(vllm_remote: Any, reference: dict[str, qrun.R
 
 
 def test_greedy_outputs_agree_with_transformers() -> None:
-    # The in-process engine runs qrun's own sampler on vLLM's logits: only numerics differ.
-    # The server samples with its own structured-output engine: the same constraints, but
-    # healing, forced text and budgets are its own, so fewer runs need agree.
+    # Both modes run float32 like the transformers backend; only the kernels differ, so a
+    # near-tie (two tokens within ~0.01 nats) may go the other way: one example may differ.
     print(f"\ngreedy agreement with transformers: in-process {len(AGREEMENT['local'])}/"
           f"{len(INPUTS)} {AGREEMENT['local']}, server {len(AGREEMENT['server'])}/"
           f"{len(INPUTS)} {AGREEMENT['server']}")
     assert len(AGREEMENT["local"]) >= len(INPUTS) - 1
-    assert len(AGREEMENT["server"]) >= len(INPUTS) // 2
+    assert len(AGREEMENT["server"]) >= len(INPUTS) - 1
 
 
 # A filled-in record first: a server does not steer a value to end within max_tokens (only

@@ -28,9 +28,10 @@ def generate_remote(
 
     `regex` is the hole's constraint in the server's dialect (healed prefix first), or None.
     A hole without a constraint of its own sends its stop strings as the server's (the first
-    occurrence ends it, as locally). A `constrained` one does not: locally a stop ends such a
-    value only where the text before it is a full match, so the server samples under the
-    regex alone and the replay finds the stop by qrun's rule, ignoring the tokens after it.
+    occurrence ends it, as locally), unless one could match across the healed prefix. A
+    `constrained` one does not: locally a stop ends such a value only where the text before it
+    is a full match, so the server samples under the regex alone. Either way the replay finds
+    the stop by qrun's rule and ignores the tokens after it.
 
     Raises:
         HoleFailure: the server's value breaks the constraint or does not complete it within
@@ -43,11 +44,15 @@ def generate_remote(
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
         if request.generator is not None else 0
     sampling = request.sampling
+    # A token wholly inside the healed text is free locally (it gives back the template's
+    # own text); the server counts every token, so it gets one more and the replay stops at
+    # max_tokens value tokens.
+    limit = request.max_tokens + (1 if request.prefix else 0)
     t0 = time.perf_counter()
+    server_stops = () if constrained or _overlaps(request.prefix, request.stop) else request.stop
     completion = sampler.complete(
-        list(session.token_ids), request.max_tokens, temperature=sampling.temperature,
-        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
-        stop=() if constrained else request.stop, regex=regex)
+        list(session.token_ids), limit, temperature=sampling.temperature,
+        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex)
     stats = session.stats
     stats.model_s += time.perf_counter() - t0
     stats.forward_calls += 1
@@ -68,6 +73,17 @@ def generate_remote(
     return record
 
 
+def _overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
+    """Whether a stop string could be found in text that begins inside the healed prefix. qrun
+    looks for stops after it; a server looks in all it wrote (a chat turn's healed "\n" with
+    stop="\n" would end every hole at once), so such stops stay with the replay."""
+    for stop in stops:
+        data = stop.encode("utf-8")
+        if data in prefix or any(prefix.endswith(data[:k]) for k in range(1, len(data))):
+            return True
+    return False
+
+
 def _replay(hole: _Hole, request: GenRequest, completion: Completion) -> str:
     """Take the server's tokens into the hole one by one, checking each against the cursor;
     returns the finish reason."""
@@ -75,8 +91,7 @@ def _replay(hole: _Hole, request: GenRequest, completion: Completion) -> str:
     cursor = request.cursor
     for k, token in enumerate(completion.token_ids):
         if hole.value_tokens >= request.max_tokens:
-            raise HoleFailure(f"hole '{request.name}': the server returned more than "
-                              f"max_tokens={request.max_tokens} tokens")
+            return "max_tokens"  # the rest ran past the budget: a local run stops here too
         if cursor is not None and not bool(cursor.allowed(_UNBOUNDED)[token]):
             raise HoleFailure(
                 f"hole '{request.name}': the server's token {k + 1} "
