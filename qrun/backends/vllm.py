@@ -97,6 +97,10 @@ class VllmBackend(HFTokenizerMixin):
 
     # Runs share the engine directly: vLLM's scheduler batches whatever is in flight.
     batches_itself = True
+    # A healed token kept in the context until the model writes it again needs the logits of
+    # two positions: a forced step of its own here (rpg: 7 of them, batch: 16), so healing
+    # takes the token back instead.
+    heals_in_context = False
 
     def __init__(self, hub: Hub, tokenizer: Any, name: str, load_s: float = 0.0) -> None:
         self.hub = hub

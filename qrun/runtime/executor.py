@@ -228,10 +228,13 @@ class _Runner:
         stop = self._stop(p.stop, op.span)
         sampling, generator = self._sampling(p, op.span)
         prefix = b""
+        # The healed token may stay in the context until the model writes it again: no extra
+        # forward where one forward can return the logits of two positions (transformers).
+        # On vLLM that costs a step of its own, and a server samples the whole hole: there it
+        # is taken back.
+        in_context = not remote and bool(getattr(self.backend, "heals_in_context", True))
         if self._arg(p.heal, bool, True, op.span, "heal"):
-            # Locally the healed token stays in the context until the model writes it again
-            # (no extra forward); a server samples the whole hole, so it is taken back.
-            prefix = self._heal(keep_last=not remote)
+            prefix = self._heal(keep_last=in_context)
         cursor: Cursor | None = None
         if p.constraint is not None:
             cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
@@ -239,7 +242,7 @@ class _Runner:
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix,
-                          healed_in_context=bool(prefix) and not remote)
+                          healed_in_context=bool(prefix) and in_context)
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
