@@ -15,18 +15,22 @@ _SENTINEL = "\x00QRUN-CONTENT\x00"
 
 
 class HFTokenizerMixin:
-    """Needs `tokenizer` (a HF tokenizer), `vocab_size` and `_generation_eos()`."""
+    """Needs `tokenizer` (a HF tokenizer), and `_vocab_size` and `_eos` (the end-of-sequence
+    ids the model's config names besides the tokenizer's) unless `vocab_size` and
+    `_generation_eos()` are overridden."""
 
     tokenizer: Any
     _markers: dict[str, tuple[str, str] | None]
+    _vocab_size: int
+    _eos: list[int]
 
     @property
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """Width of the logits (may exceed the tokenizer's length)."""
+        return self._vocab_size
 
     def _generation_eos(self) -> Iterable[int]:
-        """End-of-sequence ids the model's generation config names besides the tokenizer's."""
-        raise NotImplementedError
+        return self._eos
 
     @cached_property
     def eos_token_ids(self) -> frozenset[int]:

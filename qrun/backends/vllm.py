@@ -116,13 +116,6 @@ class VllmBackend(HFTokenizerMixin):
         self._eos = generation_eos(getattr(config.hf_config, "eos_token_id", None))
         self._markers: dict[str, tuple[str, str] | None] = {}
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def _generation_eos(self) -> list[int]:
-        return self._eos
-
     def new_cache(self) -> VllmCache:
         return VllmCache(self.hub)
 

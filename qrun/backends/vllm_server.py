@@ -72,13 +72,6 @@ class VllmServerBackend(HFTokenizerMixin):
         self._vocab_size = vocab_size
         self._markers: dict[str, tuple[str, str] | None] = {}
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def _generation_eos(self) -> list[int]:
-        return self._eos
-
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
                  regex: str | None = None) -> Completion:

@@ -439,24 +439,7 @@ class _Nfa:
         return _fold_ascii(ranges) if flags & sre_c.SRE_FLAG_IGNORECASE else ranges
 
     def _class(self, items: Sequence[tuple[Any, Any]], flags: int) -> Ranges:
-        """An `IN` node's items ([(LITERAL, c), (RANGE, (a, b)), (CATEGORY, ...), NEGATE?])."""
-        negate = False
-        ranges: list[tuple[int, int]] = []
-        for op, av in items:
-            if op is sre_c.NEGATE:
-                negate = True
-            elif op is sre_c.LITERAL:
-                ranges.append((av, av))
-            elif op is sre_c.RANGE:
-                ranges.append(av)
-            elif op is sre_c.CATEGORY:
-                ranges.extend(_category(av))
-            elif op is sre_c.NOT_LITERAL:
-                ranges.extend(_complement(((av, av),)))
-            else:
-                raise PatternError(f"unsupported item in character class: {op}")
-        folded = self._fold(_normalise(ranges), flags)
-        return _complement(folded) if negate else folded
+        return class_ranges(items, bool(flags & sre_c.SRE_FLAG_IGNORECASE))
 
     def _charset(self, ranges: Ranges, flags: int) -> tuple[int, int]:
         ranges = self._fold(ranges, flags)
@@ -517,6 +500,29 @@ class _Nfa:
         else:
             raise PatternError(f"unsupported anchor {code}")
         return start, end
+
+
+def class_ranges(items: Sequence[tuple[Any, Any]], ignore_case: bool) -> Ranges:
+    """The codepoint ranges of an `IN` node's items ([(LITERAL, c), (RANGE, (a, b)),
+    (CATEGORY, ...), NEGATE?]), ASCII letters folded with `ignore_case`."""
+    negate = False
+    ranges: list[tuple[int, int]] = []
+    for op, av in items:
+        if op is sre_c.NEGATE:
+            negate = True
+        elif op is sre_c.LITERAL:
+            ranges.append((av, av))
+        elif op is sre_c.RANGE:
+            ranges.append(av)
+        elif op is sre_c.CATEGORY:
+            ranges.extend(_category(av))
+        elif op is sre_c.NOT_LITERAL:
+            ranges.extend(_complement(((av, av),)))
+        else:
+            raise PatternError(f"unsupported item in character class: {op}")
+    folded = _normalise(ranges)
+    folded = _fold_ascii(folded) if ignore_case else folded
+    return _complement(folded) if negate else folded
 
 
 def _category(code: Any) -> Ranges:

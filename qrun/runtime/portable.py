@@ -12,12 +12,12 @@ from typing import Any
 
 from qrun.runtime.dfa import (
     PatternError,
-    _category,
     _complement,
     _fold_ascii,
     _normalise,
     _parse,
     _unsupported,
+    class_ranges,
 )
 
 Ranges = tuple[tuple[int, int], ...]
@@ -76,7 +76,7 @@ def _node(op: Any, av: Any, flags: int) -> str:
     if op is sre_c.ANY:
         return _class(_complement(() if flags & sre_c.SRE_FLAG_DOTALL else _NEWLINE_ONLY))
     if op is sre_c.IN:
-        return _class(_in(av, ignore_case))
+        return _class(class_ranges(av, ignore_case))
     if op is sre_c.BRANCH:
         return "(?:" + "|".join(_sequence(option, flags) for option in av[1]) + ")"
     if op is sre_c.SUBPATTERN:
@@ -92,27 +92,6 @@ def _node(op: Any, av: Any, flags: int) -> str:
         raise PortableError("an anchor (^, $, \\A, \\Z) inside the pattern has no equivalent "
                             "in the server's regex dialect; anchors may only begin or end it")
     raise PatternError(f"unsupported regex construct {op}")
-
-
-def _in(items: Any, ignore_case: bool) -> Ranges:
-    negate = False
-    ranges: list[tuple[int, int]] = []
-    for op, av in items:
-        if op is sre_c.NEGATE:
-            negate = True
-        elif op is sre_c.LITERAL:
-            ranges.append((av, av))
-        elif op is sre_c.RANGE:
-            ranges.append(av)
-        elif op is sre_c.CATEGORY:
-            ranges.extend(_category(av))
-        elif op is sre_c.NOT_LITERAL:
-            ranges.extend(_complement(((av, av),)))
-        else:
-            raise PatternError(f"unsupported item in character class: {op}")
-    folded = _normalise(ranges)
-    folded = _fold_ascii(folded) if ignore_case else folded
-    return _complement(folded) if negate else folded
 
 
 def _class(ranges: Ranges) -> str:
