@@ -170,7 +170,9 @@ def _request(url: str, body: dict[str, Any] | None) -> dict[str, Any]:
     except urllib.error.HTTPError as exc:
         raise ServerError(f"the vLLM server at {url} answered {exc.code}: "
                           f"{_server_message(exc.read())}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except urllib.error.URLError as exc:
+        raise ServerError(f"cannot reach the vLLM server at {url}: {exc.reason}") from None
+    except OSError as exc:
         raise ServerError(f"cannot reach the vLLM server at {url}: {exc}") from None
     try:
         reply = json.loads(payload or b"{}")
