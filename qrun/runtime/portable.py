@@ -7,6 +7,7 @@ quantifiers as greedy ones (set semantics), and the only anchors qrun allows at 
 
 from __future__ import annotations
 
+import functools
 from re import _constants as sre_c  # type: ignore[attr-defined, unused-ignore]
 from typing import Any
 
@@ -32,6 +33,10 @@ class PortableError(PatternError):
     the pattern)."""
 
 
+# A server run rewrites each hole's pattern once before the run (the portability check) and
+# again at the hole, for every run of a batch: the rewrite is pure, so it is kept, as the DFA
+# is (dfa.compile_dfa).
+@functools.lru_cache(maxsize=256)
 def portable_regex(pattern: str) -> str:
     """`pattern` rewritten with qrun's meaning explicit (see the module docstring).
 
