@@ -155,7 +155,7 @@ def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
 def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,
              progress: Any) -> dict[str, Any]:
     if name == "speed":
-        from bench.speed import _probe_tokens, run_speed
+        from bench.speed import probe_tokens, run_speed
 
         before = [round(x, 2) for x in os.getloadavg()]
         models = {backend.dtype: backend.model}
@@ -166,7 +166,7 @@ def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,
                 models[dtype] = copy.deepcopy(backend.model).to(getattr(torch, dtype))
             return models[dtype]
 
-        out = run_speed(load, _probe_tokens(backend), lambda s: progress(f"speed: {s}"))
+        out = run_speed(load, probe_tokens(backend), lambda s: progress(f"speed: {s}"))
         from qrun.backends.transformers import default_dtype
 
         out.update(measured_at=_now(), load_avg_before=before,
@@ -228,10 +228,10 @@ def _print_summary(results: dict[str, Any], names: list[str]) -> None:
                   f"context {row['context_tokens']}, forward {row['forward_tokens']}; "
                   f"{verdicts}")
         elif name == "speed":
-            from bench.speed import _describe
+            from bench.speed import describe
 
             for config in row.get("configs", []):
-                print(f"speed: {_describe(config)}")
+                print(f"speed: {describe(config)}")
         elif name == "compile":
             print(f"compile: {json.dumps(row)}")
 

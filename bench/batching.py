@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import qrun
-from qrun.runtime.result import Result
 
 # ~300 tokens of few-shot prefix, then one question and one hole (max_tokens 12, stop "\n").
 PREFIX = "".join(
@@ -41,7 +40,7 @@ def measure(count: int, batch_size: int) -> dict[str, Any]:
     started = time.perf_counter()
     batched = query.run_many(inputs, model=cached, batch_size=batch_size)
     batched_s = time.perf_counter() - started
-    assert all(isinstance(r, Result) for r in sequential + batched)
+    assert all(isinstance(r, qrun.Result) for r in sequential + batched)
     prefix_tokens = len(plain.encode(PREFIX))
     per_input = [r.stats.forward_tokens - prefix_tokens for r in sequential]  # type: ignore[union-attr]
     bound = prefix_tokens + sum(per_input)

@@ -2,171 +2,67 @@
 forward per stretch of context between two model decisions, greedy argmax at each decision; no
 masks, no template machinery. It is the physical limit for producing that same sequence.
 
-Where the decisions are: a run is traced (`trace_decisions`) by wrapping the runtime's token
-intake (`generate._Hole.take`), `generate` and `select`, which record the context position of
-every token the model chose and of every hole end by EOS. Decisions:
+Where the decisions are is read from the run's own hole records (`decisions_of`): each records
+where its tokens begin in the context (`start`), which were forced and which lie inside a
+token-healing prefix. Decisions:
 - a sampled, kept token that carries value bytes;
 - the end of a hole by EOS (the model had to be asked after the hole's last token);
 - a `select`: one decision at its first token, its winner fed with the text after it.
 Tokens forced by a constraint (fast-forward) are fixed text, and so is a token re-sampled
 inside a token-healing prefix (its bytes lie inside the text healing took back): it gives back
-the template's own text (`healed=True` counts it as a decision instead).
-
-If the hooks are missing (the runtime was refactored), `align_decisions` finds the holes'
-tokens in the final context instead, an approximation the report flags."""
+the template's own text (`healed=True` counts it as a decision instead)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from qrun.runtime.generate import HoleRecord
+import qrun
 
-# --- tracing decisions ----------------------------------------------------------------------
-
-# Event kinds: a token carrying value bytes, a token inside a healed prefix, a forced token, a
-# select's first token, a hole ended by EOS (its token is EOS_TOKEN: not in the context).
-VALUE, HEALED, FORCED, SELECT, EOS = "value", "healed", "forced", "select", "eos"
-EOS_TOKEN = -1
-Event = tuple[int, int, str]  # (context position, token id, kind)
+# --- decisions ------------------------------------------------------------------------------
 
 
-@dataclass
-class DecisionLog:
-    """Decision events per session, in the order sessions first appeared."""
-
-    sessions: list[Any] = field(default_factory=list)
-    events: dict[int, list[Event]] = field(default_factory=dict)
-    hooked: bool = False
-    healed_resampled: int = 0  # tokens sampled inside a healed prefix
-    healed_one_choice: int = 0  # ... of which the mask allowed that token only
-
-    def add(self, session: Any, position: int, token: int, kind: str) -> None:
-        key = id(session)
-        if key not in self.events:
-            self.sessions.append(session)  # kept alive, so ids are not reused
-            self.events[key] = []
-        self.events[key].append((position, token, kind))
-
-    def runs(self) -> list[list[Event]]:
-        return [self.events[id(s)] for s in self.sessions]
-
-
-def decisions_from_events(
-    token_ids: Sequence[int], events: Sequence[Event], healed: bool = False
-) -> list[int]:
-    """Sorted context positions before which the model decided something: a kept token (the
-    last event at a position wins: a rolled-back position may be decided again) or the end of a
-    hole by EOS (a position may equal len(token_ids)). With `healed`, tokens re-sampled inside
-    a healed prefix count too."""
-    deciding = {VALUE, SELECT} | ({HEALED} if healed else set())
-    last: dict[int, tuple[int, str]] = {}
-    ends: set[int] = set()
-    for position, token, kind in events:
-        if kind == EOS:
-            ends.add(position)
-        else:
-            last[position] = (token, kind)
-    kept = {
-        p for p, (token, kind) in last.items()
-        if kind in deciding and p < len(token_ids) and token_ids[p] == token
-    }
-    return sorted(kept | {p for p in ends if p <= len(token_ids)})
+def decisions_of(result: qrun.Result, healed: bool = False) -> list[int]:
+    """Sorted context positions before which the model decided something in `result`: a kept
+    token or the end of a hole by EOS (a position may equal len(token_ids)). With `healed`,
+    tokens re-sampled inside a healed prefix count too."""
+    ids = result.token_ids
+    decided: set[int] = set()
+    for record in result.records():
+        if isinstance(record, qrun.SelectRecord):
+            decided.add(record.start)
+            continue
+        assert isinstance(record, qrun.GenRecord)
+        kept = _kept(ids, record)
+        for i in range(kept):
+            inside_prefix = i < record.prefix_tokens
+            if not record.forced[i] and (healed or not inside_prefix):
+                decided.add(record.start + i)
+        if record.finish == "eos" and kept == len(record.token_ids):
+            decided.add(record.start + kept)
+    return sorted(p for p in decided if p <= len(ids))
 
 
-@contextmanager
-def trace_decisions() -> Iterator[DecisionLog]:
-    """Record where the model decides tokens in the qrun runs made inside the block. The
-    wrappers add one Python call per token (~1 µs against ~60 ms per decode forward)."""
-    from qrun.runtime import executor, generate
-
-    log = DecisionLog()
-    hole_cls = getattr(generate, "_Hole", None)
-    take = getattr(hole_cls, "take", None)
-    select = getattr(executor, "select", None)
-    gen = getattr(executor, "generate", None)
-    if hole_cls is None or take is None or select is None or gen is None:
-        yield log
-        return
-
-    def traced_take(self: Any, token: int, logprob: float, forced: bool) -> Any:
-        data = self.vocab.token_bytes[token] or b""
-        kind = FORCED if forced else VALUE
-        if not forced and len(self.text) + len(data) <= len(self.request.prefix):
-            kind = HEALED
-            log.healed_resampled += 1
-            log.healed_one_choice += _choices(self.request.cursor) == 1
-        log.add(self.session, len(self.session.token_ids), token, kind)
-        return take(self, token, logprob, forced)
-
-    def traced_select(session: Any, request: Any) -> HoleRecord:
-        record: HoleRecord = select(session, request)
-        position = len(session.token_ids) - len(record.token_ids)
-        log.add(session, position, record.token_ids[0], SELECT)
-        return record
-
-    def traced_generate(session: Any, request: Any, on_text: Any = None) -> HoleRecord:
-        record: HoleRecord = gen(session, request, on_text)
-        if record.finish == "eos":
-            log.add(session, len(session.token_ids), EOS_TOKEN, EOS)
-        return record
-
-    hooks = ((hole_cls, "take", traced_take, take), (executor, "select", traced_select, select),
-             (executor, "generate", traced_generate, gen))
-    for owner, name, wrapper, _ in hooks:
-        setattr(owner, name, wrapper)
-    log.hooked = True
-    try:
-        yield log
-    finally:
-        for owner, name, _, original in hooks:
-            setattr(owner, name, original)
+def healed_resampled(result: qrun.Result) -> int:
+    """Tokens the model was asked for inside a healed prefix (they give back fixed text)."""
+    return sum(sum(1 for i in range(min(r.prefix_tokens, _kept(result.token_ids, r)))
+                   if not r.forced[i])
+               for r in result.records() if isinstance(r, qrun.GenRecord))
 
 
-def _choices(cursor: Any) -> int:
-    """How many tokens the cursor allows now (budget ignored), EOS included."""
-    if cursor is None:
-        return 2
-    mask = cursor.allowed(1 << 30)  # [V] bool
-    return int(np.count_nonzero(mask.numpy()))
-
-
-def align_decisions(
-    token_ids: Sequence[int], holes_in_order: Sequence[HoleRecord]
-) -> list[int]:
-    """Fallback without tracing: find each hole's tokens in the final context, in template
-    order, and take its non-forced tokens as decisions. Approximate: a hole's rolled-back
-    overshoot is matched by its longest prefix present in the context."""
-    decisions: list[int] = []
-    pointer = 0
-    for record in holes_in_order:
-        tokens = record.token_ids
-        for k in range(len(tokens), 0, -1):
-            at = _find(token_ids, tokens[:k], pointer)
-            if at >= 0:
-                if record.finish == "select":
-                    decisions.append(at)
-                else:
-                    decisions += [at + i for i in range(k) if not record.forced[i]]
-                    if record.finish == "eos":
-                        decisions.append(at + k)
-                pointer = at + k
-                break
-    return sorted(set(decisions))
-
-
-def _find(haystack: Sequence[int], needle: Sequence[int], start: int) -> int:
-    n = len(needle)
-    for i in range(start, len(haystack) - n + 1):
-        if list(haystack[i : i + n]) == list(needle):
-            return i
-    return -1
+def _kept(ids: Sequence[int], record: qrun.HoleRecord) -> int:
+    """How many of the hole's tokens stand in the final context (the rest were rolled back:
+    an overshoot past a stop string)."""
+    kept = 0
+    for i, token in enumerate(record.token_ids):
+        if record.start + i >= len(ids) or ids[record.start + i] != token:
+            break
+        kept += 1
+    return kept
 
 
 # --- replay ---------------------------------------------------------------------------------
@@ -270,22 +166,3 @@ def _common_prefix(rows: Sequence[Sequence[int]]) -> int:
         if any(r[i] != token for r in rows):
             return i
     return n
-
-
-def holes_in_order(
-    holes: Mapping[str, HoleRecord | list[HoleRecord]], names: Sequence[str]
-) -> list[HoleRecord]:
-    """Hole records in template order, `names` as the naive step list spells them (x[k])."""
-    out = []
-    for name in names:
-        if name.endswith("]"):
-            base, _, index = name[:-1].partition("[")
-            value = holes[base]
-            assert isinstance(value, list)
-            out.append(value[int(index)])
-        else:
-            value = holes[name]
-            assert isinstance(value, HoleRecord)
-            out.append(value)
-    return out
-

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from qrun.backends.loading import ensure_converted, locate_model
-from qrun.runtime import masks
-from qrun.runtime.dfa import compile_dfa
-from qrun.runtime.masks import TokenIndex
-from qrun.runtime.vocab import Vocabulary
+from qrun.backends.vocab import Vocabulary
+from qrun.regex.dfa import compile_dfa
+from qrun.runtime.masks import EAGER_MAX_STATES, TokenIndex
 from qrun.stdlib.json_schema import schema_to_regex
 from qrun.stdlib.patterns import PATTERNS
 
@@ -115,19 +114,17 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     compile_dfa(PATTERNS["INT"])  # warm imports
-    eager_limit = masks.EAGER_MAX_STATES
     for name, pattern, make in CASES:
         values = [make(rng) for _ in range(args.values)]
         sequences = [tokenizer.encode(v, add_special_tokens=False) for v in values]
         budget = max(len(s) for s in sequences) + 8
-        for mode, limit in (("eager", eager_limit), ("lazy", 0)):
-            masks.EAGER_MAX_STATES = limit
+        for mode, limit in (("eager", EAGER_MAX_STATES), ("lazy", 0)):
             dfa_times, build_times = [], []
             for _ in range(3):
                 t0 = time.perf_counter()
                 dfa = compile_dfa(pattern)
                 t1 = time.perf_counter()
-                index = TokenIndex.build(dfa, vocab)
+                index = TokenIndex.build(dfa, vocab, eager_max_states=limit)
                 t2 = time.perf_counter()
                 dfa_times.append(t1 - t0)
                 build_times.append(t2 - t1)
@@ -140,7 +137,6 @@ def main() -> None:
                 f"{_ms(first, 50):>11.4f}{_ms(first, 99):>11.4f}"
                 f"{_ms(cached, 50):>12.4f}{_ms(cached, 99):>12.4f}"
             )
-    masks.EAGER_MAX_STATES = eager_limit
     print(
         "\nper-token times in ms (mask with remaining budget + advance); build = TokenIndex.build"
         " on a compiled DFA (eager: all masks); dfa = compile_dfa"

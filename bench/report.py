@@ -227,9 +227,8 @@ def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
         f"{q['healed_tokens']} healed, {q['rollback_tokens']} rolled back, "
         f"{q['boundary_kept']} boundary tokens kept). The ideal made "
         f"{ideal['decisions']} decisions, its unmasked argmax agreeing with qrun's token at "
-        f"{ideal['argmax_agree']}; decisions {row['decisions_from']}. Tokens re-sampled "
-        f"inside a healed prefix: {row.get('healed_tokens_resampled', '—')}, of which "
-        f"{row.get('healed_tokens_one_choice', '—')} under a one-token mask; they give back "
+        f"{ideal['argmax_agree']}; decisions read from the hole records. Tokens re-sampled "
+        f"inside a healed prefix: {row.get('healed_tokens_resampled', '—')}; they give back "
         f"the template's own text, so the ideal feeds them as fixed text. Naive values equal "
         f"qrun's for {row['naive_values_agree']} holes; template and naive step list "
         f"{'agree' if row['template_consistent'] else 'DISAGREE'} on the rendered text.",

@@ -134,12 +134,12 @@ def run_speed(
         except Exception as exc:  # noqa: BLE001 - a failing option is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)
-        progress(_describe(row))
+        progress(describe(row))
     return {"threads_all": threads, "threads_run": run_threads, "decode_steps": DECODE_STEPS,
             "configs": rows}
 
 
-def _describe(row: dict[str, Any]) -> str:
+def describe(row: dict[str, Any]) -> str:
     name = f"{row['dtype']} threads={row['threads']} {row['grad']} {row['cache']}"
     if "error" in row:
         return f"{name}: {row['error']}"
@@ -190,7 +190,7 @@ def _compile_child(threads: int) -> None:
     torch.set_num_threads(threads)
     backend: Any = qrun.load_model("smollm2")
     model = backend.model
-    ids = _probe_tokens(backend)
+    ids = probe_tokens(backend)
     ctx = 256
     out: dict[str, Any] = {"context": ctx, "threads": threads}
     out["eager_dynamic"] = measure(model, ids, ctx)
@@ -203,7 +203,7 @@ def _compile_child(threads: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-def _probe_tokens(backend: Any) -> list[int]:
+def probe_tokens(backend: Any) -> list[int]:
     from bench.workloads import LONGDOC
 
     ids: list[int] = backend.encode(str(LONGDOC.inputs[0]["document"]))

@@ -16,18 +16,15 @@ from typing import Any
 import qrun
 from bench.ideal import (
     Replay,
-    align_decisions,
-    decisions_from_events,
-    holes_in_order,
+    decisions_of,
+    healed_resampled,
     replay,
     replay_runs,
     replay_shared_prefix,
-    trace_decisions,
 )
 from bench.naive import NaiveRun, NaiveRunner, values_agree
 from bench.workloads import Gen, Select, Workload
 from qrun.errors import QrunError
-from qrun.runtime.result import Result
 
 # (key, label, workloads it applies to, comparison, bound)
 TARGETS: tuple[tuple[str, str, tuple[str, ...], str, float], ...] = (
@@ -52,26 +49,20 @@ def check_targets(name: str, row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _hole_names(workload: Workload, inputs: Mapping[str, Any]) -> list[str]:
-    return [s.name for s in workload.steps(inputs) if isinstance(s, Gen | Select)]
-
-
 def _clear_prefix_cache(backend: Any) -> None:
     # The backend's prefix cache would serve a repeated run with no forward at all; every
     # timed pass starts from an empty one (runs within a pass still share it: batch's prefix).
-    cache = getattr(backend, "prefix_cache", None)
-    if cache is not None:
-        cache.clear()
+    backend.clear_cache()
 
 
 def _run_qrun(
     query: qrun.Query, backend: Any, inputs: Sequence[Mapping[str, Any]]
-) -> list[Result]:
+) -> list[qrun.Result]:
     results = query.run_many(list(inputs), model=backend)
     for r in results:
         if isinstance(r, QrunError):
             raise r
-    return [r for r in results if isinstance(r, Result)]
+    return [r for r in results if isinstance(r, qrun.Result)]
 
 
 def measure_workload(
@@ -96,22 +87,19 @@ def measure_workload(
     progress(f"{workload.name}: qrun warm-up ({len(warm)} run(s))")
     _run_qrun(query, backend, warm)
 
-    qrun_passes: list[tuple[float, list[Result]]] = []
+    qrun_passes: list[tuple[float, list[qrun.Result]]] = []
     ideal_walls: list[float] = []
     runs: list[tuple[list[int], list[int]]] = []
     ideal = Replay()
 
     def time_qrun() -> None:
         _clear_prefix_cache(backend)
-        with trace_decisions() as log:
-            started = time.perf_counter()
-            results = _run_qrun(query, backend, inputs)
-            qrun_passes.append((time.perf_counter() - started, results))
+        started = time.perf_counter()
+        results = _run_qrun(query, backend, inputs)
+        qrun_passes.append((time.perf_counter() - started, results))
         if not runs:  # the first pass: where the model decided, for the ideal
-            runs[:], method = _decisions(workload, results, log)
-            row["decisions_from"] = method
-            row["healed_tokens_resampled"] = log.healed_resampled
-            row["healed_tokens_one_choice"] = log.healed_one_choice
+            runs[:] = [(list(r.token_ids), decisions_of(r)) for r in results]
+            row["healed_tokens_resampled"] = sum(healed_resampled(r) for r in results)
             progress(f"{workload.name}: ideal warm-up")
             ids, dec = runs[0]
             replay(backend.model, ids, dec[:3])
@@ -201,20 +189,6 @@ def measure_workload(
         profiler.disable()
         row["profile"] = _profile_summary(profiler)
     return row
-
-
-def _decisions(
-    workload: Workload, results: Sequence[Result], log: Any
-) -> tuple[list[tuple[list[int], list[int]]], str]:
-    traced = log.runs() if log.hooked else []
-    if len(traced) == len(results):
-        return [(list(r.token_ids), decisions_from_events(r.token_ids, ev))
-                for r, ev in zip(results, traced, strict=True)], "traced"
-    out = []
-    for inp, r in zip(workload.inputs, results, strict=True):
-        records = holes_in_order(r.holes, _hole_names(workload, inp))
-        out.append((list(r.token_ids), align_decisions(r.token_ids, records)))
-    return out, "aligned (tracing hooks unavailable; approximate)"
 
 
 def _naive_warmup(workload: Workload, naive: NaiveRunner, inputs: Mapping[str, Any]) -> None:

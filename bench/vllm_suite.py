@@ -26,22 +26,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import qrun
-from bench.ideal import decisions_from_events, trace_decisions
+from bench.ideal import decisions_of
 from bench.workloads import Workload
 from qrun.errors import QrunError
-from qrun.runtime.result import Result
 
 OVERHEAD_TARGET = 0.10  # qrun on vLLM at most 10 % slower than raw vLLM
 
 Progress = Callable[[str], None]
 
 
-def _run(query: qrun.Query, backend: Any, inputs: Sequence[Mapping[str, Any]]) -> list[Result]:
+def _run(query: qrun.Query, backend: Any, inputs: Sequence[Mapping[str, Any]]) -> list[qrun.Result]:
     results = query.run_many(list(inputs), model=backend)
     for r in results:
         if isinstance(r, QrunError):
             raise r
-    return [r for r in results if isinstance(r, Result)]
+    return [r for r in results if isinstance(r, qrun.Result)]
 
 
 def time_transformers(workload: Workload, backend: Any, repeat: int) -> dict[str, Any]:
@@ -103,7 +102,7 @@ def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, An
     inputs = list(workload.inputs)
     progress(f"{workload.name}: qrun on vLLM, warm-up")
     _run(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
-    qrun_passes: list[tuple[float, list[Result]]] = []
+    qrun_passes: list[tuple[float, list[qrun.Result]]] = []
     raw_walls: list[float] = []
     unhealed_walls: list[float] = []
     runs: list[tuple[list[int], list[int]]] = []
@@ -111,16 +110,12 @@ def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, An
 
     def time_qrun() -> None:
         backend.clear_cache()
-        with trace_decisions() as log:
-            started = time.perf_counter()
-            results = _run(query, backend, inputs)
-            qrun_passes.append((time.perf_counter() - started, results))
+        started = time.perf_counter()
+        results = _run(query, backend, inputs)
+        qrun_passes.append((time.perf_counter() - started, results))
         if not runs:
-            traced = list(zip(results, log.runs(), strict=True))
-            runs[:] = [(list(r.token_ids), decisions_from_events(r.token_ids, ev, healed=True))
-                       for r, ev in traced]
-            unhealed[:] = [(list(r.token_ids), decisions_from_events(r.token_ids, ev))
-                           for r, ev in traced]
+            runs[:] = [(list(r.token_ids), decisions_of(r, healed=True)) for r in results]
+            unhealed[:] = [(list(r.token_ids), decisions_of(r)) for r in results]
             replay_raw(backend, runs[:1])  # the raw replay's own warm-up
 
     def time_raw() -> None:

@@ -1,37 +1,36 @@
-"""The Python embedding (LANGUAGE.md §5): Query(text).run(**inputs) -> Result."""
+"""The Python embedding (docs/language.md, Python API): Query(text).run(**inputs) -> Result.
+Backends and the runtime are imported when a run needs them, so compiling a template loads
+neither torch nor transformers."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qrun.backends import load_model
-from qrun.backends.base import Backend
-from qrun.backends.loading import DEFAULT_MODEL
 from qrun.errors import QrunError, UsageError
 from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
-from qrun.runtime.batch import run_batched
-from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.executor import RunOptions, check_inputs, execute
-from qrun.runtime.prefix_cache import DEFAULT_CACHE_MB
-from qrun.runtime.result import Result
+from qrun.options import RunOptions
+
+if TYPE_CHECKING:
+    from qrun.backends.base import Backend
+    from qrun.runtime.constraints import ConstraintCompiler
+    from qrun.runtime.result import Result
 
 
 class Query:
     """A compiled template, ready to run many times.
 
-    Raises (on construction):
+    Raises (on construction from text):
         TemplateErrors: the template does not compile (every error found, with positions).
     """
 
-    def __init__(self, text: str, name: str = "<string>") -> None:
-        self._setup(compile_source(text, name))
-
-    def _setup(self, program: Program) -> None:
-        self.program: Program = program
-        self._backends: dict[tuple[str, str | None, str | None, str, str | None], Backend] = {}
+    def __init__(self, template: str | Program, name: str = "<string>") -> None:
+        self.program: Program = (template if isinstance(template, Program)
+                                 else compile_source(template, name))
+        self._models: dict[tuple[str, str | None, str | None, str, int | None, str | None],
+                           Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
@@ -42,9 +41,7 @@ class Query:
             UsageError: the file cannot be read.
             TemplateErrors: the template does not compile.
         """
-        query = cls.__new__(cls)
-        query._setup(compile_file(path))
-        return query
+        return cls(compile_file(path))
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -57,29 +54,30 @@ class Query:
         /,
         *,
         model: Backend | str | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        max_tokens: int | None = None,
+        options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
-        **named_inputs: Any,
+        **values: Any,
     ) -> Result:
-        """Run the template once. Inputs come as a mapping, as keyword arguments, or both (an
-        input named like an option, e.g. `seed`, must go in the mapping).
+        """Run the template once. Inputs come as a mapping, as keyword arguments, or both.
+        Keyword arguments named like a run option (temperature, top_p, top_k, seed,
+        max_tokens: see RunOptions) are options, and override `options`; an input with such a
+        name goes in the mapping. `model` is a loaded model or a name for `load`.
 
         Raises:
+            UsageError: a run option is invalid (before anything else).
             InputError: a declared input is missing (before the model is loaded).
             ModelLoadError: the model cannot be loaded.
             GenerationError: a hole cannot be filled legally.
         """
-        values = {**(inputs or {}), **named_inputs}
-        check_inputs(self.program, values)
-        backend = self.backend(model, device, dtype)
-        options = RunOptions(temperature, top_p, seed, max_tokens)
-        return execute(self.program, backend, values, options, on_text,
-                       self._constraint_compiler(backend))
+        from qrun.runtime.executor import Run
+
+        chosen, named = RunOptions.split(values)
+        run_options = chosen.over(options or RunOptions())
+        inputs = {**(inputs or {}), **named}
+        self.program.check_inputs(inputs)
+        backend = self._model(model)
+        return Run(self.program, backend, inputs, run_options, on_text,
+                   self._constraint_compiler(backend)).execute()
 
     def run_many(
         self,
@@ -87,16 +85,13 @@ class Query:
         /,
         *,
         model: Backend | str | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        max_tokens: int | None = None,
+        options: RunOptions | None = None,
         batch_size: int = 1,
         on_result: Callable[[int, Result | QrunError], None] | None = None,
+        **option_values: Any,
     ) -> list[Result | QrunError]:
-        """Run the template once per input mapping; results come back in input order.
+        """Run the template once per input mapping; results come back in input order. Run
+        options as for `run` (keywords override `options`).
 
         Up to `batch_size` runs advance together, sharing one model forward per step; the
         model's prefix cache (see load_model's cache_mb) serves their common prefix once. A
@@ -104,22 +99,30 @@ class Query:
         is called as each run finishes, so nothing already produced is lost.
 
         Raises:
-            UsageError: batch_size < 1.
+            UsageError: batch_size < 1, or an invalid or unknown run option.
         """
+        from qrun.runtime.batch import run_batched
+        from qrun.runtime.executor import Run
+
+        chosen, unknown = RunOptions.split(option_values)
+        if unknown:
+            raise UsageError(f"run_many() got unknown keyword argument(s): "
+                             f"{', '.join(sorted(unknown))} (inputs go in the mappings)")
+        run_options = chosen.over(options or RunOptions())
         if batch_size < 1:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
-        backend = self.backend(model, device, dtype)
-        options = RunOptions(temperature, top_p, seed, max_tokens)
+        backend = self._model(model)
         constraints = self._constraint_compiler(backend)
         if batch_size > 1 and len(rows) > 1:
-            return run_batched(self.program, backend, rows, options, constraints, batch_size,
-                               on_result)
+            return run_batched(self.program, backend, rows, run_options, constraints,
+                               batch_size, on_result)
         results: list[Result | QrunError] = []
         for index, values in enumerate(rows):
             outcome: Result | QrunError
             try:
-                outcome = execute(self.program, backend, values, options, None, constraints)
+                outcome = Run(self.program, backend, values, run_options, None,
+                              constraints).execute()
             except QrunError as exc:
                 outcome = exc
             results.append(outcome)
@@ -127,28 +130,44 @@ class Query:
                 on_result(index, outcome)
         return results
 
-    def backend(
-        self, model: Backend | str | None = None, device: str | None = None,
-        dtype: str | None = None, cache_mb: int | None = None, kind: str = "transformers",
+    def load(
+        self,
+        model: str | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        backend: str = "transformers",
+        cache_mb: int | None = None,
         url: str | None = None,
     ) -> Backend:
-        """The backend a run would use: `model` if given a loaded one, else the named model
-        (argument, then front matter, then the default), loaded once per Query on the backend
-        `kind` ("transformers" or "vllm"; with `url`, a vLLM server)."""
-        if model is not None and not isinstance(model, str):
-            return model
-        defaults = self.program.defaults
-        name = model or defaults.model or DEFAULT_MODEL
-        key = (name, device or defaults.device, dtype or defaults.dtype, kind, url)
-        if key not in self._backends:
+        """The model a run uses, loaded once per Query: `model` (a name or path for
+        `load_model`), else the front matter's, else the default; device and dtype likewise.
+
+        Raises:
+            ModelLoadError, UsageError: as load_model.
+        """
+        from qrun.backends import DEFAULT_MODEL, load_model
+        from qrun.backends.prefix_cache import DEFAULT_CACHE_MB
+
+        front = self.program.model
+        name = model or front.model or DEFAULT_MODEL
+        key = (name, device or front.device, dtype or front.dtype, backend, cache_mb, url)
+        if key not in self._models:
             budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
-            self._backends[key] = load_model(name, key[1], key[2], kind, cache_mb=budget,
-                                             url=url)
-        return self._backends[key]
+            self._models[key] = load_model(name, key[1], key[2], backend, cache_mb=budget,
+                                           url=url)
+        return self._models[key]
+
+    def _model(self, model: Backend | str | None) -> Backend:
+        if model is None or isinstance(model, str):
+            return self.load(model)
+        return model
 
     def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:
         # One per backend (keyed by the object itself): compiled token indexes are shared by
         # every run of this query.
+        from qrun.runtime.constraints import ConstraintCompiler
+
         if backend not in self._constraints:
             self._constraints[backend] = ConstraintCompiler(backend)
         return self._constraints[backend]

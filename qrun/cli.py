@@ -10,9 +10,14 @@ import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrun.errors import QrunError, UsageError
+from qrun.options import RunOptions
+
+if TYPE_CHECKING:
+    from qrun.api import Query
+    from qrun.backends.base import Backend
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
@@ -40,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
     parser.add_argument("--json", action="store_true",
@@ -87,28 +93,24 @@ def _flush_stdout_line() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qrun.api import Query
-    from qrun.runtime.executor import check_inputs
 
     _validate(args)
+    options = _options(args)
     query = Query.from_file(args.file)
     if args.check:
         print(f"{args.file}: ok ({len(query.program.captures)} holes, inputs: "
               f"{', '.join(query.inputs) or 'none'})")
         return EXIT_OK
-    options = {"model": args.model, "device": args.device, "dtype": args.dtype,
-               "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-               "max_tokens": args.max_tokens}
     if args.inputs:
         return _run_lines(query, args, options)
     inputs = _inputs(args)
-    check_inputs(query.program, inputs)  # before the model is loaded
-    options["model"] = query.backend(args.model, args.device, args.dtype, args.cache_mb,
-                                     args.backend, args.url)
+    query.program.check_inputs(inputs)  # before the model is loaded
+    model = _load(query, args)
     if args.json:
-        result = query.run(inputs, **options)
+        result = query.run(inputs, model=model, options=options)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
-        result = query.run(inputs, on_text=_write, **options)
+        result = query.run(inputs, model=model, options=options, on_text=_write)
         if not result.text.endswith("\n"):
             _write("\n")
     if args.stats:
@@ -116,7 +118,12 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_lines(query: Any, args: argparse.Namespace, options: dict[str, Any]) -> int:
+def _load(query: Query, args: argparse.Namespace) -> Backend:
+    return query.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                      cache_mb=args.cache_mb, url=args.url)
+
+
+def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions) -> int:
     """One run per JSON line; JSON Lines out, in input order, each printed as soon as it and
     every line before it are done. A bad line prints {"error": ...} and the rest still run."""
     base = _inputs(args)
@@ -138,13 +145,11 @@ def _run_lines(query: Any, args: argparse.Namespace, options: dict[str, Any]) ->
         if isinstance(row, str):
             printer.put(i, {"error": row, "line": i + 1})
     if runnable:
-        backend = query.backend(options["model"], options["device"], options["dtype"],
-                                args.cache_mb, args.backend, args.url)
-        run_options = {k: v for k, v in options.items() if k not in ("model", "device", "dtype")}
         query.run_many(
-            [rows[i] for i in runnable], model=backend, batch_size=args.batch_size,
+            [row for row in rows if isinstance(row, dict)], model=_load(query, args),
+            options=options,
+            batch_size=args.batch_size,
             on_result=lambda k, outcome: printer.put(runnable[k], _line(outcome, runnable[k])),
-            **run_options,
         )
     printer.close()
     return EXIT_RUNTIME if printer.failed else EXIT_OK
@@ -199,17 +204,23 @@ def _read_lines(path: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def _options(args: argparse.Namespace) -> RunOptions:
+    """The run options given as flags, checked as RunOptions checks them (the message names
+    the flag)."""
+    given = {name: getattr(args, name) for name in RunOptions.names()}
+    try:
+        return RunOptions(**given)
+    except UsageError as exc:
+        name = next((n for n in given if str(exc).startswith(n + " ")), "")
+        raise UsageError(f"--{name.replace('_', '-')}: {exc}" if name else str(exc)) from None
+
+
 def _validate(args: argparse.Namespace) -> None:
-    if args.temperature is not None and args.temperature < 0:
-        raise UsageError(f"--temperature must be ≥ 0, got {args.temperature}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    """Checks of the options that are not run options (those are RunOptions' own)."""
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     if args.cache_mb is not None and args.cache_mb < 0:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")
     if args.url is not None and args.backend != "vllm":
         raise UsageError("--url needs --backend vllm (a vLLM server)")
 

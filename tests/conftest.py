@@ -40,6 +40,23 @@ def tiny() -> TransformersBackend:
 
 
 @pytest.fixture(scope="session")
+def tiny_cached(tiny: TransformersBackend) -> TransformersBackend:
+    """The tiny model with a prefix cache, as load_model gives every model by default."""
+    from qrun.backends.prefix_cache import PrefixCache
+
+    return TransformersBackend(tiny.model, tiny.tokenizer, "tiny-cached",
+                               prefix_cache=PrefixCache())
+
+
+@pytest.fixture(params=["uncached", "cached"])
+def model(request: pytest.FixtureRequest, tiny: TransformersBackend,
+          tiny_cached: TransformersBackend) -> TransformersBackend:
+    """The tiny model without and with a prefix cache (shared by every test, as in
+    production): suites that use it run on both."""
+    return tiny if request.param == "uncached" else tiny_cached
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> TransformersBackend:
     from qrun.backends import load_model
 

@@ -33,7 +33,7 @@ def test_no_text_is_encoded_twice(smollm2: TransformersBackend) -> None:
     assert stats.forward_calls <= 1 + stats.generated_tokens
     # Each answer ended at "\n", and the template goes on with "\n": the model's own "\n"
     # token was kept as that fixed text, so nothing was rolled back or encoded again.
-    assert all(result.holes[name].finish == "stop" for name in HOLES)  # type: ignore[union-attr]
+    assert all(result.holes[name].finish == "stop" for name in HOLES)
     assert stats.boundary_kept == 3
     assert stats.rollback_tokens == 0
 
@@ -76,7 +76,7 @@ def test_cached_path_equals_reencoding_every_prefix(smollm2: TransformersBackend
 def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBackend) -> None:
     prompt = "Counting in words: one, two, three,"
     free = qrun.Query(prompt + "{{ gen rest max_tokens=12 }}").run(model=smollm2)
-    tokens = free.holes["rest"].token_ids  # type: ignore[union-attr]
+    tokens = free.holes["rest"].token_ids
     vocab = smollm2.vocabulary
     # Pick a stop made of the last two bytes of one token and the first byte of the next.
     # Offsets count from the value's start: the first token also carries the healed ",".
@@ -95,7 +95,7 @@ def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBack
     result = qrun.Query(template).run(model=smollm2)
     assert result["rest"] == free["rest"][: offset - 2]
     assert result.text == prompt + result["rest"] + " and so on."
-    assert result.holes["rest"].finish == "stop"  # type: ignore[union-attr]
+    assert result.holes["rest"].finish == "stop"
     # The tokens past the value ran into the stop, and the template continues differently:
     # they were taken back (whether they had been fed depends on the prefix cache, which
     # holds the unconstrained run above).

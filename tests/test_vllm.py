@@ -167,7 +167,7 @@ def test_a_stop_inside_a_constrained_value_ends_it_where_the_value_matches(
     r = query.run(model=backend)
     assert regex.fullmatch(r"[a-z ]+", r["first"]), r["first"]
     assert r.text == f"Three animals: {r['first']}, and more."
-    assert r.holes["first"].finish == "stop"  # type: ignore[union-attr]
+    assert r.holes["first"].finish == "stop"
 
 
 LONG_PREFIX = ("Facts about the river town of Emberwick. " * 20
@@ -193,8 +193,8 @@ def test_batched_runs_equal_one_at_a_time(vllm_local: Any, vllm_remote: Any, mod
                  for day in ("2024-03-18", "2023-11-02", "2025-01-30", "2022-07-09")]
     one_by_one = query.run_many(documents, model=backend)
     together = query.run_many(documents, model=backend, batch_size=4)
-    assert [r.vars["date"] for r in together] == [  # type: ignore[union-attr]
-        r.vars["date"] for r in one_by_one]  # type: ignore[union-attr]
+    assert [r.vars["date"] for r in together] == [
+        r.vars["date"] for r in one_by_one]
     for r in together:
         assert isinstance(r, qrun.Result)
         check_values("extract.tmpl", r)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from qrun.backends.base import Backend, KVCache
 from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
+from qrun.backends.prefix_cache import DEFAULT_CACHE_MB
 from qrun.errors import UsageError
-from qrun.runtime.prefix_cache import DEFAULT_CACHE_MB
 
 BACKENDS = ("transformers", "vllm")
 
@@ -64,4 +64,4 @@ def load_model(
     return loaded
 
 
-__all__ = ["BACKENDS", "Backend", "KVCache", "load_model"]
+__all__ = ["BACKENDS", "DEFAULT_MODEL", "Backend", "KVCache", "load_model"]

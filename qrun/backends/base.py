@@ -1,96 +1,52 @@
-"""The backend interface the runtime uses: a tokenizer, a vocabulary of token bytes, and a
-forward pass over new token ids on top of an opaque KV cache. Adapters implement it."""
+"""The interface between the runtime and a loaded model. Every backend has the tokenizer half
+(`Backend`) and declares how holes can be filled on it: a `StepModel` (token-level forwards over
+an opaque KV cache, so the runtime's own sampling loop fills holes) or a `HoleSampler` (a server
+that samples a whole hole per request, which the runtime replays and checks), plus optional
+faster ways to score `select` options (`TreeScorer`, `PromptScorer`) and to batch forwards
+(`BatchForward`). The runtime chooses its strategies from these declarations once per run; a new
+kind of backend is one new adapter class."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
+
+from qrun.backends.kv_cache import KVCache
 
 if TYPE_CHECKING:
     import torch
 
-    from qrun.runtime.prefix_cache import PrefixCache
-    from qrun.runtime.vocab import Vocabulary
+    from qrun.backends.prefix_cache import PrefixCache
+    from qrun.backends.vocab import Vocabulary
+
+__all__ = [
+    "Backend", "BackendDefaults", "BatchForward", "Capabilities", "Completion", "HoleSampler",
+    "KVCache", "PromptScorer", "ScoredRows", "StepModel", "TreeScorer",
+]
 
 
-@runtime_checkable
-class KVCache(Protocol):
-    """The model's key/value state for the positions fed so far. Opaque to the runtime apart
-    from its length and two cheap operations."""
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """How a backend behaves, declared by its adapter class.
 
-    def length(self) -> int:
-        """Number of positions held."""
-        ...
+    batches_itself: runs may call it concurrently and it batches what is in flight (vLLM's
+        scheduler, a server); otherwise batched runs meet in the runtime's scheduler.
+    heals_in_context: one forward can return the logits of two positions, so a healed token may
+        stay in the context until the model writes it again (no extra forward); otherwise it is
+        taken back before the hole.
+    """
 
-    def crop(self, length: int) -> None:
-        """Drop every position from `length` on (length ≤ self.length())."""
-        ...
-
-    def fork(self) -> KVCache:
-        """An independent cache with the same positions; extending or cropping either one
-        leaves the other unchanged."""
-        ...
-
-    def storages(self) -> list[tuple[int, int]]:
-        """(data pointer, bytes) of each distinct tensor storage held, for memory budgets."""
-        ...
-
-    def release(self, wait: bool = False) -> None:
-        """The caller will not feed this cache until more text comes (a hole or the run has
-        ended): a backend that holds something ready for the next token (vLLM's live
-        request) lets it go; with `wait`, until it is gone."""
-        ...
-
-    def take_counts(self) -> tuple[int, int] | None:
-        """(positions computed, positions served from the backend's own cache) since the last
-        call, for backends whose forwards compute other than exactly the tokens given (vLLM
-        recomputes a prompt's tail past its cached blocks); None for the others."""
-        ...
+    batches_itself: bool = False
+    heals_in_context: bool = True
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """A loaded model. Long-lived and read-only apart from `prefix_cache` (thread-safe, None
-    when off): many sessions may share one backend."""
-
-    name: str
-    device: str
-    dtype: str
-    load_s: float
-    prefix_cache: PrefixCache | None
+class StepModel(Protocol):
+    """Token-level forwards: the runtime samples every token itself (masks, stop strings)."""
 
     @property
-    def vocab_size(self) -> int:
-        """Width of the logits (may exceed the tokenizer's length)."""
-        ...
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        """Tokens that end generation."""
-        ...
-
-    @property
-    def start_token_id(self) -> int:
-        """The token fed when logits are needed and the context is still empty."""
-        ...
-
-    @property
-    def vocabulary(self) -> Vocabulary:
-        """Token bytes for masks, stop strings and decoding (built once per backend)."""
-        ...
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` alone, no special tokens added."""
-        ...
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of token ids (special tokens skipped)."""
-        ...
-
-    def chat_markers(self, role: str) -> tuple[str, str] | None:
-        """The text the model's chat template puts before and after a `role` message, or None
-        when the model has no chat template."""
+    def prefix_cache(self) -> PrefixCache | None:
+        """KV snapshots and logits shared by every run on this model (thread-safe; None: off)."""
         ...
 
     def new_cache(self) -> KVCache:
@@ -105,6 +61,18 @@ class Backend(Protocol):
         Returns the float32 logits of the last `logits_for` positions, shape [logits_for, V],
         on the model's device.
         """
+        ...
+
+
+class BatchForward(Protocol):
+    """One forward for several independent contexts (batched runs)."""
+
+    def forward_batch(
+        self, items: Sequence[tuple[Sequence[int], KVCache]], logits_for: int = 1
+    ) -> list[torch.Tensor]:
+        """Item i feeds token_ids_i on top of cache_i (caches of any lengths), each cache
+        extended as if fed alone. Returns each item's logits of its last `logits_for`
+        positions, [logits_for, V]."""
         ...
 
 
@@ -131,7 +99,6 @@ class Completion:
     cached: int
 
 
-@runtime_checkable
 class HoleSampler(Protocol):
     """Backends that sample a whole hole per request (a vLLM server)."""
 
@@ -143,9 +110,8 @@ class HoleSampler(Protocol):
         ...
 
 
-@runtime_checkable
 class PromptScorer(Protocol):
-    """Backends that score continuations through prompt log-probabilities (vLLM)."""
+    """Scores continuations through prompt log-probabilities (vLLM)."""
 
     def score_continuations(
         self, context: Sequence[int], rows: Sequence[Sequence[int]]
@@ -154,10 +120,9 @@ class PromptScorer(Protocol):
         ...
 
 
-@runtime_checkable
 class TreeScorer(Protocol):
-    """Backends that can score a tree of continuations of one cache in a single forward
-    (select: options sharing leading tokens share their positions)."""
+    """Scores a tree of continuations of one cache in a single forward (select: options
+    sharing leading tokens share their positions)."""
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
@@ -172,3 +137,107 @@ class TreeScorer(Protocol):
         """From a cache returned by forward_tree over a `length`-position cache: the cache of
         those positions followed by the nodes `path` (a root-to-node chain), in order."""
         ...
+
+
+class Backend(Protocol):
+    """A loaded model: its tokenizer and what it can do. Long-lived and read-only apart from
+    its caches (thread-safe): many runs may share one backend."""
+
+    name: str
+    device: str
+    dtype: str
+    load_s: float
+    capabilities: Capabilities
+
+    @property
+    def max_context(self) -> int | None:
+        """The most positions a context may hold (the model's maximum length), if known."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (may exceed the tokenizer's length)."""
+        ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end generation."""
+        ...
+
+    @property
+    def start_token_id(self) -> int:
+        """The token fed when logits are needed and the context is still empty."""
+        ...
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """Token bytes for masks, stop strings and decoding (built once per backend)."""
+        ...
+
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids of `text` alone, no BOS/EOS added. The text of a special token inside it
+        (`<|im_end|>`) is encoded as ordinary text unless `special` is set, which only the
+        template's fixed text and chat markers get (docs/language.md)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens skipped)."""
+        ...
+
+    def chat_markers(self, role: str) -> tuple[str, str] | None:
+        """The text the model's chat template puts before and after a `role` message, or None
+        when the model has no chat template."""
+        ...
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (KV snapshots, logits; a server's or engine's own)."""
+        ...
+
+    def step_model(self) -> StepModel | None:
+        """Token-level forwards, or None where the backend only samples whole holes."""
+        ...
+
+    def hole_sampler(self) -> HoleSampler | None:
+        """Whole-hole sampling (a server), or None."""
+        ...
+
+    def batch_forward(self) -> BatchForward | None:
+        """One forward for several contexts, or None (batched runs then take turns)."""
+        ...
+
+    def tree_scorer(self) -> TreeScorer | None:
+        """Select scoring in one tree-shaped forward, or None."""
+        ...
+
+    def prompt_scorer(self) -> PromptScorer | None:
+        """Select scoring through prompt log-probabilities, or None."""
+        ...
+
+
+class BackendDefaults:
+    """What an adapter has unless it says otherwise: no optional engine, no cache to clear, no
+    known maximum length. Adapters subclass it and override what they declare."""
+
+    capabilities = Capabilities()
+
+    @property
+    def max_context(self) -> int | None:
+        return None
+
+    def clear_cache(self) -> None:
+        pass
+
+    def step_model(self) -> StepModel | None:
+        return None
+
+    def hole_sampler(self) -> HoleSampler | None:
+        return None
+
+    def batch_forward(self) -> BatchForward | None:
+        return None
+
+    def tree_scorer(self) -> TreeScorer | None:
+        return None
+
+    def prompt_scorer(self) -> PromptScorer | None:
+        return None

@@ -8,13 +8,15 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
-from qrun.runtime.vocab import Vocabulary
+from qrun.backends.base import BackendDefaults
+from qrun.backends.vocab import Vocabulary
+from qrun.errors import ModelLoadError
 
 # A text no chat template would contain, used to cut a rendered message into its markers.
 _SENTINEL = "\x00QRUN-CONTENT\x00"
 
 
-class HFTokenizerMixin:
+class HFTokenizerMixin(BackendDefaults):
     """Needs `tokenizer` (a HF tokenizer), and `_vocab_size` and `_eos` (the end-of-sequence
     ids the model's config names besides the tokenizer's) unless `vocab_size` and
     `_generation_eos()` are overridden."""
@@ -50,8 +52,10 @@ class HFTokenizerMixin:
     def vocabulary(self) -> Vocabulary:
         return Vocabulary.from_tokenizer(self.tokenizer, size=self.vocab_size)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        # split_special_tokens: "<|im_end|>" typed by a user is text, never the control token.
+        return list(self.tokenizer.encode(text, add_special_tokens=False,
+                                          split_special_tokens=not special))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
@@ -78,6 +82,20 @@ class HFTokenizerMixin:
     def _render(self, messages: list[dict[str, str]]) -> str:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False)
         return str(text)
+
+
+def load_tokenizer(folder: str, name: str) -> tuple[Any, Any]:
+    """The Hugging Face tokenizer and config of the model folder (or hub id) `folder`.
+
+    Raises:
+        ModelLoadError: either cannot be loaded.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of model '{name}': {exc}") from exc
 
 
 def generation_eos(configured: Any) -> list[int]:

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from qrun.backends.base import BatchForward, StepModel, TreeScorer
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.errors import ModelLoadError, UsageError
-from qrun.runtime.prefix_cache import PrefixCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +61,8 @@ class TransformersCache:
 
 
 class TransformersBackend(HFTokenizerMixin):
-    """A causal LM and its tokenizer from transformers, on one device."""
+    """A causal LM and its tokenizer from transformers, on one device: token-level forwards,
+    batched forwards and tree-shaped forwards for select."""
 
     def __init__(
         self,
@@ -83,8 +85,22 @@ class TransformersBackend(HFTokenizerMixin):
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
+    @property
+    def max_context(self) -> int | None:
+        length = getattr(self.model.config, "max_position_embeddings", None)
+        return int(length) if isinstance(length, int) else None
+
     def _generation_eos(self) -> list[int]:
         return generation_eos(getattr(self.model.generation_config, "eos_token_id", None))
+
+    def step_model(self) -> StepModel:
+        return self
+
+    def batch_forward(self) -> BatchForward:
+        return self
+
+    def tree_scorer(self) -> TreeScorer:
+        return self
 
     def clear_cache(self) -> None:
         """Forget every KV snapshot and cached logits of the prefix cache."""
@@ -255,7 +271,7 @@ def load_transformers(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device} was asked for, but torch sees no CUDA device")
-    torch_dtype = _resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
     with _quiet_transformers():
         try:
@@ -331,7 +347,12 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-def _resolve_dtype(dtype: str | None, device: str = "cpu") -> torch.dtype:
+def resolve_dtype(dtype: str | None, device: str = "cpu") -> torch.dtype:
+    """The torch dtype for a --dtype value on `device` (None and "auto": default_dtype).
+
+    Raises:
+        UsageError: an unknown dtype name.
+    """
     if dtype is None or dtype == "auto":
         return default_dtype(device)
     if dtype not in DTYPES:

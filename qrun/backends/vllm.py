@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from qrun.backends.base import ScoredRows
-from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
+from qrun.backends.base import Capabilities, PromptScorer, ScoredRows, StepModel
+from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos, load_tokenizer
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.vllm_engine import (
     DECISION_TIMEOUT_S,
     EXTRA_KEY,
@@ -39,7 +40,6 @@ from qrun.backends.vllm_engine import (
     decisions_processor,
 )
 from qrun.errors import ModelLoadError, UsageError
-from qrun.runtime.prefix_cache import PrefixCache
 
 # vLLM's CPU attention works on blocks of a multiple of 32 positions (16 is refused); prefix
 # caching reuses whole blocks only, so at most 31 trailing positions of a prompt are
@@ -48,6 +48,8 @@ CPU_BLOCK_SIZE = 32
 # Appending up to this many tokens to a live request forces them one step each; more start a
 # new request (prefix-cache hit, up to 31 positions recomputed, plus the request's own cost).
 FORCE_MAX = 4
+
+
 class VllmCache:
     """A context as vLLM sees it: the token ids its next request starts with, and the live
     request that holds exactly those positions (None: the next forward starts one)."""
@@ -93,14 +95,14 @@ class VllmCache:
 
 
 class VllmBackend(HFTokenizerMixin):
-    """A model on vLLM's in-process engine (LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    """A model on vLLM's in-process engine (LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0):
+    token-level forwards, and select scoring through prompt log-probabilities."""
 
-    # Runs share the engine directly: vLLM's scheduler batches whatever is in flight.
-    batches_itself = True
-    # A healed token kept in the context until the model writes it again needs the logits of
-    # two positions: a forced step of its own here (rpg: 7 of them, batch: 16), so healing
-    # takes the token back instead.
-    heals_in_context = False
+    # Runs share the engine directly: vLLM's scheduler batches whatever is in flight. A healed
+    # token kept in the context until the model writes it again needs the logits of two
+    # positions: a forced step of its own here (rpg: 7 of them, batch: 16), so healing takes the
+    # token back instead.
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
 
     def __init__(self, hub: Hub, tokenizer: Any, name: str, load_s: float = 0.0) -> None:
         self.hub = hub
@@ -115,6 +117,16 @@ class VllmBackend(HFTokenizerMixin):
         self._vocab_size = int(config.get_vocab_size())
         self._eos = generation_eos(getattr(config.hf_config, "eos_token_id", None))
         self._markers: dict[str, tuple[str, str] | None] = {}
+
+    @property
+    def max_context(self) -> int:
+        return self._max_len()
+
+    def step_model(self) -> StepModel:
+        return self
+
+    def prompt_scorer(self) -> PromptScorer:
+        return self
 
     def new_cache(self) -> VllmCache:
         return VllmCache(self.hub)
@@ -282,18 +294,12 @@ def _quiet() -> Iterator[None]:
 
 def _load(LLM: Any, name: str, folder: str, device: str | None, dtype: str | None,
           max_model_len: int | None, started: float) -> VllmBackend:
-    from transformers import AutoConfig, AutoTokenizer
-
     cpu = _platform_is_cpu()
     wanted = device or "auto"
     if wanted != "auto" and wanted.startswith("cuda") == cpu:
         raise UsageError(f"--device {wanted} was asked for, but this vLLM build runs on "
                          f"{'the CPU' if cpu else 'CUDA'}")
-    try:
-        config = AutoConfig.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
+    tokenizer, config = load_tokenizer(folder, name)
     length = min(max_model_len or 8192, int(getattr(config, "max_position_embeddings", 8192)))
     holder: dict[str, Hub] = {}
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0

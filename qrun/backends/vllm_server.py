@@ -1,7 +1,7 @@
 """The vLLM server adapter: holes sent to an OpenAI-compatible `vllm serve` as completions on
 token-id prompts, the path past one machine. qrun cannot install its logits processor there,
 so each hole's constraint travels as a vLLM structured output (a regex in a portable form:
-see runtime/portable.py), select options are scored through prompt log-probabilities, and the
+see regex/portable.py), select options are scored through prompt log-probabilities, and the
 KV cache across segments is the server's prefix cache.
 
 The server's output is not taken on trust: every token is replayed through qrun's own
@@ -17,10 +17,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from qrun.backends.base import Completion, ScoredRows
-from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
+from qrun.backends.base import Capabilities, Completion, HoleSampler, PromptScorer, ScoredRows
+from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos, load_tokenizer
 from qrun.errors import BackendError, ModelLoadError
-from qrun.runtime.prefix_cache import PrefixCache
 
 # A completion can wait this long for a busy server (the engine queues requests).
 REQUEST_TIMEOUT_S = 600.0
@@ -30,38 +29,17 @@ class ServerError(BackendError):
     """The server refused or failed a request (the message carries its own)."""
 
 
-class ServerContext:
-    """The KV cache of a context on a server: the server holds it (prefix cache); nothing is
-    ever fed from here, so there is nothing to crop or count."""
-
-    def length(self) -> int:
-        return 0
-
-    def crop(self, length: int) -> None:
-        pass
-
-    def fork(self) -> ServerContext:
-        return self
-
-    def storages(self) -> list[tuple[int, int]]:
-        return []
-
-    def release(self, wait: bool = False) -> None:
-        pass
-
-    def take_counts(self) -> None:
-        return None
-
-
 class VllmServerBackend(HFTokenizerMixin):
-    """A model served by `vllm serve`, with its tokenizer loaded here."""
+    """A model served by `vllm serve`, with its tokenizer loaded here: whole holes per
+    request, and select scoring through prompt log-probabilities. The server keeps the KV cache
+    across segments (its prefix cache) and batches concurrent requests."""
 
-    batches_itself = True  # the server batches concurrent requests
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
 
     def __init__(self, url: str, model_id: str, tokenizer: Any, name: str,
-                 eos: Sequence[int], vocab_size: int, load_s: float = 0.0) -> None:
+                 eos: Sequence[int], vocab_size: int, load_s: float = 0.0,
+                 max_context: int | None = None) -> None:
         self.url = url.rstrip("/")
-        self.prefix_cache: PrefixCache | None = None  # the server's own does this job
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.name = name
@@ -70,7 +48,18 @@ class VllmServerBackend(HFTokenizerMixin):
         self.load_s = load_s
         self._eos = list(eos)
         self._vocab_size = vocab_size
+        self._max_context = max_context
         self._markers: dict[str, tuple[str, str] | None] = {}
+
+    @property
+    def max_context(self) -> int | None:
+        return self._max_context
+
+    def hole_sampler(self) -> HoleSampler:
+        return self
+
+    def prompt_scorer(self) -> PromptScorer:
+        return self
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
@@ -136,12 +125,6 @@ class VllmServerBackend(HFTokenizerMixin):
         reply = _request(self.url + path, body)
         return reply, reply.get("usage") or {}
 
-    def new_cache(self) -> ServerContext:
-        return ServerContext()
-
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> Any:
-        raise ServerError("a vLLM server samples whole holes; qrun cannot run single forwards")
-
     def clear_cache(self) -> None:
         """Ask the server to forget its cached prefixes (needs a dev-mode server; ignored
         otherwise)."""
@@ -199,8 +182,6 @@ def connect_vllm_server(name: str, folder: str, url: str) -> VllmServerBackend:
         ModelLoadError: the server cannot be reached, serves no model, or its tokenizer is
             not the local one.
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     started = time.perf_counter()
     if not url.startswith(("http://", "https://")):
         raise ModelLoadError(f"--url must be http://HOST:PORT or https://..., got {url!r}")
@@ -208,18 +189,16 @@ def connect_vllm_server(name: str, folder: str, url: str) -> VllmServerBackend:
         models = _request(url.rstrip("/") + "/v1/models", None)
     except ServerError as exc:
         raise ModelLoadError(str(exc)) from None
-    served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    served = [m for m in models.get("data", []) if isinstance(m, dict) and m.get("id")]
     if not served:
         raise ModelLoadError(f"the server at {url} serves no model")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of '{name}': {exc}") from exc
+    tokenizer, config = load_tokenizer(folder, name)
+    length = served[0].get("max_model_len")
     backend = VllmServerBackend(
-        url, str(served[0]), tokenizer, name,
+        url, str(served[0]["id"]), tokenizer, name,
         generation_eos(getattr(config, "eos_token_id", None)),
         int(getattr(config, "vocab_size", len(tokenizer))),
+        max_context=length if isinstance(length, int) else None,
     )
     _check_tokenizer(backend, url)
     backend.load_s = time.perf_counter() - started

@@ -1,22 +1,19 @@
 """Part of stage 3 (compile_template): hole arguments and front matter. Which keys exist, the type
 checks of literal values, constraint lowering with the compile-time regex and JSON Schema checks
-(through the runtime's own DFA compiler), and typed front-matter defaults."""
+(through qrun/regex, the DFA compiler the runtime uses), and typed front-matter defaults."""
 
 from __future__ import annotations
 
 import difflib
-import math
 import re
-from collections.abc import Callable, Iterable, Iterator
-from re import _parser as sre_parse  # Python's regex parser, which runtime/dfa.py reads with
+from collections.abc import Callable, Iterable
 from typing import Any
-
-import regex
 
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.runtime.dfa import PatternError, compile_dfa
+from qrun.options import CHECKS, RunOptions, is_number
+from qrun.regex import PatternError, compile_dfa
 from qrun.source import Source, Span
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 from qrun.stdlib.patterns import PATTERNS
@@ -24,12 +21,8 @@ from qrun.stdlib.patterns import PATTERNS
 GEN_ARGS = ("max_tokens", "stop", "regex", "json", "temperature", "top_p", "top_k", "seed",
             "heal")
 SELECT_ARGS = ("options", "temperature", "normalize")
-FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "seed", "max_tokens", "device", "dtype",
-                     "inputs")
-REGEX_MAX_SIZE = 100_000
-"""A literal regex may expand (repeats unrolled) to at most this many items. Checked before
-anything calls `regex.compile` (runtime/dfa.py does too), which expands `(?:x{65535}){65535}`
-until memory runs out; compile_dfa's own NFA/DFA state caps only apply after that."""
+FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
+                     "dtype", "inputs")
 
 NameCheck = Callable[[str, Span, str], bool]
 """The compiler's check of a new name (`name`, `span`, what it is): False when it reported one."""
@@ -42,7 +35,8 @@ class ArgChecker:
     def __init__(self, source: Source, errors: list[TemplateError]) -> None:
         self.source = source
         self.errors = errors
-        self.dfa_errors: dict[str, str | None] = {}  # pattern -> PatternError message or None
+        self.pattern_errors: dict[str, PatternError | None] = {}  # None: compiles
+        self.declared_at: dict[str, Span] = {}  # input -> its `inputs:` front matter line
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
         self.errors.append(TemplateCompileError(message, span, self.source, notes))
@@ -106,58 +100,31 @@ class ArgChecker:
         return ir.Regex(arg.expr)
 
     def check_regex(self, pattern: ex.Const) -> None:
-        """Syntax first with Python's own regex parser (what runtime/dfa.py builds its automaton
-        from; it does not expand repeats), then a size bound, then `regex.compile` (the reference
-        syntax) and finally the DFA compiler the runtime uses, which names constructs a token
-        mask cannot express (backreferences, lookarounds, \\b...) and empty languages."""
-        try:
-            parsed = sre_parse.parse(pattern.value)
-        except Exception as err:  # noqa: BLE001 - re.error, RecursionError, OverflowError...
-            if _rough_size(pattern.value) <= REGEX_MAX_SIZE:
-                # `regex`-only syntax (\p{L}, \X...): compile_dfa explains it better.
-                if self.check_dfa(pattern.value, pattern.span, syntax_only=True):
-                    return
-            self.invalid_regex(err, pattern)
-            return
-        try:
-            size = _regex_size(parsed, 0)
-            if size > REGEX_MAX_SIZE:
-                raise ValueError(f"pattern too large once repeats are expanded (~{size} "
-                                 f"items, at most {REGEX_MAX_SIZE})")
-            regex.compile(pattern.value)
-        except Exception as err:  # noqa: BLE001 - regex.error, RecursionError, ValueError...
-            self.invalid_regex(err, pattern)
-            return
-        self.check_dfa(pattern.value, pattern.span)
+        """A literal pattern is compiled now, as the runtime will compile it (qrun/regex/), so
+        every error it would meet shows at --check: syntax (pointing at the fault when the
+        pattern is written without escapes), size, constructs a token mask cannot express, an
+        empty language, too many states."""
+        self.check_dfa(pattern.value, pattern.span, pattern)
 
-    def invalid_regex(self, err: Exception, pattern: ex.Const) -> None:
-        span = pattern.span
-        pos = getattr(err, "pos", None)
-        if isinstance(pos, int) and self.source.text[span.start + 1:span.end - 1] == \
-                pattern.value:  # no escapes: point at the offending character
-            span = _shift(span, 1 + pos)
-        message = getattr(err, "msg", None) or str(err) or type(err).__name__
-        if isinstance(err, RecursionError):
-            message = "pattern nested too deeply"
-        self.constraint_error(f"invalid regex: {message}", span)
-
-    def check_dfa(self, pattern: str, span: Span, syntax_only: bool = False) -> bool:
-        """Compile `pattern` as the runtime will; report its PatternError at `span`. Returns
-        whether an error was reported. With `syntax_only`, only errors that are not plain
-        syntax errors are reported (the caller reports those with a position)."""
-        if pattern not in self.dfa_errors:
+    def check_dfa(self, pattern: str, span: Span, literal: ex.Const | None = None) -> None:
+        """Compile `pattern` as the runtime will and report its PatternError at `span` (at the
+        offending character of `literal`, the pattern's own string literal, when it has one)."""
+        if pattern not in self.pattern_errors:
             try:
                 compile_dfa(pattern)
-                self.dfa_errors[pattern] = None
+                self.pattern_errors[pattern] = None
             except PatternError as err:
-                self.dfa_errors[pattern] = str(err)
+                self.pattern_errors[pattern] = err
             except RecursionError:
-                self.dfa_errors[pattern] = "pattern nested too deeply"
-        message = self.dfa_errors[pattern]
-        if message is None or (syntax_only and message.startswith("invalid regex")):
-            return False
-        self.constraint_error(message, span)
-        return True
+                self.pattern_errors[pattern] = PatternError(
+                    "invalid regex: pattern nested too deeply")
+        error = self.pattern_errors[pattern]
+        if error is None:
+            return
+        if error.pos is not None and literal is not None and self.source.text[
+                span.start + 1:span.end - 1] == pattern:  # no escapes: point at the character
+            span = _shift(span, 1 + error.pos)
+        self.constraint_error(str(error), span)
 
     def check_schema(self, schema: ex.Expr) -> None:
         """A literal JSON Schema is lowered now (schemas with non-literal parts at run time)."""
@@ -174,10 +141,11 @@ class ArgChecker:
     # ---- front matter ------------------------------------------------------------------------
 
     def front_matter(self, front: ast.FrontMatter | None, check_name: NameCheck
-                     ) -> tuple[ir.RunDefaults, tuple[str, ...] | None]:
-        """The run defaults and the declared inputs (None without an `inputs:` line)."""
+                     ) -> tuple[RunOptions, ir.ModelChoice, tuple[str, ...] | None]:
+        """The run options, the model and the declared inputs (None without an `inputs:`
+        line) of the front matter."""
         if front is None:
-            return ir.RunDefaults(), None
+            return RunOptions(), ir.ModelChoice(), None
         values: dict[str, Any] = {}
         declared: tuple[str, ...] | None = None
         seen: dict[str, Span] = {}
@@ -198,17 +166,17 @@ class ArgChecker:
                 value = self.front_value(entry)
                 if value is not MISSING:
                     values[entry.key] = value
-        return ir.RunDefaults(**values), declared
+        model = {k: values.pop(k) for k in ("model", "device", "dtype") if k in values}
+        return RunOptions(**values), ir.ModelChoice(**model), declared
 
     def front_value(self, entry: ast.FrontMatterEntry) -> Any:
         raw = _unquote(entry.value)
         value: Any = raw
-        wanted = _FRONT_CHECKS[entry.key](raw)
-        if entry.key in _CHECKS:
+        if entry.key in CHECKS:
             value = _scalar(raw)
-            wanted = _CHECKS[entry.key](value)
-            if wanted is None and entry.key in ("temperature", "top_p"):
-                value = float(value)
+            wanted = CHECKS[entry.key](value)
+        else:
+            wanted = _MODEL_CHECKS[entry.key](raw)
         if wanted is not None:
             self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
                       entry.value_span)
@@ -232,6 +200,7 @@ class ArgChecker:
                 self.fail(f"input '{name}' is declared twice", entry.value_span)
             elif check_name(name, entry.value_span, "input"):
                 names.append(name)
+                self.declared_at[name] = entry.value_span
         return tuple(names)
 
 
@@ -275,7 +244,7 @@ def literal(node: ex.Expr) -> Any:
     match node:
         case ex.Const(value=value):
             return value
-        case ex.Unary(op="-" | "+", operand=ex.Const(value=value)) if _is_number(value):
+        case ex.Unary(op="-" | "+", operand=ex.Const(value=value)) if is_number(value):
             return -value if node.op == "-" else value
         case ex.ListExpr(items=items):
             values = [literal(item) for item in items]
@@ -289,31 +258,6 @@ def literal(node: ex.Expr) -> Any:
                 return MISSING
             return dict(zip(keys, values, strict=True))
     return MISSING
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-        value)
-
-
-def _want_positive(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 1 else "a positive integer"
-
-
-def _want_count(value: Any) -> str | None:
-    return None if _is_int(value) and value >= 0 else "an integer >= 0"
-
-
-def _want_temperature(value: Any) -> str | None:
-    return None if _is_number(value) and value >= 0 else "a number >= 0"
-
-
-def _want_top_p(value: Any) -> str | None:
-    return None if _is_number(value) and 0 < value <= 1 else "a number in (0, 1]"
 
 
 def _want_stop(value: Any) -> str | None:
@@ -331,26 +275,20 @@ def _want_options(value: Any) -> str | None:
 
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "max_tokens": _want_positive,
+    **CHECKS,
     "stop": _want_stop,
-    "temperature": _want_temperature,
-    "top_p": _want_top_p,
-    "top_k": _want_count,
-    "seed": _want_count,
     "heal": lambda v: None if isinstance(v, bool) else "true or false",
     "normalize": lambda v: None if v in ("sum", "mean") else '"sum" or "mean"',
     "options": _want_options,
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
 }
-_FRONT_CHECKS: dict[str, Callable[[str], str | None]] = {
+_MODEL_CHECKS: dict[str, Callable[[str], str | None]] = {
     "model": lambda v: None if v else "a model name or path",
     "device": lambda v: None if re.fullmatch(r"cpu|cuda(:[0-9]+)?|mps|auto", v) else
     "cpu, cuda, cuda:N, mps or auto",
     "dtype": lambda v: None if v in ("float32", "float16", "bfloat16", "auto") else
     "float32, float16, bfloat16 or auto",
-    "temperature": lambda v: None, "top_p": lambda v: None, "seed": lambda v: None,
-    "max_tokens": lambda v: None,
 }
 
 
@@ -374,50 +312,3 @@ def _unquote(text: str) -> str:
 def _show(value: Any) -> str:
     text = f'"{value}"' if isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-# ---- regex size ---------------------------------------------------------------------------------
-
-
-def _regex_size(items: Any, depth: int) -> int:
-    """Items in a parsed pattern with bounded repeats unrolled; stops early past the limit."""
-    if depth > 100:
-        raise ValueError("pattern nested too deeply")
-    total = 0
-    for op, av in items:
-        if op in _REPEATS:
-            low, high, sub = av
-            count = max(low, 1) if high == sre_parse.MAXREPEAT else max(high, 1)
-            total += count * _regex_size(sub, depth + 1)
-        else:
-            total += 1 + sum(_regex_size(s, depth + 1) for s in _subpatterns(av))
-        if total > REGEX_MAX_SIZE:
-            return total
-    return total
-
-
-def _subpatterns(value: Any) -> Iterator[Any]:
-    if isinstance(value, sre_parse.SubPattern):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _subpatterns(item)
-
-
-_REPEATS = {getattr(sre_parse, name) for name in ("MAX_REPEAT", "MIN_REPEAT",
-                                                  "POSSESSIVE_REPEAT") if hasattr(sre_parse, name)}
-_QUANTIFIER = re.compile(r"\{([0-9]*)(?:,([0-9]*))?\}")
-
-
-def _rough_size(pattern: str) -> int:
-    """An upper bound on the expanded size of a pattern Python's parser rejects (`regex`-only
-    syntax): its length times every `{m,n}` count, so nesting is always covered."""
-    size = max(len(pattern), 1)
-    for match in _QUANTIFIER.finditer(pattern):
-        count = match.group(2) or match.group(1) or "0"
-        if len(count) > 9:
-            return REGEX_MAX_SIZE + 1
-        size *= max(int(count), 1)
-        if size > REGEX_MAX_SIZE:
-            break
-    return size

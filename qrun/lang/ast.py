@@ -4,6 +4,7 @@ lang/compiler.py. Comments are gone and whitespace control is applied already.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from qrun.lang.expr import Expr
@@ -137,3 +138,23 @@ class Template:
     front_matter: FrontMatter | None
     body: tuple[Node, ...]
     span: Span
+
+
+def children(node: Node) -> Iterator[Node]:
+    """The nodes nested directly in `node` (if-arm bodies in order, then the else body)."""
+    match node:
+        case If(arms=arms, orelse=orelse):
+            for arm in arms:
+                yield from arm.body
+            yield from orelse or ()
+        case For(body=body) | Role(body=body):
+            yield from body
+        case Text() | Interp() | Gen() | Select() | Set():
+            pass
+
+
+def walk(nodes: Iterable[Node]) -> Iterator[Node]:
+    """Every node in `nodes` and below, depth first, in source order."""
+    for node in nodes:
+        yield node
+        yield from walk(children(node))

@@ -6,7 +6,6 @@ compile_source/compile_file run the whole front end."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError
@@ -56,8 +55,8 @@ def compile_template(template: ast.Template, source: Source) -> ir.Program:
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
     """
     compiler = _Compiler(source, template)
-    defaults, declared = compiler.args.front_matter(template.front_matter,
-                                                    compiler.check_new_name)
+    options, model, declared = compiler.args.front_matter(template.front_matter,
+                                                          compiler.check_new_name)
     compiler.declared = declared
     try:
         ops = compiler.body(template.body, _Flow(), _Context())
@@ -66,8 +65,9 @@ def compile_template(template: ast.Template, source: Source) -> ir.Program:
     if compiler.errors:
         raise TemplateErrors(compiler.errors[:MAX_ERRORS])
     inputs = declared if declared is not None else tuple(compiler.free)
-    return ir.Program(ops, inputs, declared is not None, tuple(compiler.captures), defaults,
-                      source)
+    spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in inputs}
+    return ir.Program(ops, inputs, declared is not None, tuple(compiler.captures), options, model,
+                      source, spans)
 
 
 class _TooManyErrors(Exception):
@@ -108,10 +108,16 @@ class _Compiler:
         self.errors: list[TemplateError] = []
         self.declared: tuple[str, ...] | None = None
         self.free: list[str] = []  # inputs discovered as free variables, in first-use order
+        self.first_use: dict[str, Span] = {}  # where each input is first used
         self.captures: list[str] = []
-        self.holes = dict(_holes(template.body))  # first hole per name, for "captured later"
-        self.sets = dict(_sets(template.body))
+        self.holes = _first_spans(template.body, ast.Gen, ast.Select)  # for "captured later"
+        self.sets = _first_spans(template.body, ast.Set)
         self.args = ArgChecker(source, self.errors)
+
+    @property
+    def declared_at(self) -> dict[str, Span]:
+        """Where the `inputs:` front matter line declares each input (for unused ones)."""
+        return self.args.declared_at
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
         self.errors.append(TemplateCompileError(message, span, self.source, notes))
@@ -268,7 +274,10 @@ class _Compiler:
         if name.startswith("_"):
             self.fail(f"names starting with '_' are not allowed: '{name}'", span)
             return
-        if name in ctx.locals or name in flow.bound or self.is_input(name):
+        if name in ctx.locals or name in flow.bound:
+            return
+        if self.is_input(name):
+            self.first_use.setdefault(name, span)
             return
         if name in flow.captured:
             self.fail(f"'{name}' is not captured on every path that reaches here", span,
@@ -288,6 +297,7 @@ class _Compiler:
                       "declared inputs: " + (", ".join(self.declared) or "none"))
         else:
             self.free.append(name)
+            self.first_use[name] = span
 
     # ---- expressions -------------------------------------------------------------------------
 
@@ -300,7 +310,7 @@ class _Compiler:
                 self.attr(obj, attr, span, ctx)
             case ex.Call(func=func, span=span) | ex.Filter(name=func, span=span):
                 self.function(func, span)
-        for child in _children(node):
+        for child in ex.children(node):
             self.expr(child, flow, ctx)
 
     def attr(self, obj: ex.Expr, attr: str, span: Span, ctx: _Context) -> None:
@@ -317,62 +327,14 @@ class _Compiler:
                       "functions: " + ", ".join(FUNCTIONS))
 
 
-def _children(node: ex.Expr) -> Iterator[ex.Expr]:
-    """The sub-expressions of `node`, in source order."""
-    match node:
-        case ex.Attr(obj=obj):
-            yield obj
-        case ex.Index(obj=obj, index=index):
-            yield from (obj, index)
-        case ex.Slice(obj=obj, lower=lower, upper=upper, step=step):
-            yield obj
-            yield from (p for p in (lower, upper, step) if p is not None)
-        case ex.ListExpr(items=items):
-            yield from items
-        case ex.DictExpr(items=pairs):
-            for key, value in pairs:
-                yield from (key, value)
-        case ex.Unary(operand=operand):
-            yield operand
-        case ex.Binary(left=left, right=right):
-            yield from (left, right)
-        case ex.Compare(left=left, rights=rights):
-            yield left
-            yield from rights
-        case ex.BoolOp(values=values):
-            yield from values
-        case ex.Cond(body=body, test=test, orelse=orelse):
-            yield from (body, test, orelse)
-        case ex.Call(args=args, kwargs=kwargs):
-            yield from args
-            yield from (v for _, v in kwargs)
-        case ex.Filter(value=value, args=args, kwargs=kwargs):
-            yield value
-            yield from args
-            yield from (v for _, v in kwargs)
-
-
-def _holes(nodes: tuple[ast.Node, ...]) -> Iterator[tuple[str, Span]]:
-    for node in reversed(list(_walk(nodes))):  # reversed: dict() keeps the first hole
-        if isinstance(node, (ast.Gen, ast.Select)):
-            yield node.name, node.name_span
-
-
-def _sets(nodes: tuple[ast.Node, ...]) -> Iterator[tuple[str, Span]]:
-    for node in reversed(list(_walk(nodes))):
-        if isinstance(node, ast.Set):
-            yield node.name, node.name_span
-
-
-def _walk(nodes: tuple[ast.Node, ...]) -> Iterator[ast.Node]:
-    for node in nodes:
-        yield node
-        if isinstance(node, ast.If):
-            for arm in node.arms:
-                yield from _walk(arm.body)
-            yield from _walk(node.orelse or ())
-        elif isinstance(node, (ast.For, ast.Role)):
-            yield from _walk(node.body)
+def _first_spans(nodes: tuple[ast.Node, ...], *kinds: type[ast.Gen | ast.Select | ast.Set]
+                 ) -> dict[str, Span]:
+    """Name -> span of its first hole (or `set`) among `kinds`, in source order."""
+    found: dict[str, Span] = {}
+    for node in ast.walk(nodes):
+        if isinstance(node, kinds):
+            found.setdefault(node.name, node.name_span)
+    return found
 
 
 def _merge_text(ops: list[ir.Op]) -> tuple[ir.Op, ...]:

@@ -4,6 +4,8 @@ Never Python eval: a template from an untrusted source cannot run code."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,3 +148,103 @@ Expr = (
     Const | Name | Attr | Index | Slice | ListExpr | DictExpr | Unary | Binary | Compare
     | BoolOp | Cond | Call | Filter
 )
+
+
+def children(node: Expr) -> Iterator[Expr]:
+    """The sub-expressions of `node`, in source order."""
+    match node:
+        case Const() | Name():
+            pass
+        case Attr(obj=obj):
+            yield obj
+        case Index(obj=obj, index=index):
+            yield from (obj, index)
+        case Slice(obj=obj, lower=lower, upper=upper, step=step):
+            yield obj
+            yield from (p for p in (lower, upper, step) if p is not None)
+        case ListExpr(items=items):
+            yield from items
+        case DictExpr(items=pairs):
+            for key, value in pairs:
+                yield from (key, value)
+        case Unary(operand=operand):
+            yield operand
+        case Binary(left=left, right=right):
+            yield from (left, right)
+        case Compare(left=left, rights=rights):
+            yield left
+            yield from rights
+        case BoolOp(values=values):
+            yield from values
+        case Cond(body=body, test=test, orelse=orelse):
+            yield from (body, test, orelse)
+        case Call(args=args, kwargs=kwargs):
+            yield from args
+            yield from (v for _, v in kwargs)
+        case Filter(value=value, args=args, kwargs=kwargs):
+            yield value
+            yield from args
+            yield from (v for _, v in kwargs)
+
+
+def walk(node: Expr) -> Iterator[Expr]:
+    """`node` and every expression below it, depth first, in source order."""
+    yield node
+    for child in children(node):
+        yield from walk(child)
+
+
+# ---- text: the deterministic form used by Program.dump() and the parser's golden tests ----------
+
+
+def format_expr(node: Expr) -> str:
+    """Source-like text of an expression; operators are fully parenthesised, so the text shows
+    exactly how the expression was parsed: `a + b * c` -> `(a + (b * c))`."""
+    match node:
+        case Const(value=value):
+            return literal_text(value)
+        case Name(name=name):
+            return name
+        case Attr(obj=obj, attr=attr):
+            return f"{format_expr(obj)}.{attr}"
+        case Index(obj=obj, index=index):
+            return f"{format_expr(obj)}[{format_expr(index)}]"
+        case Slice(obj=obj, lower=lower, upper=upper, step=step):
+            parts = [format_expr(p) if p is not None else "" for p in (lower, upper, step)]
+            inner = ":".join(parts if step is not None else parts[:2])
+            return f"{format_expr(obj)}[{inner}]"
+        case ListExpr(items=items):
+            return "[" + ", ".join(format_expr(i) for i in items) + "]"
+        case DictExpr(items=pairs):
+            return "{" + ", ".join(f"{format_expr(k)}: {format_expr(v)}" for k, v in pairs) + "}"
+        case Unary(op=op, operand=operand):
+            space = " " if op == "not" else ""
+            return f"({op}{space}{format_expr(operand)})"
+        case Binary(op=op, left=left, right=right):
+            return f"({format_expr(left)} {op} {format_expr(right)})"
+        case Compare(left=left, ops=ops, rights=rights):
+            tail = "".join(f" {op} {format_expr(r)}" for op, r in zip(ops, rights, strict=True))
+            return f"({format_expr(left)}{tail})"
+        case BoolOp(op=op, values=values):
+            return "(" + f" {op} ".join(format_expr(v) for v in values) + ")"
+        case Cond(body=body, test=test, orelse=orelse):
+            return f"({format_expr(body)} if {format_expr(test)} else {format_expr(orelse)})"
+        case Call(func=func, args=args, kwargs=kwargs):
+            return f"{func}({_args(args, kwargs)})"
+        case Filter(value=value, name=name, args=args, kwargs=kwargs):
+            call = f"({_args(args, kwargs)})" if args or kwargs else ""
+            return f"({format_expr(value)} | {name}{call})"
+    raise TypeError(f"unknown expression {type(node).__name__}")
+
+
+def _args(args: tuple[Expr, ...], kwargs: tuple[tuple[str, Expr], ...]) -> str:
+    parts = [format_expr(a) for a in args]
+    parts.extend(f"{name}={format_expr(value)}" for name, value in kwargs)
+    return ", ".join(parts)
+
+
+def literal_text(value: Any) -> str:
+    """Strings in double quotes with JSON escapes (`"\\n"`); other constants as in Python."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return repr(value)

@@ -3,10 +3,14 @@ Ops are frozen, positioned, and closed under the union `Op`; Program.dump() is d
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
+from qrun.errors import InputError
+from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
+from qrun.options import RunOptions
 from qrun.source import Source, Span
 
 
@@ -58,6 +62,22 @@ class GenParams:
     top_k: Expr | None = None
     seed: Expr | None = None
     heal: Expr | None = None
+
+    def exprs(self) -> Iterator[Expr]:
+        """Every argument expression, the constraint's included, in field order."""
+        for value in (self.max_tokens, self.stop):
+            if value is not None:
+                yield value
+        match self.constraint:
+            case Regex(pattern=pattern):
+                yield pattern
+            case JsonSchema(schema=schema):
+                yield schema
+            case None:
+                pass
+        for value in (self.temperature, self.top_p, self.top_k, self.seed, self.heal):
+            if value is not None:
+                yield value
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +153,10 @@ Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role
 
 
 @dataclass(frozen=True, slots=True)
-class RunDefaults:
-    """Front-matter defaults for a run (None = not given)."""
+class ModelChoice:
+    """The model named in front matter (None = not given; the caller's choice wins)."""
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
     device: str | None = None
     dtype: str | None = None
 
@@ -148,18 +164,187 @@ class RunDefaults:
 @dataclass(frozen=True, slots=True)
 class Program:
     """A compiled template. `inputs` are the names a run must supply (declared in front matter
-    when `inputs_declared`, else the template's free variables); `captures` the hole names."""
+    when `inputs_declared`, else the template's free variables), `input_spans` where each is
+    first used (or declared, when never used); `captures` the hole names; `options` and `model`
+    the front matter's run options and model."""
 
     ops: tuple[Op, ...]
     inputs: tuple[str, ...]
     inputs_declared: bool
     captures: tuple[str, ...]
-    defaults: RunDefaults
+    options: RunOptions
+    model: ModelChoice
     source: Source = field(compare=False)
-    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """Raise InputError naming every missing input, before any model work; it points where
+        the first missing input is first used.
+
+        Raises:
+            InputError: an input is missing.
+        """
+        missing = [name for name in self.inputs if name not in inputs]
+        if not missing:
+            return
+        first = missing[0]
+        span = self.input_spans.get(first) or self.source.span_at(0)
+        names = ", ".join(repr(m) for m in missing)
+        raise InputError(
+            f"missing input{'s' if len(missing) > 1 else ''} {names}", span, self.source,
+            notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)"])
 
     def dump(self) -> str:
-        """One op per line with its source position, nested blocks indented; deterministic."""
-        from qrun.lang.dump import dump_program
-
+        """One op per line with its source position, nested blocks indented; deterministic
+        (golden tests pin it; `qrun FILE --dump` prints it)."""
         return dump_program(self)
+
+
+# ---- traversal: the one walk over op trees (compiler, executor and tests use these) -------------
+
+
+def children(op: Op) -> Iterator[Op]:
+    """The ops nested directly in `op` (branch bodies in order, then the else body)."""
+    match op:
+        case If(branches=branches, orelse=orelse):
+            for branch in branches:
+                yield from branch.body
+            yield from orelse
+        case For(body=body) | Role(body=body):
+            yield from body
+        case EmitText() | EmitValue() | Gen() | Select() | Set():
+            pass
+
+
+def walk(ops: Iterable[Op]) -> Iterator[Op]:
+    """Every op in `ops` and below, depth first, in source order."""
+    for op in ops:
+        yield op
+        yield from walk(children(op))
+
+
+def exprs(op: Op) -> Iterator[Expr]:
+    """The expressions `op` itself evaluates (not those of nested ops), in source order."""
+    match op:
+        case EmitValue(expr=value) | Set(expr=value):
+            yield value
+        case For(iterable=iterable):
+            yield iterable
+        case If(branches=branches):
+            for branch in branches:
+                yield branch.condition
+        case Select(options=options, temperature=temperature, normalize=normalize):
+            yield from (e for e in (options, temperature, normalize) if e is not None)
+        case Gen(params=params):
+            yield from params.exprs()
+        case EmitText() | Role():
+            pass
+
+
+# ---- the dump: one op per line with its source position, in the style of SGLang's print_graph ---
+
+_INDENT = "  "
+
+
+def dump_program(program: Program) -> str:
+    """Header lines (inputs, captures, defaults), then the ops."""
+    declared = " (declared)" if program.inputs_declared else ""
+    lines = [
+        f"inputs: {', '.join(program.inputs) or '-'}{declared}",
+        f"captures: {', '.join(program.captures) or '-'}",
+    ]
+    defaults = _defaults(program)
+    if defaults:
+        lines.append(f"defaults: {defaults}")
+    lines.extend(_ops(program.ops, 0))
+    return "\n".join(lines) + "\n"
+
+
+def _defaults(program: Program) -> str:
+    """The front matter's model and run options, model first."""
+    model, options = program.model, program.options
+    values = [("model", model.model),
+              *((name, getattr(options, name)) for name in options.names()),
+              ("device", model.device), ("dtype", model.dtype)]
+    return " ".join(f"{name}={ex.literal_text(value)}" for name, value in values
+                    if value is not None)
+
+
+def _ops(ops: tuple[Op, ...], depth: int) -> list[str]:
+    lines: list[str] = []
+    for op in ops:
+        lines.extend(_op(op, depth))
+    return lines
+
+
+def _line(depth: int, text: str, span: Any) -> str:
+    return f"{_INDENT * depth}{text}  @{span.line}:{span.column}"
+
+
+def _op(op: Op, depth: int) -> list[str]:
+    match op:
+        case EmitText(text=text, span=span):
+            return [_line(depth, f"text {ex.literal_text(text)}", span)]
+        case EmitValue(expr=value, span=span):
+            return [_line(depth, f"value {ex.format_expr(value)}", span)]
+        case Gen():
+            return [_line(depth, _gen(op), op.span)]
+        case Select():
+            return [_line(depth, _select(op), op.span)]
+        case If():
+            return _if(op, depth)
+        case For(target=target, iterable=iterable, body=body, span=span):
+            return [_line(depth, f"for {target} in {ex.format_expr(iterable)}", span),
+                    *_ops(body, depth + 1)]
+        case Set(name=name, expr=value, span=span):
+            return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]
+        case Role(role=role, body=body, span=span):
+            return [_line(depth, f"role {role}", span), *_ops(body, depth + 1)]
+        case _:
+            assert_never(op)
+
+
+def _if(op: If, depth: int) -> list[str]:
+    lines: list[str] = []
+    for number, branch in enumerate(op.branches):
+        word = "if" if number == 0 else "elif"
+        lines.append(_line(depth, f"{word} {ex.format_expr(branch.condition)}", branch.span))
+        lines.extend(_ops(branch.body, depth + 1))
+    if op.orelse:
+        lines.append(f"{_INDENT * depth}else")
+        lines.extend(_ops(op.orelse, depth + 1))
+    return lines
+
+
+def _hole_name(name: str, in_loop: bool) -> str:
+    return f"{name}[]" if in_loop else name
+
+
+def _gen(op: Gen) -> str:
+    params = op.params
+    parts = [f"gen {_hole_name(op.name, op.in_loop)}"]
+    for key in ("max_tokens", "stop"):
+        value = getattr(params, key)
+        if value is not None:
+            parts.append(f"{key}={ex.format_expr(value)}")
+    match params.constraint:
+        case Regex(pattern=pattern, stdlib_name=str(name)):
+            parts.append(f"regex={name}")
+        case Regex(pattern=pattern):
+            parts.append(f"regex={ex.format_expr(pattern)}")
+        case JsonSchema(schema=schema):
+            parts.append(f"json={ex.format_expr(schema)}")
+    for key in ("temperature", "top_p", "top_k", "seed", "heal"):
+        value = getattr(params, key)
+        if value is not None:
+            parts.append(f"{key}={ex.format_expr(value)}")
+    return " ".join(parts)
+
+
+def _select(op: Select) -> str:
+    parts = [f"select {_hole_name(op.name, op.in_loop)} options={ex.format_expr(op.options)}"]
+    if op.temperature is not None:
+        parts.append(f"temperature={ex.format_expr(op.temperature)}")
+    if op.normalize is not None:
+        parts.append(f"normalize={ex.format_expr(op.normalize)}")
+    return " ".join(parts)

@@ -1,6 +1,7 @@
 """Batched runs: up to B runs of one program advance together, each in its own thread with its
-own session, constraint state and holes; their forwards meet in a scheduler that feeds them to
-the model as one batch (per-row cache lengths, padding hidden by an attention mask)."""
+own session, constraint state and holes. On a backend that batches itself (vLLM, a server) the
+runs call it directly; otherwise their forwards meet in a scheduler that feeds them to the model
+as one batch (per-row cache lengths, padding hidden by an attention mask)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,24 @@ from typing import Any
 
 import torch
 
-from qrun.backends.base import Backend, KVCache
+from qrun.backends.base import Backend, BatchForward, KVCache, StepModel, TreeScorer
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.errors import QrunError
 from qrun.lang.ir import Program
+from qrun.options import RunOptions
 from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.executor import RunOptions, execute
-from qrun.runtime.prefix_cache import PrefixCache
+from qrun.runtime.engines import choose_engines
+from qrun.runtime.executor import Run
 from qrun.runtime.result import Result
-from qrun.runtime.vocab import Vocabulary
 
 Outcome = Result | QrunError
 
 
 @dataclass(eq=False)
 class _Request:
-    """A forward waiting for the next batch (kind "forward"), or a call that runs alone."""
+    """A forward waiting for the next batch, or a tree forward that runs alone."""
 
-    kind: str
+    tree: bool
     args: tuple[Any, ...]
     done: bool = False
     result: Any = None
@@ -39,15 +41,17 @@ class ForwardScheduler:
     """Collects forwards from worker threads and runs them together once every active worker
     is waiting on one: workers doing CPU work (masks, sampling) are never left behind."""
 
-    backend: Backend
+    model: StepModel
+    tree_scorer: TreeScorer | None
+    batcher: BatchForward | None
     active: int = 0
     batches: int = 0
     pending: list[_Request] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
     submitted: int = 0
 
-    def submit(self, kind: str, *args: Any) -> Any:
-        request = _Request(kind, args)
+    def submit(self, tree: bool, *args: Any) -> Any:
+        request = _Request(tree, args)
         with self.cond:
             self.submitted += 1
             self.pending.append(request)
@@ -84,14 +88,8 @@ class ForwardScheduler:
                     request.done = True
                 self.cond.notify_all()
 
-    def wait_for_submissions(self, count: int, alive: Callable[[], bool]) -> None:
-        """Block until `count` requests were submitted in all, or `alive()` turns false."""
-        with self.cond:
-            while self.submitted < count and alive():
-                self.cond.wait(timeout=0.05)
-
     def _run(self, requests: list[_Request]) -> None:
-        forwards = [r for r in requests if r.kind == "forward"]
+        forwards = [r for r in requests if not r.tree]
         if forwards:
             self.batches += 1
             try:
@@ -104,104 +102,52 @@ class ForwardScheduler:
                 for request in forwards:
                     request.error = exc
         for request in requests:
-            if request.kind == "forward_tree":
+            if request.tree:
                 try:
-                    request.result = self.backend.forward_tree(*request.args)  # type: ignore[attr-defined]
+                    assert self.tree_scorer is not None, "tree forwards come from ScheduledModel"
+                    request.result = self.tree_scorer.forward_tree(*request.args)
                 except BaseException as exc:
                     request.error = exc
 
     def _forward_batch(
         self, items: list[tuple[Sequence[int], KVCache]], keep: int
     ) -> list[torch.Tensor]:
-        if len(items) == 1:
-            ids, cache = items[0]
-            return [self.backend.forward(ids, cache, keep)]
-        return list(self.backend.forward_batch(items, keep))  # type: ignore[attr-defined]
+        if len(items) == 1 or self.batcher is None:
+            return [self.model.forward(ids, cache, keep) for ids, cache in items]
+        return self.batcher.forward_batch(items, keep)
 
 
-class BatchedBackend:
-    """The backend as seen by one batched run: everything is the real backend's, except that
-    forwards go through the scheduler."""
+class ScheduledModel:
+    """The backend's step model (and tree scorer) as one batched run sees it: forwards go
+    through the scheduler, everything else is the model's own."""
 
-    def __init__(self, backend: Backend, scheduler: ForwardScheduler) -> None:
-        self._backend = backend
+    def __init__(self, scheduler: ForwardScheduler) -> None:
         self._scheduler = scheduler
-        self.name = backend.name
-        self.device = backend.device
-        self.dtype = backend.dtype
-        self.load_s = backend.load_s
-        self.prefix_cache: PrefixCache | None = backend.prefix_cache
+        self._model = scheduler.model
 
     @property
-    def vocab_size(self) -> int:
-        return self._backend.vocab_size
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self._backend.eos_token_ids
-
-    @property
-    def start_token_id(self) -> int:
-        return self._backend.start_token_id
-
-    @property
-    def vocabulary(self) -> Vocabulary:
-        return self._backend.vocabulary
-
-    def encode(self, text: str) -> list[int]:
-        return self._backend.encode(text)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._backend.decode(token_ids)
-
-    def chat_markers(self, role: str) -> tuple[str, str] | None:
-        return self._backend.chat_markers(role)
+    def prefix_cache(self) -> PrefixCache | None:
+        return self._model.prefix_cache
 
     def new_cache(self) -> KVCache:
-        return self._backend.new_cache()
+        return self._model.new_cache()
 
     def forward(
         self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
     ) -> torch.Tensor:
-        result: torch.Tensor = self._scheduler.submit("forward", list(token_ids), cache,
-                                                      logits_for)
+        result: torch.Tensor = self._scheduler.submit(False, list(token_ids), cache, logits_for)
         return result
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
     ) -> tuple[torch.Tensor, KVCache]:
         result: tuple[torch.Tensor, KVCache] = self._scheduler.submit(
-            "forward_tree", token_ids, parents, cache)
+            True, token_ids, parents, cache)
         return result
 
     def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
-        return self._backend.keep_path(tree, length, path)  # type: ignore[attr-defined, no-any-return]
-
-
-class CountingBackend:
-    """A backend that batches itself (vLLM in-process or a server), as seen by one batched
-    run: the backend itself, with its model calls counted in the scheduler (the lead run's
-    first call must be done before the others start, so they find its prefix cached)."""
-
-    _COUNTED = frozenset({"forward", "complete", "score_continuations"})
-
-    def __init__(self, backend: Backend, scheduler: ForwardScheduler) -> None:
-        self._backend = backend
-        self._scheduler = scheduler
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._backend, name)
-        if name not in self._COUNTED:
-            return value
-        scheduler = self._scheduler
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            with scheduler.cond:
-                scheduler.submitted += 1
-                scheduler.cond.notify_all()
-            return value(*args, **kwargs)
-
-        return counted
+        assert self._scheduler.tree_scorer is not None
+        return self._scheduler.tree_scorer.keep_path(tree, length, path)
 
 
 def run_batched(
@@ -220,14 +166,14 @@ def run_batched(
     A failing run puts its error in its place; the others complete.
     """
     outcomes: list[Outcome | None] = [None] * len(inputs)
-    scheduler = ForwardScheduler(backend)
-    # A backend with its own scheduler (vLLM) batches whatever is in flight: runs call it
-    # directly, and the scheduler here only counts their forwards for the lead-run rule.
-    own = bool(getattr(backend, "batches_itself", False))
-    proxy: Any = CountingBackend(backend, scheduler) if own else BatchedBackend(backend, scheduler)
+    model = backend.step_model()
+    scheduler: ForwardScheduler | None = None
+    if model is not None and not backend.capabilities.batches_itself:
+        scheduler = ForwardScheduler(model, backend.tree_scorer(), backend.batch_forward())
     next_index = [0]
     lock = threading.Lock()
     finished = threading.Event()
+    lead_runs: list[Run] = []
 
     def take() -> int | None:
         with lock:
@@ -236,34 +182,51 @@ def run_batched(
             next_index[0] += 1
             return next_index[0] - 1
 
-    def work(first: int | None) -> None:
-        index = first if first is not None else take()
-        while index is not None:
-            outcome: Outcome
-            try:
-                outcome = execute(program, proxy, inputs[index], options, None, constraints)
-            except QrunError as exc:
-                outcome = exc
-            except Exception as exc:  # a bug: report it in this run's place, keep the others
-                outcome = QrunError(f"internal error: {type(exc).__name__}: {exc}")
-            outcomes[index] = outcome
-            if on_result is not None:
-                on_result(index, outcome)
-            index = take()
+    def one(index: int) -> Outcome:
+        try:
+            if scheduler is not None:
+                scheduled = ScheduledModel(scheduler)
+                tree = scheduled if scheduler.tree_scorer is not None else None
+                engines = choose_engines(backend, scheduled, tree)
+            else:
+                engines = choose_engines(backend)
+            run = Run(program, backend, inputs[index], options, None, constraints, engines)
+            if not lead_runs:
+                lead_runs.append(run)
+            return run.execute()
+        except QrunError as exc:
+            return exc
+        except Exception as exc:  # a bug: report it in this run's place, keep the others
+            return QrunError(f"internal error: {type(exc).__name__}: {exc}")
 
     def worker(first: int | None) -> None:
         try:
-            work(first)
+            index = first if first is not None else take()
+            while index is not None:
+                outcome = one(index)
+                outcomes[index] = outcome
+                if on_result is not None:
+                    on_result(index, outcome)
+                index = take()
         finally:
-            scheduler.leave()
+            if scheduler is not None:
+                scheduler.leave()
 
     threads: list[threading.Thread] = []
 
     def start(first: int | None) -> None:
-        scheduler.enter()
+        if scheduler is not None:
+            scheduler.enter()
         thread = threading.Thread(target=worker, args=(first,), daemon=True)
         threads.append(thread)
         thread.start()
+
+    def lead_called_once() -> bool:
+        # The lead run's first forward is done (and in the prefix cache): with the scheduler,
+        # when it asks for its second; on a self-batching backend, when one has returned.
+        if scheduler is not None:
+            return scheduler.submitted >= 2
+        return bool(lead_runs) and lead_runs[0].stats.forward_calls >= 1
 
     def launcher() -> None:
         first = take()
@@ -271,9 +234,8 @@ def run_batched(
             finished.set()
             return
         start(first)
-        # Let the others in once the lead run has done its first forward and put it in the
-        # prefix cache, i.e. when it asks for its second forward (or has ended).
-        scheduler.wait_for_submissions(2, threads[0].is_alive)
+        while not lead_called_once() and threads[0].is_alive():
+            threading.Event().wait(0.02)
         for _ in range(min(batch_size, len(inputs)) - 1):
             start(None)
         for thread in threads:
@@ -282,7 +244,7 @@ def run_batched(
 
     launch = threading.Thread(target=launcher, daemon=True)
     launch.start()
-    if not own:
+    if scheduler is not None:
         scheduler.serve(finished.is_set)
     launch.join()
     done = [o for o in outcomes if o is not None]

@@ -1,5 +1,6 @@
-"""From a hole's constraint (IR) to a mask cursor: evaluates the pattern or schema, lowers
-JSON Schema to a regex, and compiles token indexes once per backend (shared by every run)."""
+"""From a hole's constraint (IR) to a mask cursor: evaluates the pattern or schema for this run,
+lowers JSON Schema to a regex, and compiles token indexes once per backend (shared by every
+run)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from qrun.backends.base import Backend
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
-from qrun.runtime.dfa import PatternError
 from qrun.runtime.healing import HealCursor, PrefixMasks
+from qrun.runtime.hole import ConstraintSpec
 from qrun.runtime.masks import IndexCache, MaskCursor
-from qrun.source import Source, Span
+from qrun.source import Source
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 
 
@@ -26,22 +27,22 @@ class ConstraintCompiler:
         self.indexes = IndexCache(max_indexes)
         self._prefix_masks: PrefixMasks | None = None
 
-    def pattern(
-        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source, span: Span
-    ) -> str:
-        """The regex a constraint stands for.
+    def spec(
+        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source
+    ) -> ConstraintSpec:
+        """The regex a constraint stands for in this run.
 
         Raises:
             ConstraintError: a JSON Schema outside the supported subset.
-            EvaluationError: the pattern or schema expression has the wrong type.
+            EvaluationError: the pattern or schema expression fails or has the wrong type.
         """
         match constraint:
+            case ir.Regex(stdlib_name=str(name)):
+                return ConstraintSpec(_evaluate_pattern(constraint, scope, source),
+                                      f"regex={name}")
             case ir.Regex():
-                value = evaluate(constraint.pattern, scope, source)
-                if not isinstance(value, str):
-                    raise EvaluationError(f"regex must be a string, got {type(value).__name__}",
-                                          constraint.pattern.span, source)
-                return value
+                pattern = _evaluate_pattern(constraint, scope, source)
+                return ConstraintSpec(pattern, f"regex={json.dumps(pattern)}")
             case ir.JsonSchema():
                 schema = evaluate(constraint.schema, scope, source)
                 if isinstance(schema, str):
@@ -51,34 +52,19 @@ class ConstraintCompiler:
                         f"json must be a JSON Schema object, got {type(schema).__name__}",
                         constraint.schema.span, source)
                 try:
-                    return schema_to_regex(schema)
+                    pattern = schema_to_regex(schema)
                 except SchemaError as exc:
                     raise ConstraintError(str(exc), constraint.schema.span, source) from None
+                return ConstraintSpec(pattern, "json=" + json.dumps(schema, sort_keys=True))
 
-    def cursor(
-        self,
-        constraint: ir.Constraint,
-        scope: Mapping[str, Any],
-        source: Source,
-        span: Span,
-        prefix: bytes = b"",
-    ) -> MaskCursor:
+    def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> MaskCursor:
         """A fresh cursor at the start of the constraint, which first requires the healed
         `prefix` (text taken back from the context) when one is given.
 
         Raises:
-            ConstraintError: the pattern cannot be compiled to a token mask.
+            PatternError: the pattern cannot be compiled to a token mask.
         """
-        pattern = self.pattern(constraint, scope, source, span)
-        if prefix:
-            pattern = literal_pattern(prefix.decode("utf-8")) + "(?:" + pattern + ")"
-        try:
-            index = self.indexes.get(pattern, self.backend.vocabulary)
-        except PatternError as exc:
-            where = constraint.pattern.span if isinstance(constraint, ir.Regex) else span
-            raise ConstraintError(str(exc), where, source) from None
-        return index.start()
-
+        return self.indexes.get(spec.pattern, self.backend.vocabulary, prefix).start()
 
     def heal_cursor(self, prefix: bytes) -> HealCursor:
         """The cursor of an unconstrained hole that must first produce `prefix`."""
@@ -87,20 +73,12 @@ class ConstraintCompiler:
         return HealCursor(self._prefix_masks, prefix)
 
 
-def literal_pattern(text: str) -> str:
-    """A regex matching exactly `text`: every non-alphanumeric character as a \\x/\\u escape,
-    which the DFA front end reads unambiguously."""
-    out = []
-    for char in text:
-        if char.isascii() and char.isalnum():
-            out.append(char)
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return "".join(out)
+def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source) -> str:
+    value = evaluate(constraint.pattern, scope, source)
+    if not isinstance(value, str):
+        raise EvaluationError(f"regex must be a string, got {type(value).__name__}",
+                              constraint.pattern.span, source)
+    return value
 
 
 def _parse_schema(text: str, constraint: ir.JsonSchema, source: Source) -> Any:

@@ -1,86 +1,46 @@
 """execute(program, backend, inputs) -> Result: walks the IR, appending fixed text to the
-session and filling holes; one handler per op."""
+session and filling holes through the engines chosen for the run (runtime/engines.py); one
+handler per op."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Any, assert_never
 
 import torch
 
-from qrun.backends.base import Backend, HoleSampler
+from qrun.backends.base import Backend
 from qrun.errors import (
     BackendError,
     ConstraintError,
     EvaluationError,
     GenerationError,
-    InputError,
     TemplateCompileError,
 )
 from qrun.lang import ir
 from qrun.lang.evaluate import LoopInfo, evaluate
 from qrun.lang.expr import Expr
+from qrun.options import CHECKS, RunOptions
+from qrun.regex import PatternError
 from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.dfa import PatternError
-from qrun.runtime.generate import Cursor, GenRequest, HoleFailure, HoleRecord, generate
+from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
-from qrun.runtime.portable import escape, portable_regex
-from qrun.runtime.remote import generate_remote
-from qrun.runtime.result import Result
+from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
+from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import Session
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
-DEFAULT_MAX_TOKENS = 128
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Run-wide settings; None falls back to the template's front matter, then the defaults
-    (temperature 0, top_p 1, seed 0, max_tokens 128)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
-
-    def resolve(self, defaults: ir.RunDefaults) -> RunOptions:
-        def pick(mine: Any, front: Any, builtin: Any) -> Any:
-            return mine if mine is not None else front if front is not None else builtin
-
-        return RunOptions(
-            temperature=pick(self.temperature, defaults.temperature, 0.0),
-            top_p=pick(self.top_p, defaults.top_p, 1.0),
-            seed=pick(self.seed, defaults.seed, 0),
-            max_tokens=pick(self.max_tokens, defaults.max_tokens, DEFAULT_MAX_TOKENS),
-        )
-
-
-def check_inputs(program: ir.Program, inputs: Mapping[str, Any]) -> None:
-    """Raise InputError naming every missing input, before any model work."""
-    missing = [name for name in program.inputs if name not in inputs]
-    if not missing:
-        return
-    first = missing[0]
-    span = _first_use(program.ops, first) or program.source.span_at(0)
-    names = ", ".join(repr(m) for m in missing)
-    raise InputError(
-        f"missing input{'s' if len(missing) > 1 else ''} {names}",
-        span,
-        program.source,
-        notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)"],
-    )
-
 
 def execute(
     program: ir.Program,
     backend: Backend,
     inputs: Mapping[str, Any],
-    options: RunOptions = RunOptions(),
+    options: RunOptions | None = None,
     on_text: Callable[[str], None] | None = None,
     constraints: ConstraintCompiler | None = None,
 ) -> Result:
@@ -91,51 +51,73 @@ def execute(
         GenerationError: a hole cannot be filled legally.
         EvaluationError: an expression fails at run time.
     """
-    check_inputs(program, inputs)
-    runner = _Runner(program, backend, inputs, options.resolve(program.defaults), on_text,
-                     constraints or ConstraintCompiler(backend))
-    return runner.run()
+    return Run(program, backend, inputs, options, on_text, constraints).execute()
 
 
-class _Runner:
+class Run:
+    """One run of a program: its session, scope and records. `stats` is live while it runs
+    (batched runs watch the lead run's forwards)."""
+
     def __init__(
         self,
         program: ir.Program,
         backend: Backend,
         inputs: Mapping[str, Any],
-        options: RunOptions,
-        on_text: Callable[[str], None] | None,
-        constraints: ConstraintCompiler,
+        options: RunOptions | None = None,
+        on_text: Callable[[str], None] | None = None,
+        constraints: ConstraintCompiler | None = None,
+        engines: Engines | None = None,
     ) -> None:
+        program.check_inputs(inputs)
         self.program = program
         self.backend = backend
-        self.options = options
+        self.options = (options or RunOptions()).over(program.options).resolved()
         self.on_text = on_text
-        self.constraints = constraints
+        self.constraints = constraints or ConstraintCompiler(backend)
+        self.engines = engines or choose_engines(backend)
         self.stats = Stats(load_s=backend.load_s)
-        self.session = Session(backend, self.stats, backend.prefix_cache)
+        model = self.engines.model
+        self.session = Session(backend, model, self.stats,
+                               model.prefix_cache if model is not None else None)
         self.scope: dict[str, Any] = dict(inputs)
         self.vars: dict[str, Any] = {}
-        self.holes: dict[str, HoleRecord | list[HoleRecord]] = {}
+        self.holes: dict[str, HoleRecord] = {}
+        self.hole_lists: dict[str, list[HoleRecord]] = {}
         self.pieces: list[str] = []
-        self.generator = torch.Generator().manual_seed(int(options.seed or 0))
-        for name in _loop_captures(program.ops):
-            # A loop capture exists (as a list) even when its loop never runs.
-            self.vars[name] = self.scope[name] = []
-            self.holes[name] = []
+        self.generator = torch.Generator().manual_seed(self.options.seed)
+        for op in ir.walk(program.ops):
+            if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
+                # A loop capture exists (as a list) even when its loop never runs.
+                self.vars[op.name] = self.scope[op.name] = []
+                self.hole_lists[op.name] = []
 
-    def run(self) -> Result:
+    def execute(self) -> Result:
         started = time.perf_counter()
-        if isinstance(self.backend, HoleSampler):
-            self._check_portable()
+        self._check_constraints()
         try:
             self._exec_block(self.program.ops)
             self.session.finish()
         finally:
             self.session.close()
         self.stats.wall_s = time.perf_counter() - started
-        return Result("".join(self.pieces), self.vars, self.stats, self.holes,
+        return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
                       list(self.session.token_ids))
+
+    def _check_constraints(self) -> None:
+        """Before any model work: every constraint that can be known now (not built from
+        captures) must be one the hole filler can take."""
+        for op in ir.walk(self.program.ops):
+            if isinstance(op, ir.Gen) and op.params.constraint is not None:
+                constraint = op.params.constraint
+                try:
+                    spec = self.constraints.spec(constraint, self.scope, self.program.source)
+                except EvaluationError:
+                    continue  # depends on values not known yet: checked when the hole comes
+                refusal = self.engines.filler.refuses(spec)
+                if refusal is not None:
+                    raise ConstraintError(refusal, _constraint_span(op), self.program.source)
+
+    # ---- ops -------------------------------------------------------------------------------------
 
     def _exec_block(self, ops: Sequence[ir.Op]) -> None:
         for op in ops:
@@ -144,7 +126,7 @@ class _Runner:
     def _exec(self, op: ir.Op) -> None:
         match op:
             case ir.EmitText():
-                self._emit(op.text)
+                self._emit(op.text, special=True)
             case ir.EmitValue():
                 self._emit(_to_text(self._eval(op.expr)))
             case ir.Gen():
@@ -162,10 +144,12 @@ class _Runner:
             case _:
                 assert_never(op)
 
-    def _emit(self, text: str) -> None:
+    def _emit(self, text: str, special: bool = False) -> None:
+        """Append text that is not the model's: only the template's own text (`special`) may
+        spell control tokens; a value's text is always encoded as text."""
         if not text:
             return
-        self.session.append_text(text)
+        self.session.append_text(text, special=special)
         self._show(text)
 
     def _show(self, text: str) -> None:
@@ -176,72 +160,48 @@ class _Runner:
     def _eval(self, expr: Expr) -> Any:
         return evaluate(expr, self.scope, self.program.source)
 
-    def _exec_gen(self, op: ir.Gen) -> None:
-        remote = isinstance(self.backend, HoleSampler)
-        request = self._gen_request(op, remote)
+    @contextmanager
+    def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
+        """Around filling a hole: failures become a GenerationError at the hole; afterwards
+        the backend may let go of what it holds for the next token."""
         try:
-            if isinstance(self.backend, HoleSampler):
-                regex = self._portable_regex(op, request.prefix)
-                record = generate_remote(self.session, self.backend, request, regex,
-                                         op.params.constraint is not None, self._show)
-            else:
-                record = generate(self.session, request, self._show)
+            yield
         except (HoleFailure, BackendError) as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
         finally:
             self.session.pause()
+
+    def _exec_gen(self, op: ir.Gen) -> None:
+        request = self._gen_request(op)
+        with self._filling(op):
+            record = self.engines.filler.fill(self.session, request, self._show)
         self._capture(op.name, record, op.in_loop)
 
-    def _check_portable(self) -> None:
-        """Before any model work: every constraint that can be known now (not built from
-        captures) must have a form the server reads as qrun does."""
-        for op in _walk(self.program.ops):
-            if isinstance(op, ir.Gen) and op.params.constraint is not None:
-                try:
-                    self._portable_regex(op, b"")
-                except EvaluationError:
-                    pass  # depends on values not known yet: checked when the hole comes
-
-    def _portable_regex(self, op: ir.Gen, prefix: bytes) -> str | None:
-        """The hole's constraint (healed prefix first) as a regex a server reads the way qrun
-        does; None for an unconstrained hole with nothing healed."""
-        pattern = None
-        if op.params.constraint is not None:
-            pattern = self.constraints.pattern(op.params.constraint, self.scope,
-                                               self.program.source, op.span)
-        if pattern is None and not prefix:
-            return None
-        where = op.params.constraint.pattern.span if isinstance(
-            op.params.constraint, ir.Regex) else op.span
-        try:
-            body = portable_regex(pattern) if pattern is not None else "[\\s\\S]*"
-        except PatternError as exc:
-            raise ConstraintError(f"this constraint cannot be sent to the server: {exc}",
-                                  where, self.program.source) from None
-        return escape(prefix.decode("utf-8")) + ("(?:" + body + ")" if prefix else body)
-
-    def _gen_request(self, op: ir.Gen, remote: bool = False) -> GenRequest:
+    def _gen_request(self, op: ir.Gen) -> GenRequest:
         p = op.params
-        max_tokens = self._arg(p.max_tokens, int, self.options.max_tokens, op.span, "max_tokens")
-        if max_tokens < 1:
-            raise self._bad_arg(p.max_tokens, op.span, f"max_tokens must be ≥ 1, got {max_tokens}")
+        max_tokens = self._arg(p.max_tokens, "max_tokens", self.options.max_tokens)
         stop = self._stop(p.stop, op.span)
-        sampling, generator = self._sampling(p, op.span)
+        sampling, generator = self._sampling(p)
+        spec = None
+        if p.constraint is not None:
+            spec = self.constraints.spec(p.constraint, self.scope, self.program.source)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
         # forward where one forward can return the logits of two positions (transformers).
-        # On vLLM that costs a step of its own, and a server samples the whole hole: there it
-        # is taken back.
-        in_context = not remote and bool(getattr(self.backend, "heals_in_context", True))
-        if self._arg(p.heal, bool, True, op.span, "heal"):
+        # Elsewhere it is taken back (backends/base.py Capabilities).
+        in_context = self.engines.heals_in_context
+        if self._flag(p.heal, "heal", True):
             prefix = self._heal(keep_last=in_context)
         cursor: Cursor | None = None
-        if p.constraint is not None:
-            cursor = self.constraints.cursor(p.constraint, self.scope, self.program.source,
-                                             op.span, prefix)
+        if spec is not None:
+            try:
+                cursor = self.constraints.cursor(spec, prefix)
+            except PatternError as exc:
+                raise ConstraintError(str(exc), _constraint_span(op),
+                                      self.program.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
-        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, prefix,
+        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
                           healed_in_context=bool(prefix) and in_context)
 
     def _heal(self, keep_last: bool = False) -> bytes:
@@ -253,23 +213,13 @@ class _Runner:
         count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
         return self.session.heal(count, keep_last)
 
-    def _sampling(
-        self, p: ir.GenParams, span: Span
-    ) -> tuple[SamplingParams, torch.Generator]:
-        temperature = float(self._arg(p.temperature, (int, float), self.options.temperature,
-                                      span, "temperature"))
-        top_p = float(self._arg(p.top_p, (int, float), self.options.top_p, span, "top_p"))
-        top_k = int(self._arg(p.top_k, int, 0, span, "top_k"))
-        if temperature < 0:
-            raise self._bad_arg(p.temperature, span, f"temperature must be ≥ 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise self._bad_arg(p.top_p, span, f"top_p must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise self._bad_arg(p.top_k, span, f"top_k must be ≥ 0, got {top_k}")
+    def _sampling(self, p: ir.GenParams) -> tuple[SamplingParams, torch.Generator]:
+        temperature = float(self._arg(p.temperature, "temperature", self.options.temperature))
+        top_p = float(self._arg(p.top_p, "top_p", self.options.top_p))
+        top_k = int(self._arg(p.top_k, "top_k", self.options.top_k))
         generator = self.generator
         if p.seed is not None:
-            seed = self._arg(p.seed, int, 0, span, "seed")
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch.Generator().manual_seed(self._arg(p.seed, "seed", 0))
         return SamplingParams(temperature, top_p, top_k), generator
 
     def _stop(self, expr: Expr | None, span: Span) -> tuple[str, ...]:
@@ -278,60 +228,63 @@ class _Runner:
         value = self._eval(expr)
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
-            raise self._bad_arg(expr, span, "stop must be a non-empty string or a list of them")
+            raise self._bad_arg(expr, "stop must be a non-empty string or a list of them")
         return tuple(stops)
 
-    def _arg(self, expr: Expr | None, kind: Any, default: Any, span: Span, name: str) -> Any:
+    def _arg(self, expr: Expr | None, name: str, default: Any) -> Any:
+        """A run option given as a hole argument, checked as the option is (qrun/options.py),
+        or the run's value when the hole does not give it."""
         if expr is None:
             return default
         value = self._eval(expr)
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise self._bad_arg(expr, span, f"{name} has the wrong type: {value!r}")
+        wanted = CHECKS[name](value)
+        if wanted is not None:
+            raise self._bad_arg(expr, f"{name} must be {wanted}, got {value!r}")
         return value
 
-    def _bad_arg(self, expr: Expr | None, span: Span, message: str) -> EvaluationError:
-        where = expr.span if expr is not None else span
-        return EvaluationError(message, where, self.program.source)
+    def _flag(self, expr: Expr | None, name: str, default: bool) -> bool:
+        if expr is None:
+            return default
+        value = self._eval(expr)
+        if not isinstance(value, bool):
+            raise self._bad_arg(expr, f"{name} must be true or false, got {value!r}")
+        return value
+
+    def _bad_arg(self, expr: Expr, message: str) -> EvaluationError:
+        return EvaluationError(message, expr.span, self.program.source)
 
     def _exec_select(self, op: ir.Select) -> None:
         options = self._eval(op.options)
         if (not isinstance(options, list | tuple) or not options
                 or not all(isinstance(o, str) and o for o in options)):
-            raise self._bad_arg(op.options, op.span,
+            raise self._bad_arg(op.options,
                                 "options must be a non-empty list of non-empty strings")
-        temperature = float(self._arg(op.temperature, (int, float), self.options.temperature,
-                                      op.span, "temperature"))
-        normalize = self._arg(op.normalize, str, "sum", op.span, "normalize")
-        if normalize not in ("sum", "mean"):
-            raise self._bad_arg(op.normalize, op.span, "normalize must be \"sum\" or \"mean\"")
+        temperature = float(self._arg(op.temperature, "temperature", self.options.temperature))
+        normalize = "sum"
+        if op.normalize is not None:
+            normalize = self._eval(op.normalize)
+            if normalize not in ("sum", "mean"):
+                raise self._bad_arg(op.normalize, 'normalize must be "sum" or "mean"')
+        scoring = self.engines.scoring
+        if scoring is None:
+            raise GenerationError(f"backend '{self.backend.name}' cannot score select options",
+                                  op.span, self.program.source)
         prefix = self._heal().decode("utf-8")
         request = SelectRequest(op.name, tuple(options), temperature, normalize, self.generator,
                                 prefix)
-        try:
-            record = select(self.session, request)
-        except (HoleFailure, BackendError) as exc:
-            raise GenerationError(str(exc), op.span, self.program.source) from None
-        finally:
-            self.session.pause()
-        self._show(record.value)
+        with self._filling(op):
+            record = select(self.session, request, scoring)
+        self._show(record.text)
         self._capture(op.name, record, op.in_loop)
-        logprobs = dict(record.option_logprobs or {})
-        if op.in_loop:
-            self.vars.setdefault(f"{op.name}__logprobs", []).append(logprobs)
-        else:
-            self.vars[f"{op.name}__logprobs"] = logprobs
 
     def _capture(self, name: str, record: HoleRecord, in_loop: bool) -> None:
         if in_loop:
             self.vars[name].append(record.value)
-            holes = self.holes[name]
-            assert isinstance(holes, list)
-            holes.append(record)
+            self.hole_lists[name].append(record)
             self.scope[name] = self.vars[name]
         else:
-            self.vars[name] = record.value
+            self.vars[name] = self.scope[name] = record.value
             self.holes[name] = record
-            self.scope[name] = record.value
 
     def _exec_if(self, op: ir.If) -> None:
         for branch in op.branches:
@@ -365,9 +318,14 @@ class _Runner:
                 "has none", op.span, self.program.source,
                 notes=["write the turn markers as fixed text, or use a chat model"])
         before, after = markers
-        self._emit(before)
+        self._emit(before, special=True)
         self._exec_block(op.body)
-        self._emit(after)
+        self._emit(after, special=True)
+
+
+def _constraint_span(op: ir.Gen) -> Span:
+    constraint = op.params.constraint
+    return constraint.pattern.span if isinstance(constraint, ir.Regex) else op.span
 
 
 def _to_text(value: Any) -> str:
@@ -376,65 +334,3 @@ def _to_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def _loop_captures(ops: Sequence[ir.Op]) -> Iterator[str]:
-    for op in _walk(ops):
-        if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
-            yield op.name
-
-
-def _walk(ops: Sequence[ir.Op]) -> Iterator[ir.Op]:
-    for op in ops:
-        yield op
-        match op:
-            case ir.If():
-                for branch in op.branches:
-                    yield from _walk(branch.body)
-                yield from _walk(op.orelse)
-            case ir.For() | ir.Role():
-                yield from _walk(op.body)
-            case _:
-                pass
-
-
-def _first_use(ops: Sequence[ir.Op], name: str) -> Span | None:
-    for expr in _exprs(ops):
-        for node in _expr_nodes(expr):
-            if getattr(node, "name", None) == name and type(node).__name__ == "Name":
-                return node.span  # type: ignore[no-any-return]
-    return None
-
-
-def _exprs(ops: Sequence[ir.Op]) -> Iterator[Expr]:
-    for op in _walk(ops):
-        match op:
-            case ir.EmitValue() | ir.Set():
-                yield op.expr
-            case ir.For():
-                yield op.iterable
-            case ir.If():
-                for branch in op.branches:
-                    yield branch.condition
-            case ir.Select():
-                yield op.options
-            case ir.Gen():
-                for value in (op.params.max_tokens, op.params.stop, op.params.temperature):
-                    if value is not None:
-                        yield value
-            case _:
-                pass
-
-
-def _expr_nodes(expr: Any) -> Iterator[Any]:
-    yield expr
-    for slot in getattr(type(expr), "__slots__", ()):
-        child = getattr(expr, slot)
-        items = child if isinstance(child, tuple) else (child,)
-        for item in items:
-            if isinstance(item, tuple):
-                for sub in item:
-                    if hasattr(sub, "span"):
-                        yield from _expr_nodes(sub)
-            elif hasattr(item, "span") and not isinstance(item, Span):
-                yield from _expr_nodes(item)

@@ -1,188 +1,53 @@
-"""Filling one `gen` hole token by token: sampling under an optional mask, stop strings
-(found even when split across tokens, and taken back out of the context), EOS and max_tokens."""
+"""Filling a `gen` hole locally, token by token: sampling under an optional mask, stop strings
+(found even when split across tokens, and taken back out of the context), EOS, max_tokens and
+fast-forward of the text a constraint forces. The hole filler of backends with a StepModel."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from qrun.runtime.sampler import SamplingParams, sample
-from qrun.runtime.session import Overshoot, Session
+from qrun.regex import PatternError, compile_dfa
+from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFailure
+from qrun.runtime.result import GenRecord
+from qrun.runtime.sampler import sample
+from qrun.runtime.session import Session
 
 
-class Cursor(Protocol):
-    """A hole's constraint state (runtime/masks.py MaskCursor implements it)."""
+class LocalFiller:
+    """The local sampling loop: qrun asks the model for logits and chooses every token."""
 
-    def allowed(self, tokens_left: int) -> torch.Tensor:
-        """Bool mask [V] (on the CPU) of tokens that keep a full match reachable within
-        `tokens_left` tokens, EOS included where the text so far is a full match."""
-        ...
+    def fill(self, session: Session, request: GenRequest,
+             on_text: Callable[[str], None] | None = None) -> GenRecord:
+        return generate(session, request, on_text)
 
-    def can_end(self) -> bool:
-        """The text so far is a full match."""
-        ...
-
-    def can_continue(self) -> bool:
-        """Some non-empty continuation is still possible."""
-        ...
-
-    def advance(self, token_id: int) -> None:
-        """Consume a token (one that allowed() admitted)."""
-        ...
-
-
-class HoleFailure(Exception):
-    """A hole cannot be completed legally; the executor turns it into a GenerationError
-    carrying the hole's span."""
-
-
-@dataclass(slots=True)
-class HoleRecord:
-    """What one hole produced: its value and, per token, id, log-probability and whether it was
-    forced. `finish` is "stop", "eos", "max_tokens", "match" (constraint complete) or "select"."""
-
-    name: str
-    value: str
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    forced: list[bool] = field(default_factory=list)
-    finish: str = ""
-    seconds: float = 0.0
-    option_logprobs: dict[str, float] | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "value": self.value,
-            "token_ids": self.token_ids,
-            "logprobs": [round(lp, 6) for lp in self.logprobs],
-            "forced": self.forced,
-            "finish": self.finish,
-            "seconds": round(self.seconds, 6),
-        }
-        if self.option_logprobs is not None:
-            out["option_logprobs"] = {k: round(v, 6) for k, v in self.option_logprobs.items()}
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class GenRequest:
-    """A `gen` hole with its arguments evaluated. `prefix` is the healed text (bytes taken
-    back from the context that the hole must produce first; not part of the value), and the
-    cursor, when given, already includes it."""
-
-    name: str
-    max_tokens: int
-    stop: tuple[str, ...]
-    sampling: SamplingParams
-    generator: torch.Generator | None
-    cursor: Cursor | None = None
-    prefix: bytes = b""
-    # The healed token is still the context's last token (Session.heal keep_last): the first
-    # step decides from the logits before it and keeps it if the model writes it again.
-    healed_in_context: bool = False
-
-
-class _Hole:
-    """The bytes and tokens of a hole in progress. `text` starts with the healed prefix;
-    `ends[k]` is the byte offset in `text` where hole token k ends."""
-
-    def __init__(self, session: Session, request: GenRequest) -> None:
-        self.session = session
-        self.request = request
-        self.vocab = session.backend.vocabulary
-        self.speculative = request.healed_in_context
-        self.start = len(session.token_ids) - (1 if self.speculative else 0)
-        self.text = bytearray()
-        self.ends: list[int] = []
-        self.record = HoleRecord(request.name, "")
-
-    @property
-    def value_tokens(self) -> int:
-        """Tokens that carry value bytes (tokens wholly inside the healed prefix are free)."""
-        plen = len(self.request.prefix)
-        return sum(1 for end in self.ends if end > plen)
-
-    def take(self, token: int, logprob: float, forced: bool) -> int | None:
-        """Append a token to the context and the hole; return the byte offset of a stop
-        string it completed, if any. The first token of a speculatively healed hole is kept
-        in place when it is the healed token itself, else the healed token is taken back."""
-        if self.speculative:
-            self.speculative = False
-            context = self.session.token_ids
-            if context[self.start :] == [token]:
-                self.session.fixed_tail = 0
-            else:
-                self.session.rollback(self.start)
-                self.session.append_tokens([token])
-        else:
-            self.session.append_tokens([token])
-        self.record.token_ids.append(token)
-        self.record.logprobs.append(logprob)
-        self.record.forced.append(forced)
-        before = len(self.text)
-        self.text += self.vocab.token_bytes[token] or b""
-        self.ends.append(len(self.text))
-        if self.request.cursor is not None:
-            self.request.cursor.advance(token)
-        plen = len(self.request.prefix)
-        searched, start = max(0, before - plen), 0
-        while True:
-            found = find_stop(self.text[plen:], self.request.stop, searched, start)
-            if found is None:
-                return None
-            if self._matches_before(plen + found):
-                return found + plen
-            # With a constraint, a stop string ends the hole only where the value before it
-            # is a full match; elsewhere it is ordinary text the constraint allowed.
-            start = found + 1
-
-    def _matches_before(self, offset: int) -> bool:
-        cursor = self.request.cursor
-        index = getattr(cursor, "index", None)
-        if cursor is None or index is None:
-            return True
-        fresh = index.start()
-        fresh.advance_bytes(bytes(self.text[:offset]))
-        return bool(fresh.can_end())
-
-    def cut_at_stop(self, stop_at: int) -> None:
-        """End the value at a stop string. Tokens wholly before it stay; the tokens from the
-        one holding the stop's first byte on stay provisionally (Session.overshoot)."""
-        kept = sum(1 for end in self.ends if end <= stop_at)
-        begin = self.ends[kept - 1] if kept else 0
-        if kept < len(self.ends):
-            self.session.overshoot = Overshoot(
-                start=self.start + kept,
-                value_bytes=bytes(self.text[begin:stop_at]),
-                token_bytes=bytes(self.text[begin:]),
-            )
-        del self.text[stop_at:]
-
-    def value(self) -> str:
-        return bytes(self.text[len(self.request.prefix) :]).decode("utf-8", errors="replace")
+    def refuses(self, constraint: ConstraintSpec) -> str | None:
+        try:  # compiled once: the DFA is kept for the hole's token index (compile_dfa)
+            compile_dfa(constraint.pattern)
+        except PatternError as exc:
+            return str(exc)
+        return None
 
 
 def generate(
     session: Session, request: GenRequest, on_text: Callable[[str], None] | None = None
-) -> HoleRecord:
+) -> GenRecord:
     """Generate one hole into the session's context and return its record.
 
     EOS and stop strings are not part of the value. Tokens sampled past a stop string stay
-    provisionally and are kept only if the following fixed text begins with them (§4.3).
-    Where the constraint forces text, it is appended without sampling (fast-forward).
+    provisionally and are kept only if the following fixed text begins with them
+    (docs/language.md, stop strings). Where the constraint forces text, it is appended without
+    sampling (fast-forward).
 
     Raises:
         HoleFailure: max_tokens ran out before the constraint accepted, or no token is allowed.
     """
-    started = time.perf_counter()
     session.settle()
     session.ensure_start()  # before the hole's start position is taken
-    hole = _Hole(session, request)
+    hole = Hole(session, request)
     eos = session.backend.eos_token_ids
     cursor = request.cursor
     streamed = len(request.prefix)
@@ -198,7 +63,7 @@ def generate(
                 # fast-forward left to the model): take it without asking for logits, so its
                 # forward joins the next one.
                 session.stats.forced_tokens += 1
-                stop_at = hole.take(only, float("nan"), forced=True)
+                stop_at = hole.take(only, None, forced=True)
             else:
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
                 token, logprob = sample(logits, mask, request.sampling, request.generator)
@@ -216,18 +81,9 @@ def generate(
         if cursor is not None and not cursor.can_continue():
             finish = "match"
             break
-    record = hole.record
-    record.finish = finish
-    # A stop was only taken where the value before it matched (_Hole.take).
-    if cursor is not None and finish != "stop" and not cursor.can_end():
-        raise HoleFailure(
-            f"hole '{request.name}' stopped ({finish}) before its value matched the "
-            f"constraint; value so far: {hole.value()!r}"
-        )
-    record.value = hole.value()
+    record = hole.finish(finish, "stopped before its value matched the constraint")
     if on_text is not None and streamed < len(hole.text):
         on_text(bytes(hole.text[streamed:]).decode("utf-8", errors="replace"))
-    record.seconds = time.perf_counter() - started
     return record
 
 
@@ -239,18 +95,13 @@ def _only_token(mask: torch.Tensor | None) -> int | None:
     return int(allowed[0]) if len(allowed) == 1 else None
 
 
-def _in_prefix(hole: _Hole) -> bool:
-    return len(hole.text) < len(hole.request.prefix)
-
-
-def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
+def _fast_forward(hole: Hole, tokens_left: int) -> int | None:
     """Append the text the constraint forces (one continuation only) as tokens, without
     sampling; they are fed with the next forward, all at once. Returns a completed stop."""
     cursor = hole.request.cursor
-    forced_bytes = getattr(cursor, "forced_bytes", None)
-    if forced_bytes is None or _in_prefix(hole):
+    if cursor is None or hole.in_prefix():
         return None
-    forced = forced_bytes()
+    forced = cursor.forced_bytes()
     if not forced:
         return None
     token_ids = _forced_tokens(hole, forced)[:tokens_left]
@@ -259,13 +110,13 @@ def _fast_forward(hole: _Hole, tokens_left: int) -> int | None:
     stop_at = None
     for token in token_ids:
         hole.session.stats.forced_tokens += 1
-        stop_at = hole.take(token, float("nan"), forced=True)
+        stop_at = hole.take(token, None, forced=True)
         if stop_at is not None:
             break
     return stop_at
 
 
-def _still_feasible(cursor: Any, token_ids: list[int], tokens_left: int) -> bool:
+def _still_feasible(cursor: Cursor, token_ids: list[int], tokens_left: int) -> bool:
     # Forced text is necessary, but its canonical tokens may be more than the fewest that
     # could carry it; under a tight max_tokens, sampling (which the budget-aware mask steers)
     # must then do it instead.
@@ -273,10 +124,10 @@ def _still_feasible(cursor: Any, token_ids: list[int], tokens_left: int) -> bool
     for token in token_ids:
         trial.advance(token)
     left = tokens_left - len(token_ids)
-    return bool(trial.can_end()) or (left > 0 and bool(trial.allowed(left).numpy().any()))
+    return trial.can_end() or (left > 0 and bool(trial.allowed(left).numpy().any()))
 
 
-def _forced_tokens(hole: _Hole, forced: bytes) -> list[int]:
+def _forced_tokens(hole: Hole, forced: bytes) -> list[int]:
     # Canonical tokens of the forced text, less the last one when a longer token could start
     # with it (then the model may legitimately merge it with what follows: `"` into `",`);
     # llguidance's fast-forward rule, reduced to the last token.
@@ -293,7 +144,7 @@ def _forced_tokens(hole: _Hole, forced: bytes) -> list[int]:
     return token_ids
 
 
-def _mask(session: Session, hole: _Hole, tokens_left: int) -> torch.Tensor | None:
+def _mask(session: Session, hole: Hole, tokens_left: int) -> torch.Tensor | None:
     """The cursor's mask for this step (EOS included where the value may end here).
 
     While the healed prefix is being produced, a token that ends inside it costs nothing
@@ -304,7 +155,7 @@ def _mask(session: Session, hole: _Hole, tokens_left: int) -> torch.Tensor | Non
         return None
     started = time.perf_counter()
     mask = request.cursor.allowed(tokens_left)
-    if _in_prefix(hole):
+    if hole.in_prefix():
         remaining = request.prefix[len(hole.text) :]
         free = [t for cut in range(1, len(remaining) + 1)
                 for t in hole.vocab.ids_of(remaining[:cut])]
@@ -320,20 +171,6 @@ def _mask(session: Session, hole: _Hole, tokens_left: int) -> torch.Tensor | Non
             f"no token can continue hole '{request.name}' legally within {tokens_left} token(s)"
         )
     return mask
-
-
-def find_stop(
-    text: bytes | bytearray, stops: Sequence[str], searched: int, start: int = 0
-) -> int | None:
-    """Byte offset of the earliest stop string in `text` that ends after offset `searched`
-    (earlier text was already searched) and begins at or after `start`, or None."""
-    best: int | None = None
-    for stop in stops:
-        needle = stop.encode("utf-8")
-        found = bytes(text).find(needle, max(start, searched - len(needle) + 1))
-        if found >= 0 and (best is None or found < best):
-            best = found
-    return best
 
 
 def _stream(

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from qrun.runtime.vocab import Vocabulary
+from qrun.backends.vocab import Vocabulary
 
 # Prefix masks kept per vocabulary: the healed text is nearly always one of a few strings
 # (" ", ":", "\n", a word stem), so a small LRU serves almost every hole.
@@ -80,7 +80,19 @@ class HealCursor:
 
     def __init__(self, masks: PrefixMasks, prefix: bytes) -> None:
         self.masks = masks
+        self.prefix = prefix
         self.remaining = prefix
+
+    def copy(self) -> HealCursor:
+        clone = HealCursor(self.masks, self.prefix)
+        clone.remaining = self.remaining
+        return clone
+
+    def forced_bytes(self) -> bytes:
+        return b""  # the prefix is produced under its masks; after it nothing is forced
+
+    def accepts(self, data: bytes) -> bool:
+        return data.startswith(self.prefix)
 
     def allowed(self, tokens_left: int) -> torch.Tensor:
         if self.remaining:

@@ -12,13 +12,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from qrun.runtime.dfa import (
+from qrun.backends.vocab import TokenTrie, Vocabulary
+from qrun.regex.dfa import (
     UNREACHABLE,
     ByteDFA,
     compile_dfa,
     distances_to_accept,
 )
-from qrun.runtime.vocab import TokenTrie, Vocabulary
 
 __all__ = [
     "DEAD",
@@ -83,8 +83,10 @@ class TokenIndex:
         return f"TokenIndex(pattern={self.dfa.pattern!r}, states={self.dfa.num_states})"
 
     @staticmethod
-    def build(pattern: str | ByteDFA, vocab: Vocabulary) -> TokenIndex:
-        """Compile `pattern` (or take a compiled DFA) and index it against `vocab`.
+    def build(pattern: str | ByteDFA, vocab: Vocabulary,
+              eager_max_states: int = EAGER_MAX_STATES) -> TokenIndex:
+        """Compile `pattern` (or take a compiled DFA) and index it against `vocab`; the masks
+        of all states are computed now when the DFA has at most `eager_max_states` states.
 
         Raises:
             PatternError: see compile_dfa.
@@ -94,7 +96,7 @@ class TokenIndex:
         # eagerly built masks it is exact for the vocabulary.
         nonempty = (dfa.transitions != dfa.dead).any(axis=1)
         masks: list[torch.Tensor] = []
-        if dfa.num_states <= EAGER_MAX_STATES:
+        if dfa.num_states <= eager_max_states:
             states = np.arange(dfa.num_states, dtype=np.int64)
             rows, token_ids, ends = _walk(vocab.trie, dfa, states)
             masks, any_token = _masks_from(rows, token_ids, len(states), vocab)
@@ -342,10 +344,6 @@ class MaskCursor:
             return self.index.allowed(self.state, eos)
         return self.index.allowed_within(self.state, tokens_left, eos)
 
-    def allowed_within(self, tokens_left: int, eos: bool = True) -> torch.Tensor:
-        """Mask [V] that still lets the constraint accept within `tokens_left` tokens."""
-        return self.index.allowed_within(self.state, tokens_left, eos)
-
     def can_continue(self) -> bool:
         """Whether some token may still follow (False: the value is complete)."""
         return self.index.can_continue(self.state)
@@ -377,8 +375,13 @@ class MaskCursor:
         self.state = nxt
 
     def forced_bytes(self) -> bytes:
-        """Bytes every completion must continue with (for fast-forward; masking.md §6)."""
+        """Bytes every completion must continue with (for fast-forward; docs/internals.md)."""
         return b"" if self.state == DEAD else self.index.dfa.forced_bytes(self.state)
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether `data`, read from the constraint's start, is a full match."""
+        index = self.index
+        return index.is_accepting(index.advance_bytes(index.dfa.start, data))
 
     def min_bytes_to_accept(self) -> int:
         """Fewest bytes still needed for a full match (0 when accepting)."""
@@ -395,19 +398,20 @@ class IndexCache:
             raise ValueError("IndexCache needs max_entries >= 1")
         self._max_entries = max_entries
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[Vocabulary, str], TokenIndex] = OrderedDict()
+        self._entries: OrderedDict[tuple[Vocabulary, str, bytes], TokenIndex] = OrderedDict()
 
-    def get(self, pattern: str, vocab: Vocabulary) -> TokenIndex:
-        """The index of `pattern` over `vocab`, built on first use.
+    def get(self, pattern: str, vocab: Vocabulary, prefix: bytes = b"") -> TokenIndex:
+        """The index over `vocab` of `prefix` followed by a match of `pattern` (see
+        compile_dfa), built on first use.
 
         Raises:
             PatternError: see compile_dfa.
         """
-        key = (vocab, pattern)
+        key = (vocab, pattern, prefix)
         with self._lock:
             index = self._entries.get(key)
             if index is None:
-                index = TokenIndex.build(pattern, vocab)
+                index = TokenIndex.build(compile_dfa(pattern, prefix), vocab)
                 self._entries[key] = index
                 if len(self._entries) > self._max_entries:
                     self._entries.popitem(last=False)

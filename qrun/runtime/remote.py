@@ -1,8 +1,8 @@
 """Filling a `gen` hole on a server that samples whole holes (vLLM's OpenAI-compatible
-server): one completion per hole on the context's token ids, its constraint sent as a regex
-in the server's dialect (runtime/portable.py), and every returned token replayed through the
-same cursor, stop-string and boundary logic as a local hole (generate.py's _Hole), so the
-value, the overshoot handling and the checks are qrun's own."""
+server): one completion per hole on the context's token ids, its constraint sent as a regex in
+the server's dialect (regex/portable.py), and every returned token replayed through the same
+cursor, stop-string and boundary logic as a local hole (hole.py), so the value, the overshoot
+handling and the checks are qrun's own. The hole filler of backends with a HoleSampler."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from collections.abc import Callable
 import torch
 
 from qrun.backends.base import Completion, HoleSampler
-from qrun.runtime.generate import GenRequest, HoleFailure, HoleRecord, _Hole
+from qrun.regex import PatternError, portable_regex
+from qrun.runtime.hole import ConstraintSpec, GenRequest, Hole, HoleFailure
+from qrun.runtime.result import GenRecord
 from qrun.runtime.session import Session
 
 # Legality of a server token is judged by the regex alone: the server knows nothing of
@@ -20,27 +22,61 @@ from qrun.runtime.session import Session
 _UNBOUNDED = 1 << 30
 
 
-def generate_remote(
-    session: Session, sampler: HoleSampler, request: GenRequest, regex: str | None,
-    constrained: bool, on_text: Callable[[str], None] | None = None,
-) -> HoleRecord:
-    """Fill one hole with one server completion and append it to the session's context.
+class ServerFiller:
+    """The server replay: one completion per hole, every token checked by qrun."""
 
-    `regex` is the hole's constraint in the server's dialect (healed prefix first), or None.
-    A hole without a constraint of its own sends its stop strings as the server's (the first
-    occurrence ends it, as locally), unless one could match across the healed prefix. A
-    `constrained` one does not: locally a stop ends such a value only where the text before it
-    is a full match, so the server samples under the regex alone. Either way the replay finds
-    the stop by qrun's rule and ignores the tokens after it.
+    def __init__(self, sampler: HoleSampler) -> None:
+        self.sampler = sampler
+
+    def fill(self, session: Session, request: GenRequest,
+             on_text: Callable[[str], None] | None = None) -> GenRecord:
+        return generate_remote(session, self.sampler, request, on_text)
+
+    def refuses(self, constraint: ConstraintSpec) -> str | None:
+        try:
+            server_regex(constraint.pattern, b"")
+        except PatternError as exc:
+            return f"this constraint cannot be sent to the server: {exc}"
+        return None
+
+
+def server_regex(pattern: str | None, prefix: bytes) -> str | None:
+    """The hole's constraint (healed prefix first) as a regex a server reads the way qrun does;
+    None for an unconstrained hole with nothing healed.
 
     Raises:
-        HoleFailure: the server's value breaks the constraint or does not complete it within
-            max_tokens.
+        PatternError: the pattern has no faithful form in the server's dialect.
     """
-    started = time.perf_counter()
+    if pattern is None and not prefix:
+        return None
+    return portable_regex("[\\s\\S]*" if pattern is None else pattern, prefix.decode("utf-8"))
+
+
+def generate_remote(
+    session: Session, sampler: HoleSampler, request: GenRequest,
+    on_text: Callable[[str], None] | None = None,
+) -> GenRecord:
+    """Fill one hole with one server completion and append it to the session's context.
+
+    The constraint goes to the server in its dialect (healed prefix first). A hole without a
+    constraint of its own sends its stop strings as the server's (the first occurrence ends it,
+    as locally), unless one could match across the healed prefix. A constrained one does not:
+    locally a stop ends such a value only where the text before it is a full match, so the
+    server samples under the regex alone. Either way the replay finds the stop by qrun's rule
+    and ignores the tokens after it.
+
+    Raises:
+        HoleFailure: the constraint has no form the server reads as qrun does, or the server's
+            value breaks the constraint or does not complete it within max_tokens.
+    """
     session.settle()
     session.ensure_start()
-    hole = _Hole(session, request)
+    hole = Hole(session, request)
+    pattern = request.constraint.pattern if request.constraint is not None else None
+    try:
+        regex = server_regex(pattern, request.prefix)
+    except PatternError as exc:
+        raise HoleFailure(f"this constraint cannot be sent to the server: {exc}") from None
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
         if request.generator is not None else 0
     sampling = request.sampling
@@ -49,34 +85,24 @@ def generate_remote(
     # max_tokens value tokens.
     limit = request.max_tokens + (1 if request.prefix else 0)
     t0 = time.perf_counter()
-    server_stops = () if constrained or _overlaps(request.prefix, request.stop) else request.stop
+    server_stops = () if pattern is not None or overlaps(request.prefix, request.stop) \
+        else request.stop
     completion = sampler.complete(
         list(session.token_ids), limit, temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex)
-    stats = session.stats
-    stats.model_s += time.perf_counter() - t0
-    stats.forward_calls += 1
-    stats.forward_tokens += completion.computed
-    stats.cached_tokens += completion.cached
+    session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
     finish = _replay(hole, request, completion)
-    record = hole.record
-    record.finish = finish
-    cursor = request.cursor
-    if cursor is not None and finish != "stop" and not cursor.can_end():
-        raise HoleFailure(
-            f"hole '{request.name}': the server's value does not complete the constraint "
-            f"within {request.max_tokens} token(s) ({finish}); value so far: {hole.value()!r}")
-    record.value = hole.value()
-    if on_text is not None and record.value:
-        on_text(record.value)
-    record.seconds = time.perf_counter() - started
+    record = hole.finish(finish, f"the server's value does not complete the constraint within "
+                                 f"{request.max_tokens} token(s)")
+    if on_text is not None and record.text:
+        on_text(record.text)
     return record
 
 
-def _overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
+def overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
     """Whether a stop string could be found in text that begins inside the healed prefix. qrun
-    looks for stops after it; a server looks in all it wrote (a chat turn's healed "\n" with
-    stop="\n" would end every hole at once), so such stops stay with the replay."""
+    looks for stops after it; a server looks in all it wrote (a chat turn's healed "\\n" with
+    stop="\\n" would end every hole at once), so such stops stay with the replay."""
     for stop in stops:
         data = stop.encode("utf-8")
         if data in prefix or any(prefix.endswith(data[:k]) for k in range(1, len(data))):
@@ -84,7 +110,7 @@ def _overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
     return False
 
 
-def _replay(hole: _Hole, request: GenRequest, completion: Completion) -> str:
+def _replay(hole: Hole, request: GenRequest, completion: Completion) -> str:
     """Take the server's tokens into the hole one by one, checking each against the cursor;
     returns the finish reason."""
     logprobs = completion.logprobs
@@ -98,8 +124,7 @@ def _replay(hole: _Hole, request: GenRequest, completion: Completion) -> str:
                 f"({hole.vocab.token_bytes[token]!r}) breaks the constraint; value so far: "
                 f"{hole.value()!r}")
         hole.session.stats.generated_tokens += 1
-        stop_at = hole.take(token, logprobs[k] if k < len(logprobs) else float("nan"),
-                            forced=False)
+        stop_at = hole.take(token, logprobs[k] if k < len(logprobs) else None, forced=False)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
             return "stop"

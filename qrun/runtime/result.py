@@ -1,25 +1,96 @@
-"""The result of a run (LANGUAGE.md §5): rendered text, captured values, per-hole records, stats."""
+"""The result of a run (docs/language.md, Python API): rendered text, captured values, one
+record per hole, stats."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from qrun.runtime.generate import HoleRecord
 from qrun.runtime.stats import Stats
+
+
+@dataclass(slots=True)
+class HoleRecord:
+    """What one hole produced: its value and text, and per token its id, log-probability (None
+    where the token was forced: no choice was made) and whether it was forced. `start` is the
+    context position where the hole's tokens begin (its first model decision). `finish` is
+    "stop", "eos", "max_tokens", "match" (constraint complete) or "select"."""
+
+    name: str
+    value: Any
+    text: str = ""
+    start: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
+    finish: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "text": self.text,
+            "start": self.start,
+            "token_ids": self.token_ids,
+            "logprobs": [None if lp is None else round(lp, 6) for lp in self.logprobs],
+            "forced": self.forced,
+            "finish": self.finish,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(slots=True)
+class GenRecord(HoleRecord):
+    """A `gen` hole. `constraint` describes its constraint (None: unconstrained); `healed` is
+    the text token healing took back before it (the hole produced it first, outside the
+    value), and its first `prefix_tokens` tokens lie wholly inside that text."""
+
+    constraint: str | None = None
+    healed: str = ""
+    prefix_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,
+                "healed": self.healed, "prefix_tokens": self.prefix_tokens}
+
+
+@dataclass(slots=True)
+class SelectRecord(HoleRecord):
+    """A `select` hole: every option's log-probability in context (the sum over its tokens),
+    and the probabilities they give when normalised over the options."""
+
+    option_logprobs: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def option_probs(self) -> dict[str, float]:
+        """Each option's probability relative to the others (summing to 1)."""
+        if not self.option_logprobs:
+            return {}
+        top = max(self.option_logprobs.values())
+        weights = {k: math.exp(v - top) for k, v in self.option_logprobs.items()}
+        total = sum(weights.values())
+        return {k: w / total for k, w in weights.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**HoleRecord.to_dict(self), "kind": "select",
+                "option_logprobs": {k: round(v, 6) for k, v in self.option_logprobs.items()},
+                "option_probs": {k: round(v, 6) for k, v in self.option_probs.items()}}
 
 
 @dataclass(slots=True)
 class Result:
     """`text` is the full rendered context (fixed text, chat markers and values); `vars` maps
-    every capture to its value (a list for holes inside loops) plus `NAME__logprobs` for each
-    select; `holes` maps capture names to their HoleRecord (a list inside loops);
-    `token_ids` is the final context as token ids (what the model saw, markers included)."""
+    every capture to its value (a list for holes inside loops); `holes` maps each capture
+    outside a loop to its record, `hole_lists` each capture inside a loop to the list of its
+    records (one per iteration); `token_ids` is the final context as token ids (what the model
+    saw, markers included)."""
 
     text: str
     vars: dict[str, Any]
     stats: Stats
-    holes: dict[str, HoleRecord | list[HoleRecord]] = field(default_factory=dict)
+    holes: dict[str, HoleRecord] = field(default_factory=dict)
+    hole_lists: dict[str, list[HoleRecord]] = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:
@@ -27,6 +98,11 @@ class Result:
 
     def __contains__(self, name: str) -> bool:
         return name in self.vars
+
+    def records(self) -> list[HoleRecord]:
+        """Every hole record, in the order the holes ran."""
+        everything = [*self.holes.values(), *(r for rs in self.hole_lists.values() for r in rs)]
+        return sorted(everything, key=lambda record: record.start)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form printed by `qrun --json`: {"text", "vars", "stats"}."""

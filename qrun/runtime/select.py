@@ -9,11 +9,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from qrun.backends.base import PromptScorer, TreeScorer
-from qrun.runtime.generate import HoleFailure, HoleRecord
+from qrun.runtime.hole import HoleFailure
+from qrun.runtime.result import SelectRecord
 from qrun.runtime.session import Session
 
 
@@ -67,13 +69,26 @@ class OptionTree:
         )
 
 
-def select(session: Session, request: SelectRequest) -> HoleRecord:
+Commit = Callable[[int], None]
+
+
+class Scoring(Protocol):
+    """How a run scores select options on its backend, chosen once when the run starts."""
+
+    def score(self, session: Session, rows: list[list[int]]
+              ) -> tuple[list[list[float]], Commit]:
+        """Each row's token log-probabilities after the context, and how to append row i."""
+        ...
+
+
+def select(session: Session, request: SelectRequest, scoring: Scoring) -> SelectRecord:
     """Score every option and append the chosen one to the context.
 
     Raises:
-        HoleFailure: the backend cannot score options, or an option has no tokens.
+        HoleFailure: an option has no tokens.
     """
     started = time.perf_counter()
+    start = len(session.token_ids)
     backend = session.backend
     # With healing, each row is the canonical tokenization of prefix + option, so an option
     # after "Paid: " is scored as " yes", not as "yes" glued to a lone space token. The
@@ -82,22 +97,20 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     for option, row in zip(request.options, rows, strict=True):
         if not row:
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")
-    if isinstance(backend, TreeScorer):
-        token_logprobs, commit = _score_tree(session, backend, rows)
-    elif isinstance(backend, PromptScorer):
-        token_logprobs, commit = _score_prompts(session, backend, rows)
-    else:
-        raise HoleFailure(f"backend '{backend.name}' cannot score select options")
+    token_logprobs, commit = scoring.score(session, rows)
     scores = [_score(lps, request.normalize) for lps in token_logprobs]
-    chosen = _choose(scores, request.temperature, request.generator)
+    chosen = choose(scores, request.temperature, request.generator)
     commit(chosen)
     row = rows[chosen]
     session.stats.generated_tokens += len(row)
-    return HoleRecord(
+    value = request.options[chosen]
+    return SelectRecord(
         name=request.name,
-        value=request.options[chosen],
+        value=value,
+        text=value,
+        start=start,
         token_ids=list(row),
-        logprobs=token_logprobs[chosen],
+        logprobs=list[float | None](token_logprobs[chosen]),
         forced=[False] * len(row),
         finish="select",
         seconds=time.perf_counter() - started,
@@ -107,14 +120,33 @@ def select(session: Session, request: SelectRequest) -> HoleRecord:
     )
 
 
-Commit = Callable[[int], None]
+class TreeScoring:
+    """Every option in one forward over their token tree on top of the KV cache; committing
+    keeps the winner's positions and lets the others go."""
+
+    def __init__(self, scorer: TreeScorer) -> None:
+        self.scorer = scorer
+
+    def score(self, session: Session, rows: list[list[int]]
+              ) -> tuple[list[list[float]], Commit]:
+        return _score_tree(session, self.scorer, rows)
+
+
+class PromptScoring:
+    """Every option as a prompt (context + option) whose token log-probabilities the backend
+    returns; committing appends the winner, fed with what follows."""
+
+    def __init__(self, scorer: PromptScorer) -> None:
+        self.scorer = scorer
+
+    def score(self, session: Session, rows: list[list[int]]
+              ) -> tuple[list[list[float]], Commit]:
+        return _score_prompts(session, self.scorer, rows)
 
 
 def _score_tree(
     session: Session, backend: TreeScorer, rows: list[list[int]]
 ) -> tuple[list[list[float]], Commit]:
-    """Every option in one forward over their token tree on top of the KV cache; committing
-    keeps the winner's positions and lets the others go."""
     first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
     tree = OptionTree.build(rows)
     logprobs = torch.empty(0, first.shape[-1])
@@ -125,9 +157,7 @@ def _score_tree(
         session.sync()
         t0 = time.perf_counter()
         logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
-        session.stats.model_s += time.perf_counter() - t0
-        session.stats.forward_calls += 1
-        session.stats.forward_tokens += len(tree.fed)
+        session.count_model_call(time.perf_counter() - t0, len(tree.fed))
         logprobs = torch.log_softmax(logits, dim=-1)  # [len(fed), V]
     token_logprobs = [
         [float(first[row[0]])] + [float(logprobs[node, token])
@@ -151,17 +181,13 @@ def _score_tree(
 def _score_prompts(
     session: Session, backend: PromptScorer, rows: list[list[int]]
 ) -> tuple[list[list[float]], Commit]:
-    """Every option as a prompt (context + option) whose token log-probabilities the backend
-    returns; committing appends the winner, fed with what follows."""
     session.settle()
     session.ensure_start()
     session.pause()
     t0 = time.perf_counter()
     scored = backend.score_continuations(session.token_ids, rows)
-    session.stats.model_s += time.perf_counter() - t0
-    session.stats.forward_calls += len(rows)
-    session.stats.forward_tokens += scored.computed
-    session.stats.cached_tokens += scored.cached
+    session.count_model_call(time.perf_counter() - t0, scored.computed, scored.cached,
+                             calls=len(rows))
 
     def commit(chosen: int) -> None:
         session.stats.rollback_tokens += sum(len(r) for i, r in enumerate(rows) if i != chosen)
@@ -175,7 +201,11 @@ def _score(logprobs: list[float], normalize: str) -> float:
     return total / len(logprobs) if normalize == "mean" else total
 
 
-def _choose(scores: list[float], temperature: float, generator: torch.Generator | None) -> int:
+def choose(scores: list[float], temperature: float, generator: torch.Generator | None) -> int:
+    """The index of the chosen option: the best score at temperature 0 (the first on ties),
+    else sampled from softmax(scores / temperature)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0.0:
         best = max(scores)
         return scores.index(best)  # first option wins ties

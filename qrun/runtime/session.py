@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qrun.backends.base import Backend, KVCache
-from qrun.runtime.prefix_cache import PrefixCache
+from qrun.backends.base import Backend, KVCache, StepModel
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.stats import Stats
 
 
@@ -38,19 +38,22 @@ class Session:
     Invariants: the cache holds exactly `token_ids[:fed]`; `token_ids[fed:]` are appended but
     not fed yet; `_known[n]` is the next-token distribution after `token_ids[:n]` (kept while
     those n tokens stand); the last `fixed_tail` tokens came from fixed text (token healing may
-    take them back).
+    take them back). Without a `model` (a server samples whole holes) nothing is ever fed: the
+    session keeps the token ids and counters only.
     """
 
     def __init__(
         self,
         backend: Backend,
+        model: StepModel | None,
         stats: Stats | None = None,
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.backend = backend
+        self.model = model
         self.stats = stats if stats is not None else Stats()
         self.prefix_cache = prefix_cache
-        self.cache: KVCache = backend.new_cache()
+        self._cache: KVCache | None = model.new_cache() if model is not None else None
         self.token_ids: list[int] = []
         self.fed = 0
         self.fixed_tail = 0
@@ -60,15 +63,28 @@ class Session:
         self.boundaries: set[int] = set()
         self._known: dict[int, torch.Tensor] = {}
 
-    def append_text(self, text: str) -> list[int]:
-        """Append fixed text, tokenized once as one segment and fed when logits are next
-        needed. A pending overshoot is settled first (kept when the text begins with it)."""
+    @property
+    def cache(self) -> KVCache:
+        """The KV cache of the context (sessions with a model only)."""
+        if self._cache is None:
+            raise RuntimeError("this session has no model: its backend samples whole holes")
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: KVCache) -> None:
+        self._cache = cache
+
+    def append_text(self, text: str, special: bool = False) -> list[int]:
+        """Append text that is not the model's choice (fixed text, an interpolated value),
+        tokenized once as one segment and fed when logits are next needed. Only with `special`
+        (the template's own text, chat markers) can it contain control tokens. A pending
+        overshoot is settled first (kept when the text begins with it)."""
         data = text.encode("utf-8")
         if self.overshoot is not None:
             data = self._settle_overshoot(data)
         if not data:
             return []
-        ids = self.backend.encode(data.decode("utf-8", errors="replace"))
+        ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
         self.boundaries.add(len(self.token_ids))
         self._append(ids)
         self.boundaries.add(len(self.token_ids))
@@ -233,34 +249,39 @@ class Session:
 
     def forward(self, token_ids: Sequence[int], logits_for: int = 1) -> torch.Tensor:
         """One counted, timed forward of `token_ids` on top of the cache."""
+        if self.model is None:
+            raise RuntimeError("this session has no model: its backend samples whole holes")
         started = time.perf_counter()
-        logits = self.backend.forward(token_ids, self.cache, logits_for)
-        self.stats.model_s += time.perf_counter() - started
-        self.stats.forward_calls += 1
-        if not self._take_counts():
-            self.stats.forward_tokens += len(token_ids)
+        logits = self.model.forward(token_ids, self.cache, logits_for)
+        counts = self.cache.take_counts()
+        computed, cached = counts if counts is not None else (len(token_ids), 0)
+        self.count_model_call(time.perf_counter() - started, computed, cached)
         return logits
 
-    def _take_counts(self) -> bool:
-        """Add what the backend reports it computed and served from its own cache (vLLM);
-        False when it computes exactly the tokens given."""
-        counts = self.cache.take_counts()
-        if counts is None:
-            return False
-        self.stats.forward_tokens += counts[0]
-        self.stats.cached_tokens += counts[1]
-        return True
+    def count_model_call(self, seconds: float, computed: int, cached: int = 0,
+                         calls: int = 1) -> None:
+        """Count `calls` model calls that took `seconds`, computed `computed` positions and
+        served `cached` from the backend's own cache (every forward, scoring or completion)."""
+        self.stats.model_s += seconds
+        self.stats.forward_calls += calls
+        self.stats.forward_tokens += computed
+        self.stats.cached_tokens += cached
 
     def pause(self) -> None:
         """No logits are needed until more text comes (a hole has ended): see
         KVCache.release."""
-        self.cache.release()
+        if self._cache is not None:
+            self._cache.release()
 
     def close(self) -> None:
         """The run is over (finished or failed): let the backend free what it holds for this
         context, and take its last counts."""
-        self.cache.release(wait=True)
-        self._take_counts()
+        if self._cache is None:
+            return
+        self._cache.release(wait=True)
+        counts = self._cache.take_counts()
+        if counts is not None:
+            self.count_model_call(0.0, counts[0], counts[1], calls=0)
 
     def rollback(self, length: int) -> None:
         """Truncate the context to its first `length` tokens, cropping the KV cache; positions

@@ -1,5 +1,5 @@
 """The constraint standard library: named regex patterns and JSON Schema -> regex, both
-lowered by the compiler into byte DFAs (runtime/dfa.py)."""
+lowered by the compiler into byte DFAs (regex/dfa.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """JSON Schema -> regex for a documented, non-recursive subset, so a `json` hole is masked by
-the same byte DFA as any regex (runtime/dfa.py). Output is compact but fixed-format JSON:
+the same byte DFA as any regex (regex/dfa.py). Output is compact but fixed-format JSON:
 `{"a": 1, "b": [1, 2]}` (separators ", " and ": ", properties in schema order), because
 flexible whitespace both destroys fast-forward forcing and lets small models emit blanks
 forever (masking.md §2.4.6).
@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from qrun.runtime.dfa import PatternError, compile_dfa
+from qrun.regex import PatternError, compile_dfa
 from qrun.stdlib.patterns import PATTERNS
 
 __all__ = ["SchemaError", "schema_to_regex"]

@@ -1,5 +1,5 @@
 """Named regex constraints (`regex=DATE` in a template, and the JSON Schema formats). Each is
-`regex` package syntax matched in full with ASCII classes (runtime/dfa.py) and compiles to a
+`regex` package syntax matched in full with ASCII classes (regex/dfa.py) and compiles to a
 small byte DFA; tests/constraints/test_patterns.py pins what each accepts and rejects."""
 
 from __future__ import annotations

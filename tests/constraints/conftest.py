@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from qrun.backends.vocab import Vocabulary
 from qrun.runtime.masks import IndexCache, TokenIndex
-from qrun.runtime.vocab import Vocabulary
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qrun.runtime import dfa as dfa_module
-from qrun.runtime.dfa import PatternError, compile_dfa
+from qrun.regex import PatternError, compile_dfa
 
 CASES: list[tuple[str, str, bool]] = [
     (r"abc", "abc", True),
@@ -106,16 +105,14 @@ def test_refused_constructs_name_themselves(pattern: str, fragment: str) -> None
         compile_dfa(pattern)
 
 
-def test_state_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dfa_module, "DFA_MAX_STATES", 100)
+def test_state_cap() -> None:
     with pytest.raises(PatternError, match="more than 100 DFA states"):
-        compile_dfa(r"(a|b)*a(a|b){8}")  # needs 2**9 states
+        compile_dfa(r"(a|b)*a(a|b){8}", max_states=100)  # needs 2**9 states
 
 
-def test_nfa_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dfa_module, "NFA_MAX_STATES", 1000)
+def test_nfa_cap() -> None:
     with pytest.raises(PatternError, match="too large"):
-        compile_dfa(r"\d{1,5000}")
+        compile_dfa(r"\d{1,5000}", max_nfa_states=1000)
 
 
 def test_utf8_lift_is_exact() -> None:

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qrun.runtime.dfa import compile_dfa
+from qrun.backends.vocab import Vocabulary
+from qrun.regex.dfa import compile_dfa
 from qrun.runtime.masks import IndexCache, TokenIndex
-from qrun.runtime.vocab import Vocabulary
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 
 PERSON = {

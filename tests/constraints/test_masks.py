@@ -14,10 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qrun.runtime import masks as masks_module
-from qrun.runtime.dfa import compile_dfa
+from qrun.backends.vocab import Vocabulary
+from qrun.regex.dfa import compile_dfa
 from qrun.runtime.masks import DEAD, IllegalTokenError, IndexCache, TokenIndex
-from qrun.runtime.vocab import Vocabulary
 from qrun.stdlib.patterns import PATTERNS
 
 Walk = Callable[[TokenIndex, list[int], int], bytes]
@@ -74,11 +73,10 @@ def test_masks_equal_brute_force(pattern: str, smol_vocab: Vocabulary) -> None:
         assert torch.equal(index.allowed(state), _brute_force(index, state)), state
 
 
-def test_lazy_masks_equal_eager(smol_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lazy_masks_equal_eager(smol_vocab: Vocabulary) -> None:
     pattern = PATTERNS["EMAIL"]
     eager = TokenIndex.build(pattern, smol_vocab)
-    monkeypatch.setattr(masks_module, "EAGER_MAX_STATES", 0)
-    lazy = TokenIndex.build(pattern, smol_vocab)
+    lazy = TokenIndex.build(pattern, smol_vocab, eager_max_states=0)
     for state in range(eager.dfa.num_states):
         assert torch.equal(eager.allowed(state), lazy.allowed(state))
         assert eager.can_continue(state) == lazy.can_continue(state)
@@ -192,11 +190,10 @@ def test_allowed_within_budget(smol_vocab: Vocabulary) -> None:
     ],
 )
 def test_lazy_budget_is_an_upper_bound(
-    pattern: str, smol_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch
+    pattern: str, smol_vocab: Vocabulary
 ) -> None:
     exact = TokenIndex.build(pattern, smol_vocab)
-    monkeypatch.setattr(masks_module, "EAGER_MAX_STATES", 0)
-    lazy = TokenIndex.build(pattern, smol_vocab)
+    lazy = TokenIndex.build(pattern, smol_vocab, eager_max_states=0)
     assert (lazy.token_dist >= exact.token_dist).all()
     assert (lazy.token_dist[:-1] <= exact.dfa.dist[:-1]).all()  # never worse than bytes
     # A walk that always takes the first token allowed under the lazy bound still finishes.
@@ -210,12 +207,11 @@ def test_lazy_budget_is_an_upper_bound(
 
 
 def test_greedy_bound_counts_tokens_not_bytes(
-    smol_vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch
+    smol_vocab: Vocabulary
 ) -> None:
     pattern = r'x", "age": [0-9]'
     exact = TokenIndex.build(pattern, smol_vocab)
-    monkeypatch.setattr(masks_module, "EAGER_MAX_STATES", 0)
-    index = TokenIndex.build(pattern, smol_vocab)
+    index = TokenIndex.build(pattern, smol_vocab, eager_max_states=0)
     start = index.start_state
     assert index.dfa.dist[start] == 12
     assert exact.token_dist[start] <= index.token_dist[start] <= 8
@@ -309,7 +305,7 @@ def test_dfa_reuse_and_pattern_error(smol_vocab: Vocabulary) -> None:
     dfa = compile_dfa(r"[0-9]{2}")
     index = TokenIndex.build(dfa, smol_vocab)
     assert index.dfa is dfa
-    from qrun.runtime.dfa import PatternError
+    from qrun.regex.dfa import PatternError
 
     with pytest.raises(PatternError, match="backreferences"):
         IndexCache().get(r"(a)\1", smol_vocab)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import regex
 
-from qrun.runtime.dfa import compile_dfa
+from qrun.regex.dfa import compile_dfa
 from qrun.stdlib.patterns import PATTERNS
 
 TABLE: list[tuple[str, str, bool]] = [

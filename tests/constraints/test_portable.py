@@ -12,8 +12,8 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qrun.runtime.dfa import PatternError, compile_dfa
-from qrun.runtime.portable import PortableError, escape, portable_regex
+from qrun.regex import PatternError, compile_dfa
+from qrun.regex.portable import PortableError, escape, portable_regex
 from qrun.stdlib.patterns import PATTERNS
 
 TRICKY = [

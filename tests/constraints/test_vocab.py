@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from qrun.runtime.vocab import TokenTrie, Vocabulary, VocabularyError
+from qrun.backends.vocab import TokenTrie, Vocabulary, VocabularyError
 
 
 def test_smollm2_bytes(smol_tokenizer: Any, smol_vocab: Vocabulary) -> None:

@@ -12,6 +12,7 @@ import qrun.lang
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_file, compile_source, compile_template, ir
 from qrun.lang import expr as ex
+from qrun.options import RunOptions
 from qrun.stdlib.patterns import PATTERNS
 
 
@@ -140,7 +141,14 @@ def test_select_lowering() -> None:
 
 
 def test_non_literal_arguments_are_left_to_the_runtime() -> None:
-    compile_source("{{ gen a max_tokens=n temperature=t stop=s }}{{ select b options=opts }}")
+    gen, select = ops_of("{{ gen a max_tokens=n temperature=t stop=s }}"
+                         "{{ select b options=opts }}")
+    assert isinstance(gen, ir.Gen) and isinstance(select, ir.Select)
+    params = gen.params
+    assert [getattr(params, k) for k in ("max_tokens", "temperature", "stop")] == [
+        ex.Name("n", params.max_tokens.span), ex.Name("t", params.temperature.span),  # type: ignore[union-attr]
+        ex.Name("s", params.stop.span)]  # type: ignore[union-attr]
+    assert select.options == ex.Name("opts", select.options.span)
 
 
 def test_text_is_merged_and_empty_text_dropped() -> None:
@@ -165,10 +173,10 @@ def test_roles_and_branches_structure() -> None:
 def test_front_matter_defaults() -> None:
     program = compile_source('---\nmodel: "org/model name"\ntemperature: 1\ntop_p: 0.5\n'
                              "seed: 3\nmax_tokens: 10\ndevice: cuda:1\ndtype: bfloat16\n---\n")
-    assert program.defaults == ir.RunDefaults(
-        model="org/model name", temperature=1.0, top_p=0.5, seed=3, max_tokens=10,
-        device="cuda:1", dtype="bfloat16")
-    assert isinstance(program.defaults.temperature, float)
+    assert program.options == RunOptions(temperature=1.0, top_p=0.5, seed=3, max_tokens=10)
+    assert program.model == ir.ModelChoice(model="org/model name", device="cuda:1",
+                                           dtype="bfloat16")
+    assert isinstance(program.options.temperature, float)
 
 
 def test_front_matter_lines_keep_body_positions() -> None:
@@ -179,7 +187,7 @@ def test_front_matter_lines_keep_body_positions() -> None:
 
 def test_crlf_front_matter() -> None:
     program = compile_source("---\r\nseed: 1\r\n---\r\nhi")
-    assert program.defaults.seed == 1
+    assert program.options.seed == 1
     assert isinstance(program.ops[0], ir.EmitText) and program.ops[0].text == "hi"
 
 
@@ -218,6 +226,10 @@ def test_literal_patterns_are_compiled_once_per_compile(monkeypatch: pytest.Monk
     assert len(calls) == 3
 
 
-def test_non_literal_patterns_and_schemas_are_checked_at_run_time() -> None:
-    compile_source('{% set p = "(a)\\\\1" %}{{ gen a regex=p }}{{ gen b regex=q }}'
-                   '{{ gen c json=s }}{{ gen d json={"type": t} }}')
+def test_non_literal_patterns_and_schemas_compile_and_are_left_to_the_runtime() -> None:
+    # (tests/runtime/test_executor.py runs them and checks the run-time errors.)
+    ops = ops_of('{% set p = "(a)\\\\1" %}{{ gen a regex=p }}{{ gen b regex=q }}'
+                 '{{ gen c json=s }}{{ gen d json={"type": t} }}')
+    gens = [op for op in ops if isinstance(op, ir.Gen)]
+    kinds = [type(g.params.constraint).__name__ for g in gens]
+    assert kinds == ["Regex", "Regex", "JsonSchema", "JsonSchema"]

@@ -69,26 +69,12 @@ def check(text: str) -> None:
     assert program.dump() == compile_source(text, "fuzz.tmpl").dump()
     scope: dict[str, Any] = {name: [1, "a"] for name in program.inputs}
     scope["loop"] = LoopInfo(0, 2)
-    for op in _walk(program.ops):
-        expr = op.expr if isinstance(op, (ir.EmitValue, ir.Set)) else None
-        if expr is not None:
+    for op in ir.walk(program.ops):
+        for expr in ir.exprs(op):
             try:
                 evaluate(expr, scope, program.source)
             except EvaluationError:
                 pass
-
-
-def _walk(ops: tuple[ir.Op, ...]) -> list[ir.Op]:
-    found: list[ir.Op] = []
-    for op in ops:
-        found.append(op)
-        if isinstance(op, ir.If):
-            for branch in op.branches:
-                found.extend(_walk(branch.body))
-            found.extend(_walk(op.orelse))
-        elif isinstance(op, (ir.For, ir.Role)):
-            found.extend(_walk(op.body))
-    return found
 
 
 FUZZ = settings(max_examples=400, derandomize=True, deadline=None,

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from qrun.errors import TemplateErrors
-from qrun.lang import compile_source
+from qrun.errors import EvaluationError, TemplateErrors
+from qrun.lang import compile_source, ir
 from qrun.lang.build import MAX_BLOCK_DEPTH, MAX_ERRORS, MAX_EXPR_DEPTH
+from qrun.lang.evaluate import evaluate
 
 ESCAPES = [
     "{{ ().__class__ }}",
@@ -56,7 +57,13 @@ def test_sandbox_escapes_do_not_compile(text: str) -> None:
 
 def test_index_by_dunder_string_compiles_but_is_a_plain_key_lookup() -> None:
     # Indexing is dict-key/sequence lookup only (see evaluate.py), so this is harmless.
-    compile_source('{{ x["__class__"] }}')
+    program = compile_source('{{ x["__class__"] }}')
+    (op,) = program.ops
+    assert isinstance(op, ir.EmitValue)
+    assert evaluate(op.expr, {"x": {"__class__": "just a key"}}, program.source) == "just a key"
+    for value in ("text", [1, 2], {"other": 1}, 3):
+        with pytest.raises(EvaluationError):
+            evaluate(op.expr, {"x": value}, program.source)
 
 
 @pytest.mark.parametrize("text", [

@@ -1,5 +1,5 @@
 """Parser and AST builder: source -> ast.Template, shown as a compact dump (one node per line,
-expressions in dump.format_expr form). Covers every construct, whitespace control, raw blocks,
+expressions in expr.format_expr form). Covers every construct, whitespace control, raw blocks,
 front matter positions and the tricky lexing cases (nested dict braces, lone braces, keywords
 used as names)."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from qrun.lang import ast, build_ast, parse
 from qrun.lang import expr as ex
-from qrun.lang.dump import format_expr
+from qrun.lang.expr import format_expr
 from qrun.source import Source
 
 

@@ -3,13 +3,15 @@ whole batch, failures kept to their own run."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+from doubles import SteeredModel
+
 import qrun
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import QrunError
-from qrun.runtime.prefix_cache import PrefixCache
+from qrun.runtime.result import SelectRecord
 
 TEMPLATE = (
     "{% system %}You answer briefly.{% endsystem %}{% user %}{{ q }}{% enduser %}"
@@ -20,40 +22,24 @@ TEMPLATE = (
 INPUTS = [{"q": f"Question number {i}: what is {i} + {i}?"} for i in range(9)]
 
 
-class CountingBackend(TransformersBackend):
-    """Counts model calls (batched or not) to check runs share forwards."""
-
-    calls = 0
-
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> Any:
-        CountingBackend.calls += 1
-        return super().forward(token_ids, cache, logits_for)
-
-    def forward_batch(self, items: Any, logits_for: int = 1) -> Any:
-        CountingBackend.calls += 1
-        return super().forward_batch(items, logits_for)
-
-
 def test_batched_equals_sequential_uncached(tiny: TransformersBackend) -> None:
     query = qrun.Query(TEMPLATE)
     sequential = query.run_many(INPUTS, model=tiny)
-    backend = CountingBackend(tiny.model, tiny.tokenizer, "counting",
-                              prefix_cache=PrefixCache())
-    CountingBackend.calls = 0
+    backend = SteeredModel(tiny, name="counting", prefix_cache=PrefixCache())
     batched = query.run_many(INPUTS, model=backend, batch_size=4)
-    assert all(isinstance(r, qrun.Result) for r in batched)
-    values = [{k: v for k, v in r.vars.items() if not k.endswith("__logprobs")}  # type: ignore[union-attr]
-              for r in batched]
-    assert values == [{k: v for k, v in r.vars.items() if not k.endswith("__logprobs")}  # type: ignore[union-attr]
-                      for r in sequential]
-    for b, s in zip(batched, sequential, strict=True):
-        for option, logprob in s.vars["s__logprobs"].items():  # type: ignore[union-attr]
-            assert abs(b.vars["s__logprobs"][option] - logprob) < 1e-3  # type: ignore[union-attr]
-    assert [r.text for r in batched] == [r.text for r in sequential]  # type: ignore[union-attr]
-    per_run_calls = sum(r.stats.forward_calls for r in batched)  # type: ignore[union-attr]
-    assert CountingBackend.calls < per_run_calls / 2  # forwards were shared across runs
-    shared = batched[1].stats.cached_tokens  # type: ignore[union-attr]
-    assert shared > 0
+    results = [r for r in batched if isinstance(r, qrun.Result)]
+    singles = [r for r in sequential if isinstance(r, qrun.Result)]
+    assert len(results) == len(singles) == len(INPUTS)
+    assert [r.vars for r in results] == [r.vars for r in singles]
+    for b, s in zip(results, singles, strict=True):
+        b_select, s_select = b.holes["s"], s.holes["s"]
+        assert isinstance(b_select, SelectRecord) and isinstance(s_select, SelectRecord)
+        for option, logprob in s_select.option_logprobs.items():
+            assert abs(b_select.option_logprobs[option] - logprob) < 1e-3
+    assert [r.text for r in results] == [r.text for r in singles]
+    per_run_calls = sum(r.stats.forward_calls for r in results)
+    assert backend.calls < per_run_calls / 2  # forwards were shared across runs
+    assert results[1].stats.cached_tokens > 0
 
 
 def test_a_bad_input_fails_alone(tiny: TransformersBackend) -> None:

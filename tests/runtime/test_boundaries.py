@@ -4,52 +4,26 @@ the token is kept if the following fixed text begins with exactly those bytes, e
 back; either way the context holds the text the user reads, and the next logits are those of
 a fresh forward over the same ids.
 
-The tiny model is steered (like test_generate.py's EosAfter) to write a chosen token script."""
+The tiny model is steered (tests/doubles.py) to write a chosen token script."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 import torch
+from doubles import SteeredModel, script
 
 import qrun
-from qrun.backends.transformers import TransformersBackend, TransformersCache
-from qrun.runtime.prefix_cache import PrefixCache
+from qrun.backends.prefix_cache import PrefixCache
+from qrun.backends.transformers import TransformersBackend
 
 
-class Scripted(TransformersBackend):
-    """The tiny model, made to write `script`: when the context is `start + k` tokens long,
-    token `script[k]` gets a logit of 1e4. Records every forward as (the ids the cache then
-    holds, the last position's logits), following crops through the cache length."""
-
-    start = 0
-    script: Sequence[int] = ()
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.forwards: list[tuple[list[int], torch.Tensor]] = []
-        self._held: dict[int, list[int]] = {}
-
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
-        assert isinstance(cache, TransformersCache)
-        held = self._held.get(id(cache), [])[: cache.length()] + list(token_ids)
-        self._held[id(cache)] = held
-        logits = super().forward(token_ids, cache, logits_for)
-        self.forwards.append((list(held), logits[-1].clone()))
-        k = cache.length() - self.start
-        if 0 <= k < len(self.script):
-            logits = logits.clone()
-            logits[-1, self.script[k]] = 1e4
-        return logits
-
-
-def scripted(tiny: TransformersBackend, before_hole: str, script: Sequence[int]) -> Scripted:
-    backend = Scripted(tiny.model, tiny.tokenizer, "scripted")
-    backend.start = len(tiny.encode(before_hole))
-    backend.script = list(script)
-    return backend
+def scripted(tiny: TransformersBackend, before_hole: str, tokens: Sequence[int],
+             start: int | None = None) -> SteeredModel:
+    """The tiny model, made to write `tokens` right after the text `before_hole`."""
+    begin = len(tiny.encode(before_hole)) if start is None else start
+    return SteeredModel(tiny, script(begin, tokens), "scripted")
 
 
 def token(tiny: TransformersBackend, text: str) -> int:
@@ -57,7 +31,8 @@ def token(tiny: TransformersBackend, text: str) -> int:
     return token_id
 
 
-def check_last_forward(tiny: TransformersBackend, backend: Scripted, ids: list[int]) -> None:
+def check_last_forward(tiny: TransformersBackend, backend: SteeredModel, ids: list[int]
+                       ) -> None:
     """The last forward's cache holds exactly `ids`, and its logits equal one fresh forward
     of them."""
     held, logits = backend.forwards[-1]
@@ -78,7 +53,7 @@ def test_a_token_spanning_the_stop_and_the_next_text_is_kept(tiny: TransformersB
     result = qrun.Query(PREFIX + NAME_HOLE + '", "age": ' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"
-    assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
+    assert result.holes["n"].finish == "stop"
     assert stats.boundary_kept == 1 and stats.boundary_dropped == 0
     assert stats.rollback_tokens == 0
     assert result.text == '{"name": "Alice", "age": ' + result["a"]
@@ -172,7 +147,7 @@ def test_a_stop_inside_a_longer_token(
     result = qrun.Query("Name: " + LINE_HOLE + after + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == value
-    assert result.holes["n"].finish == "stop"  # type: ignore[union-attr]
+    assert result.holes["n"].finish == "stop"
     assert stats.boundary_kept == int(kept)
     assert stats.boundary_dropped == int(not kept)
     assert stats.rollback_tokens == 0  # the token holding the stop was never fed
@@ -200,7 +175,7 @@ def test_a_hole_that_ends_without_a_stop_has_no_boundary(tiny: TransformersBacke
     result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"
-    assert result.holes["n"].finish == "max_tokens"  # type: ignore[union-attr]
+    assert result.holes["n"].finish == "max_tokens"
     assert stats.boundary_kept == 0 and stats.boundary_dropped == 0
     assert stats.rollback_tokens == 0
     assert result.text == '{"name": "Alice"}\n' + result["a"]
@@ -244,8 +219,8 @@ def spelled(tiny: TransformersBackend, result: qrun.Result) -> str:
 def test_a_stop_hole_that_opens_the_template_rolls_back_only_the_overshoot(
     tiny: TransformersBackend,
 ) -> None:
-    backend = scripted(tiny, "", [*tiny.encode("Alice"), token(tiny, '",')])
-    backend.start = 1  # the model's start token comes first
+    # The model's start token comes first.
+    backend = scripted(tiny, "", [*tiny.encode("Alice"), token(tiny, '",')], start=1)
     result = qrun.Query(NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
     stats = result.stats
     assert result["n"] == "Alice"

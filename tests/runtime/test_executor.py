@@ -2,97 +2,116 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import regex
+from doubles import SteeredModel
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.errors import EvaluationError, InputError, QrunError
+from qrun.errors import EvaluationError, InputError, QrunError, UsageError
+from qrun.runtime.result import GenRecord, SelectRecord
 
 
 def run(tiny: TransformersBackend, template: str, **inputs: object) -> qrun.Result:
     return qrun.Query(template).run(model=tiny, **inputs)
 
 
-def test_text_interpolation_and_hole(tiny: TransformersBackend) -> None:
-    r = run(tiny, "Hi {{ name }}! {{ gen x max_tokens=3 }}.", name="Ann")
+def test_text_interpolation_and_hole(model: TransformersBackend) -> None:
+    r = run(model, "Hi {{ name }}! {{ gen x max_tokens=3 }}.", name="Ann")
     assert r.text == f"Hi Ann! {r['x']}."
-    assert len(r.holes["x"].token_ids) == 3  # type: ignore[union-attr]
-    assert r.vars == {"x": r["x"]}
+    record = r.holes["x"]
+    assert isinstance(record, GenRecord)
+    assert len(record.token_ids) == 3 and record.value == r["x"] == record.text
+    assert model.decode(record.token_ids).endswith(r["x"])  # (after a healed space)
+    assert r.vars == {"x": r["x"]}  # inputs are not captures
+    # `start` is where the hole's tokens sit in the final context.
+    assert r.token_ids[record.start:record.start + 3] == record.token_ids
 
 
-def test_loops_capture_lists_and_expose_loop_info(tiny: TransformersBackend) -> None:
+def test_loops_capture_lists_and_expose_loop_info(model: TransformersBackend) -> None:
     template = (
         "{% for c in colours %}{{ loop.index }}/{{ loop.index0 }}"
         "{% if loop.first %}F{% endif %}{% if loop.last %}L{% endif %}:{{ c }}="
         "{{ gen v max_tokens=1 }};{% endfor %}"
     )
-    r = run(tiny, template, colours=["red", "green", "blue"])
+    r = run(model, template, colours=["red", "green", "blue"])
     assert isinstance(r["v"], list) and len(r["v"]) == 3
     expected = "".join(
         f"{i + 1}/{i}{'F' if i == 0 else ''}{'L' if i == 2 else ''}:{c}={v};"
         for i, (c, v) in enumerate(zip(["red", "green", "blue"], r["v"], strict=True))
     )
     assert r.text == expected
-    assert len(r.holes["v"]) == 3  # type: ignore[arg-type]
+    assert [record.value for record in r.hole_lists["v"]] == r["v"]
+    assert "v" not in r.holes
+    starts = [record.start for record in r.hole_lists["v"]]
+    assert starts == sorted(starts) and len(set(starts)) == 3
 
 
-def test_a_loop_that_never_runs_captures_an_empty_list(tiny: TransformersBackend) -> None:
-    r = run(tiny, "x{% for c in items %}{{ gen v max_tokens=1 }}{% endfor %}", items=[])
+def test_a_loop_that_never_runs_captures_an_empty_list(model: TransformersBackend) -> None:
+    r = run(model, "x{% for c in items %}{{ gen v max_tokens=1 }}{% endfor %}", items=[])
     assert r["v"] == [] and r.text == "x"
 
 
-def test_branches_follow_earlier_captures(tiny: TransformersBackend) -> None:
+def test_branches_follow_earlier_captures(model: TransformersBackend) -> None:
     template = (
         'Pick: {{ select p options=["yes", "no"] }}'
         '{% if p == "yes" %} Y{% elif p == "no" %} N{% else %} ?{% endif %}'
     )
-    r = run(tiny, template)
+    r = run(model, template)
     assert r.text.endswith(" Y" if r["p"] == "yes" else " N")
-    assert set(r["p__logprobs"]) == {"yes", "no"}
+    record = r.holes["p"]
+    assert isinstance(record, SelectRecord)
+    assert set(record.option_logprobs) == {"yes", "no"}
+    assert r["p"] == max(record.option_logprobs, key=record.option_logprobs.__getitem__)
+    assert abs(sum(record.option_probs.values()) - 1) < 1e-9
+    assert r.vars == {"p": r["p"]}  # no synthetic keys beside the captures
 
 
-def test_set_binds_values(tiny: TransformersBackend) -> None:
-    r = run(tiny, '{% set greeting = "Hello, " + name | upper %}{{ greeting }}!', name="bo")
+def test_set_binds_values(model: TransformersBackend) -> None:
+    r = run(model, '{% set greeting = "Hello, " + name | upper %}{{ greeting }}!', name="bo")
     assert r.text == "Hello, BO!"
 
 
-def test_roles_use_the_models_chat_markers(tiny: TransformersBackend) -> None:
-    r = run(tiny, "{% system %}Be brief.{% endsystem %}{% user %}Hi{% enduser %}"
+def test_roles_use_the_models_chat_markers(model: TransformersBackend) -> None:
+    r = run(model, "{% system %}Be brief.{% endsystem %}{% user %}Hi{% enduser %}"
             "{% assistant %}{{ gen reply max_tokens=2 }}{% endassistant %}")
     assert r.text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         f"<|im_start|>assistant\n{r['reply']}<|im_end|>\n"
     )
     # The markers are the model's special tokens, not their spelled-out characters.
-    im_start = tiny.tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert tiny.encode("<|im_start|>system\n")[0] == im_start
+    im_start = model.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert r.token_ids[0] == im_start
+    assert model.encode("<|im_start|>system\n", special=True)[0] == im_start
+    assert im_start not in model.encode("<|im_start|>system\n")  # text from values
 
 
-def test_same_seed_same_output_and_seeds_differ(tiny: TransformersBackend) -> None:
+def test_same_seed_same_output_and_seeds_differ(model: TransformersBackend) -> None:
     q = qrun.Query("Story: {{ gen s max_tokens=8 temperature=1.0 }}")
-    outputs = [q.run(model=tiny, seed=s)["s"] for s in (1, 1, 2, 3)]
+    outputs = [q.run(model=model, seed=s)["s"] for s in (1, 1, 2, 3)]
     assert outputs[0] == outputs[1]
     assert len(set(outputs)) > 1
 
 
-def test_missing_inputs_are_reported_together(tiny: TransformersBackend) -> None:
+def test_missing_inputs_are_reported_together(model: TransformersBackend) -> None:
     with pytest.raises(InputError) as info:
-        run(tiny, "{{ a }} and {{ b }}")
+        run(model, "{{ a }} and {{ b }}")
     assert "'a', 'b'" in info.value.message
     assert (info.value.span.line, info.value.span.column) == (1, 4)
 
 
-def test_runtime_argument_errors_have_positions(tiny: TransformersBackend) -> None:
+def test_runtime_argument_errors_have_positions(model: TransformersBackend) -> None:
     with pytest.raises(EvaluationError) as info:
-        run(tiny, "x\n{{ gen v max_tokens=n }}", n="many")
+        run(model, "x\n{{ gen v max_tokens=n }}", n="many")
     assert info.value.span.line == 2
     assert "max_tokens" in info.value.message
 
 
-def test_run_many_keeps_going_after_a_failure(tiny: TransformersBackend) -> None:
+def test_run_many_keeps_going_after_a_failure(model: TransformersBackend) -> None:
     q = qrun.Query("{{ word }}: {{ gen v max_tokens=2 }}")
-    results = q.run_many([{"word": "a"}, {}, {"word": "c"}], model=tiny)
+    results = q.run_many([{"word": "a"}, {}, {"word": "c"}], model=model)
     assert isinstance(results[0], qrun.Result) and results[0].text.startswith("a: ")
     assert isinstance(results[1], QrunError)
     assert isinstance(results[2], qrun.Result) and results[2].text.startswith("c: ")
@@ -120,26 +139,27 @@ def test_from_file_reports_under_the_path(tmp_path: object, tiny: TransformersBa
         '{{ gen c max_tokens=2 }}',
     ],
 )
-def test_the_context_is_the_text_the_user_reads(tiny: TransformersBackend, template: str) -> None:
+def test_the_context_is_the_text_the_user_reads(model: TransformersBackend, template: str
+                                                ) -> None:
     for seed in range(4):
-        r = qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed, q="why?")
-        context = tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False)
+        r = qrun.Query(template).run(model=model, temperature=1.0, seed=seed, q="why?")
+        context = model.tokenizer.decode(r.token_ids, skip_special_tokens=False)
         assert context == r.text
         assert r.stats.context_tokens == len(r.token_ids)
         assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rollback_tokens
 
 
 def test_a_stop_ends_a_regex_hole_only_where_the_value_matches(
-    tiny: TransformersBackend,
+    model: TransformersBackend,
 ) -> None:
     # A "b" ends the hole only where the value before it matches [a-c]+: a "b" at the very
     # start (empty value) is value text, any later "b" is the stop.
     stopped = 0
     for seed in range(12):
-        r = run_seeded(tiny, 'x {{ gen v regex="[a-c]+" stop="b" max_tokens=5 }}', seed)
+        r = run_seeded(model, 'x {{ gen v regex="[a-c]+" stop="b" max_tokens=5 }}', seed)
         assert regex.fullmatch("[a-c]+", r["v"])
         assert "b" not in r["v"][1:]
-        stopped += r.holes["v"].finish == "stop"  # type: ignore[union-attr]
+        stopped += r.holes["v"].finish == "stop"
     assert stopped > 0
 
 
@@ -152,3 +172,60 @@ def test_an_empty_loop_capture_is_an_empty_list_in_the_template(
 ) -> None:
     r = run(tiny, "{% for x in [] %}{{ gen a }}{% endfor %}[{{ a | join(',') }}]{{ len(a) }}")
     assert r.text == "[]0"
+
+
+def test_a_negative_temperature_is_a_usage_error_before_any_work(
+    tiny: TransformersBackend,
+) -> None:
+    # It used to divide the select scores by -0.01 and pick the least likely option.
+    query = qrun.Query('Pick: {{ select p options=["yes", "no", "maybe"] }}')
+    bad_options: list[dict[str, Any]] = [
+        {"temperature": -0.01}, {"top_p": 0}, {"max_tokens": 0}, {"top_k": -1}, {"seed": 1.5},
+        {"temperature": float("nan")}]
+    for bad in bad_options:
+        with pytest.raises(UsageError, match=next(iter(bad))):
+            query.run(model=tiny, **bad)
+        with pytest.raises(UsageError):
+            query.run_many([{}], model=tiny, **bad)
+    with pytest.raises(UsageError, match="unknown keyword"):
+        query.run_many([{}], model=tiny, temprature=0.5)
+
+
+def test_a_negative_temperature_in_the_template_is_an_error_at_its_argument(
+    tiny: TransformersBackend,
+) -> None:
+    with pytest.raises(EvaluationError, match="temperature must be a number >= 0") as info:
+        run(tiny, 'x {{ select p options=["a", "b"] temperature=t }}', t=-1)
+    assert (info.value.span.line, info.value.span.column) == (1, 46)
+
+
+@pytest.mark.parametrize("template, column", [
+    ("x\n{{ gen a regex=p }}", 16),
+    ("x\n{{ gen a top_p=tp max_tokens=2 }}", 16),
+    ("x\n{{ gen a json=schema }}", 15),
+    ("x\n{{ select a options=opts temperature=t }}", 21),
+])
+def test_a_missing_input_is_reported_where_it_is_first_used(
+    tiny: TransformersBackend, template: str, column: int,
+) -> None:
+    with pytest.raises(InputError) as info:
+        qrun.Query(template).run(model=tiny)
+    assert (info.value.span.line, info.value.span.column) == (2, column)
+
+
+@pytest.mark.parametrize("template, inputs, message, column", [
+    ('{% set p = "(a)\\\\1" %}{{ gen a regex=p }}', {}, "backreferences", 38),
+    ("{{ gen b regex=q }}", {"q": "[0-9"}, "invalid regex", 16),
+    ("{{ gen b regex=q }}", {"q": 7}, "regex must be a string", 16),
+    ("{{ gen c json=s }}", {"s": {"type": "strnig"}}, "unsupported type", 15),
+    ('{{ gen d json={"type": t} }}', {"t": "strnig"}, "unsupported type", 15),
+])
+def test_patterns_and_schemas_from_values_are_checked_when_the_run_starts(
+    tiny: TransformersBackend, template: str, inputs: dict[str, Any], message: str, column: int,
+) -> None:
+    counting = SteeredModel(tiny, name="counting")
+    with pytest.raises((qrun.ConstraintError, qrun.EvaluationError)) as info:
+        qrun.Query(template).run(model=counting, **inputs)
+    assert message in info.value.message
+    assert (info.value.span.line, info.value.span.column) == (1, column)
+    assert counting.calls == 0  # before any model work

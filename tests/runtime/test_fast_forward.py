@@ -5,7 +5,6 @@ with the next forward, so a JSON hole costs fewer forwards than it has tokens.""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import jsonschema
@@ -14,8 +13,8 @@ import regex
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.generate import HoleRecord
 from qrun.runtime.masks import TokenIndex
+from qrun.runtime.result import HoleRecord
 from qrun.stdlib.json_schema import schema_to_regex
 
 PERSON: dict[str, Any] = {
@@ -29,11 +28,6 @@ PERSON: dict[str, Any] = {
     "required": ["name", "age", "email_verified", "role"],
 }
 
-
-def record_of(result: qrun.Result, name: str) -> HoleRecord:
-    record = result.holes[name]
-    assert isinstance(record, HoleRecord)
-    return record
 
 
 def forced_runs(record: HoleRecord) -> list[list[int]]:
@@ -54,7 +48,7 @@ def test_a_json_hole_forces_its_keys(tiny: TransformersBackend, seed: int) -> No
     result = qrun.Query("Person: {{ gen p json=schema max_tokens=60 }}").run(
         model=tiny, temperature=1.0, seed=seed, schema=PERSON
     )
-    record = record_of(result, "p")
+    record = result.holes["p"]
     stats = result.stats
     value = json.loads(result["p"])
     jsonschema.validate(value, PERSON)
@@ -63,8 +57,8 @@ def test_a_json_hole_forces_its_keys(tiny: TransformersBackend, seed: int) -> No
     # Forced tokens are counted and flagged; they carry no sampled log-probability.
     assert stats.forced_tokens > 0
     assert sum(record.forced) == stats.forced_tokens
-    assert all(math.isnan(lp) for lp, f in zip(record.logprobs, record.forced, strict=True) if f)
-    assert not any(math.isnan(lp) for lp, f in zip(record.logprobs, record.forced, strict=True)
+    assert all(lp is None for lp, f in zip(record.logprobs, record.forced, strict=True) if f)
+    assert not any(lp is None for lp, f in zip(record.logprobs, record.forced, strict=True)
                    if not f)
     assert stats.generated_tokens == len(record.token_ids) - stats.forced_tokens
 
@@ -108,7 +102,7 @@ def test_a_forced_run_is_canonical_together_with_what_the_model_writes_next(
     result = qrun.Query("Person: {{ gen p json=schema max_tokens=60 }}").run(
         model=tiny, temperature=1.0, seed=seed, schema=PERSON
     )
-    record = record_of(result, "p")
+    record = result.holes["p"]
     vocab = tiny.vocabulary
     spelled = [vocab.token_bytes[t] or b"" for t in record.token_ids]
     at = 0
@@ -166,8 +160,8 @@ def test_fast_forward_is_deterministic_and_matches_its_record(tiny: Transformers
     first = query.run(model=tiny, temperature=1.0, seed=7, schema=PERSON)
     second = query.run(model=tiny, temperature=1.0, seed=7, schema=PERSON)
     assert first["p"] == second["p"]
-    assert record_of(first, "p").forced == record_of(second, "p").forced
+    assert first.holes["p"].forced == second.holes["p"].forced
     # The record's tokens spell the healed " " and then the value.
     data = b"".join(tiny.vocabulary.token_bytes[t] or b""
-                    for t in record_of(first, "p").token_ids)
+                    for t in first.holes["p"].token_ids)
     assert data == b" " + first["p"].encode()

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import SteeredModel, eos_from
 
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.generate import GenRequest, generate
+from qrun.runtime.generate import generate
+from qrun.runtime.hole import GenRequest
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.session import Session
 
@@ -18,7 +20,7 @@ PROMPT = "Once upon a time, in a faraway land,"
 
 def run(backend: TransformersBackend, max_tokens: int = 24, stop: tuple[str, ...] = (),
         seed: int = 3, stream: list[str] | None = None) -> tuple[Session, Any]:
-    session = Session(backend)
+    session = Session(backend, backend)
     session.append_text(PROMPT)
     request = GenRequest("x", max_tokens, stop, SamplingParams(temperature=1.0),
                          torch.Generator().manual_seed(seed))
@@ -107,21 +109,9 @@ def test_streamed_chunks_add_up_to_the_value(tiny: TransformersBackend) -> None:
     assert len(chunks) > 1  # streamed as it is produced, not all at the end
 
 
-class EosAfter(TransformersBackend):
-    """The tiny model, made to want EOS once the context reaches `limit` tokens."""
-
-    limit = 0
-
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
-        logits = super().forward(token_ids, cache, logits_for).clone()
-        if cache.length() >= self.limit:
-            logits[:, min(self.eos_token_ids)] = 1e4
-        return logits
-
-
 def test_eos_ends_the_hole_and_stays_out_of_the_context(tiny: TransformersBackend) -> None:
-    backend = EosAfter(tiny.model, tiny.tokenizer, "eos-after")
-    backend.limit = len(tiny.encode(PROMPT)) + 4
+    eos = min(tiny.eos_token_ids)
+    backend = SteeredModel(tiny, eos_from(len(tiny.encode(PROMPT)) + 4, eos), "eos-after")
     session, record = run(backend, max_tokens=20)
     assert record.finish == "eos"
     assert len(record.token_ids) == 4

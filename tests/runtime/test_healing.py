@@ -11,18 +11,13 @@ import torch
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.generate import HoleRecord
+from qrun.runtime.result import HoleRecord
 from qrun.stdlib.patterns import PATTERNS
 
 
 def hole_bytes(backend: TransformersBackend, record: HoleRecord) -> bytes:
     return b"".join(backend.vocabulary.token_bytes[t] or b"" for t in record.token_ids)
 
-
-def record_of(result: qrun.Result, name: str) -> HoleRecord:
-    record = result.holes[name]
-    assert isinstance(record, HoleRecord)
-    return record
 
 
 # (fixed text, the bytes its last token holds, which healing takes back)
@@ -46,11 +41,11 @@ def test_the_last_token_is_taken_back_and_produced_by_the_hole(
         assert result.stats.healed_tokens == 1
         assert result.text == fixed + value
         # The hole's tokens spell the healed bytes, then the value: nothing is lost or doubled.
-        assert hole_bytes(tiny, record_of(result, "c")) == healed + value.encode()
+        assert hole_bytes(tiny, result.holes["c"]) == healed + value.encode()
         assert not value.encode().startswith(healed)
         # The tokens inside the healed bytes are free: at most 4 carry value bytes.
         ends, total = [], 0
-        for token in record_of(result, "c").token_ids:
+        for token in result.holes["c"].token_ids:
             total += len(tiny.vocabulary.token_bytes[token] or b"")
             ends.append(total)
         assert sum(1 for end in ends if end > len(healed)) <= 4
@@ -65,9 +60,9 @@ def test_heal_false_keeps_the_fixed_text_tokens(
     )
     assert result.stats.healed_tokens == 0
     assert result.text == fixed + result["c"]
-    assert hole_bytes(tiny, record_of(result, "c")) == result["c"].encode()
+    assert hole_bytes(tiny, result.holes["c"]) == result["c"].encode()
     # Nothing was taken back: the context is the fixed text's own tokens, then the hole's.
-    record = record_of(result, "c")
+    record = result.holes["c"]
     assert result.stats.context_tokens == len(tiny.encode(fixed)) + len(record.token_ids)
     assert result.stats.rollback_tokens == 0
 
@@ -92,8 +87,8 @@ def test_a_hole_right_after_another_hole_is_not_healed(tiny: TransformersBackend
         # tokens, which are never taken back.
         assert result.stats.healed_tokens == 1
         assert result.text == "Name: " + result["a"] + result["b"]
-        assert hole_bytes(tiny, record_of(result, "b")) == result["b"].encode()
-        assert len(record_of(result, "b").token_ids) == 3
+        assert hole_bytes(tiny, result.holes["b"]) == result["b"].encode()
+        assert len(result.holes["b"].token_ids) == 3
 
 
 def test_a_hole_right_after_a_select_is_not_healed(tiny: TransformersBackend) -> None:
@@ -106,8 +101,8 @@ def test_a_hole_right_after_a_select_is_not_healed(tiny: TransformersBackend) ->
         result = query.run(model=tiny, temperature=1.0, seed=seed)
         assert result.stats.healed_tokens == 1  # the " " of "Pick: ", before the select
         assert result.text == "Pick: " + result["c"] + result["g"]
-        assert hole_bytes(tiny, record_of(result, "g")) == result["g"].encode()
-        assert len(record_of(result, "g").token_ids) == 2
+        assert hole_bytes(tiny, result.holes["g"]) == result["g"].encode()
+        assert len(result.holes["g"].token_ids) == 2
 
 
 def test_healing_with_a_regex_hole_still_full_matches(tiny: TransformersBackend) -> None:
@@ -119,7 +114,7 @@ def test_healing_with_a_regex_hole_still_full_matches(tiny: TransformersBackend)
         for name, pattern in (("d", "DATE"), ("t", "TIME"), ("w", "WORD")):
             value = result[name]
             assert regex.fullmatch(PATTERNS[pattern], value, flags=regex.ASCII)
-            assert hole_bytes(tiny, record_of(result, name)) == b" " + value.encode()
+            assert hole_bytes(tiny, result.holes[name]) == b" " + value.encode()
         assert result.text == (f"Date: {result['d']}\nTime: {result['t']}\n"
                                f"Word: {result['w']}")
 
@@ -135,9 +130,9 @@ def test_healing_http_colon_with_a_regex(tiny: TransformersBackend) -> None:
         assert result.stats.healed_tokens == 1
         assert regex.fullmatch(pattern, value, flags=regex.ASCII)
         assert result.text == f"Visit http:{value} now"
-        data = hole_bytes(tiny, record_of(result, "u"))
+        data = hole_bytes(tiny, result.holes["u"])
         assert data == b":" + value.encode()
-        first = tiny.vocabulary.token_bytes[record_of(result, "u").token_ids[0]] or b""
+        first = tiny.vocabulary.token_bytes[result.holes["u"].token_ids[0]] or b""
         joined_colon += len(first) > 1
     # The point of healing: the first token may join the healed ":" with what follows.
     assert joined_colon > 0
@@ -176,7 +171,7 @@ def test_healing_recovers_the_probability_of_paris(smollm2: TransformersBackend)
     assert result.stats.healed_tokens == 1
     assert result["c"].startswith("Paris")
     assert result.text == prompt + result["c"]
-    record = record_of(result, "c")
+    record = result.holes["c"]
     assert record.token_ids[0] == paris
     # The hole's first log-probability is the healed one (the mask renormalises over the
     # tokens that start with " ").

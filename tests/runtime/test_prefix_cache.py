@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 import qrun
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.prefix_cache import PrefixCache
 from qrun.runtime.session import Session
 
 FEW_SHOT = (
@@ -52,14 +52,12 @@ def test_an_identical_run_costs_no_forward(tiny: TransformersBackend) -> None:
 def held_bytes(cache: PrefixCache) -> int:
     """Bytes of the distinct storages of every tensor the cache holds, measured directly."""
     seen: dict[int, int] = {}
-    for node, kind in cache._lru:
-        if kind == "kv":
-            assert node.kv is not None
-            seen.update(dict(node.kv.storages()))
-        else:
-            assert node.logits is not None
-            storage = node.logits.untyped_storage()
+    for _, value in cache.entries():
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
+        else:
+            seen.update(dict(value.storages()))
     return sum(seen.values())
 
 
@@ -79,7 +77,7 @@ def test_eviction_keeps_the_bytes_held_under_the_budget(tiny: TransformersBacken
 
 def test_cached_logits_equal_a_fresh_forward(tiny: TransformersBackend) -> None:
     cache = PrefixCache()
-    session = Session(tiny, prefix_cache=cache)
+    session = Session(tiny, tiny, prefix_cache=cache)
     session.append_text("The first segment,")
     session.next_logits()
     session.append_text(" and the second one")
@@ -89,7 +87,7 @@ def test_cached_logits_equal_a_fresh_forward(tiny: TransformersBackend) -> None:
     fresh = tiny.forward(session.token_ids, tiny.new_cache())[-1]
     torch.testing.assert_close(hit.logits, fresh, atol=1e-4, rtol=0)
     # A snapshot at the segment boundary inside the second forward serves a new continuation.
-    other = Session(tiny, prefix_cache=cache)
+    other = Session(tiny, tiny, prefix_cache=cache)
     other.append_text("The first segment,")
     other.append_text(" but another ending")
     other.next_logits()

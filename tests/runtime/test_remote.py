@@ -4,61 +4,13 @@ budgets, healing, and what is sent. The real vLLM server is in tests/test_vllm.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
+from doubles import ScriptedServer
 
 import qrun
-from qrun.backends.base import Completion, ScoredRows
-from qrun.backends.hf_tokenizer import HFTokenizerMixin
 from qrun.backends.transformers import TransformersBackend
-from qrun.backends.vllm_server import ServerContext
 from qrun.errors import GenerationError
-from qrun.runtime.remote import _overlaps
-
-
-class ScriptedServer(HFTokenizerMixin):
-    """Answers each completion with the next scripted text (tokenized here), recording the
-    requests; scores options by a fixed table."""
-
-    batches_itself = True
-
-    def __init__(self, tiny: TransformersBackend, replies: Sequence[str],
-                 scores: dict[str, float] | None = None) -> None:
-        self.tokenizer = tiny.tokenizer
-        self._vocab = tiny.vocab_size
-        self.name, self.device, self.dtype, self.load_s = "scripted", "server", "server", 0.0
-        self.prefix_cache = None
-        self._markers: dict[str, tuple[str, str] | None] = {}
-        self.replies = list(replies)
-        self.scores = scores or {}
-        self.requests: list[dict[str, Any]] = []
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    def _generation_eos(self) -> list[int]:
-        return []
-
-    def new_cache(self) -> ServerContext:
-        return ServerContext()
-
-    def forward(self, token_ids: Any, cache: Any, logits_for: int = 1) -> Any:
-        raise AssertionError("a server is never asked for a forward")
-
-    def complete(self, prompt: Sequence[int], max_tokens: int, **kwargs: Any) -> Completion:
-        self.requests.append({"prompt": list(prompt), "max_tokens": max_tokens, **kwargs})
-        ids = self.encode(self.replies.pop(0))[:max_tokens]
-        return Completion(ids, [-0.5] * len(ids), "length" if len(ids) == max_tokens else "eos",
-                          len(prompt), 0)
-
-    def score_continuations(self, context: Sequence[int],
-                            rows: Sequence[Sequence[int]]) -> ScoredRows:
-        texts = [self.decode(row).strip() for row in rows]
-        return ScoredRows([[self.scores.get(t, -5.0)] + [0.0] * (len(r) - 1)
-                           for t, r in zip(texts, rows, strict=True)], len(context), 0)
+from qrun.runtime.remote import overlaps
 
 
 def test_the_value_ends_at_the_stop_and_later_tokens_are_ignored(
@@ -68,7 +20,7 @@ def test_the_value_ends_at_the_stop_and_later_tokens_are_ignored(
     assert r["city"] == " Paris"
     assert r.text == f"City:{r['city']}\nDone."
     assert "more" not in tiny.decode(r.token_ids)
-    assert r.holes["city"].finish == "stop"  # type: ignore[union-attr]
+    assert r.holes["city"].finish == "stop"
 
 
 def test_a_constrained_hole_sends_its_regex_and_no_stops(tiny: TransformersBackend) -> None:
@@ -99,8 +51,8 @@ def test_healing_gives_the_server_one_token_more_and_counts_only_value_tokens(
     r = qrun.Query("Count: {{ gen c max_tokens=3 }}").run(model=server)
     assert r.stats.healed_tokens == 1
     assert server.requests[0]["max_tokens"] == 4
-    assert len(r.holes["c"].token_ids) <= 4  # type: ignore[union-attr]
-    assert r.holes["c"].finish == "max_tokens"  # type: ignore[union-attr]
+    assert len(r.holes["c"].token_ids) <= 4
+    assert r.holes["c"].finish == "max_tokens"
 
 
 def test_select_takes_the_best_scored_option(tiny: TransformersBackend) -> None:
@@ -119,4 +71,4 @@ def test_select_takes_the_best_scored_option(tiny: TransformersBackend) -> None:
 ])
 def test_stops_that_could_match_across_the_healed_prefix_stay_with_the_replay(
         prefix: bytes, stops: tuple[str, ...], overlap: bool) -> None:
-    assert _overlaps(prefix, stops) is overlap
+    assert overlaps(prefix, stops) is overlap

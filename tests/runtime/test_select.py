@@ -8,7 +8,7 @@ import math
 import torch
 
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.select import OptionTree, SelectRequest, _choose, select
+from qrun.runtime.select import OptionTree, SelectRequest, TreeScoring, choose, select
 from qrun.runtime.session import Session
 
 PREFIX = "My favourite colour is"
@@ -26,10 +26,10 @@ def sequential_score(backend: TransformersBackend, option: str) -> float:
 
 def run_select(backend: TransformersBackend, temperature: float = 0.0,
                normalize: str = "sum") -> tuple[Session, object]:
-    session = Session(backend)
+    session = Session(backend, backend)
     session.append_text(PREFIX)
     request = SelectRequest("c", OPTIONS, temperature, normalize, torch.Generator().manual_seed(0))
-    return session, select(session, request)
+    return session, select(session, request, TreeScoring(backend))
 
 
 def test_scores_equal_separate_uncached_forwards(tiny: TransformersBackend) -> None:
@@ -46,7 +46,7 @@ def test_the_winner_row_becomes_the_context(tiny: TransformersBackend) -> None:
     ids = tiny.encode(PREFIX) + tiny.encode(record.value)  # type: ignore[attr-defined]
     assert session.token_ids == ids
     assert session.cache.length() == len(ids) - 1  # the last token is fed with what follows
-    fresh = Session(tiny)
+    fresh = Session(tiny, tiny)
     fresh.append_tokens(ids)
     torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
     session.append_text(" and more")
@@ -70,10 +70,10 @@ SHARED = (" green", " green and blue", " green and gold", " greenish", " grey")
 
 
 def test_options_sharing_tokens_are_scored_off_one_tree(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.append_text(PREFIX)
     request = SelectRequest("c", SHARED, 0.0, "sum", None)
-    record = select(session, request)
+    record = select(session, request, TreeScoring(tiny))
     for option in SHARED:
         assert math.isclose(record.option_logprobs[option],  # type: ignore[index]
                             sequential_score(tiny, option), abs_tol=1e-3)
@@ -88,7 +88,7 @@ def test_any_option_can_win_and_become_the_context(tiny: TransformersBackend) ->
     # option's fed tokens, wherever its nodes sit in the tree (first path: a crop; others:
     # gathered positions).
     tree = OptionTree.build([tiny.encode(o) for o in SHARED])
-    base = Session(tiny)
+    base = Session(tiny, tiny)
     base.append_text(PREFIX)
     base.next_logits()
     logits, fed = tiny.forward_tree(tree.fed, tree.parents, base.cache)
@@ -115,11 +115,11 @@ def test_mean_normalisation_divides_by_token_count(tiny: TransformersBackend) ->
 def test_sampling_follows_the_softmax_of_scores() -> None:
     scores = [math.log(0.6), math.log(0.3), math.log(0.1)]
     generator = torch.Generator().manual_seed(1234)
-    draws = [_choose(scores, 1.0, generator) for _ in range(3000)]
+    draws = [choose(scores, 1.0, generator) for _ in range(3000)]
     for index, expected in enumerate((0.6, 0.3, 0.1)):
         assert abs(draws.count(index) / 3000 - expected) < 0.03
     # Lower temperature sharpens towards the best option.
-    sharp = [_choose(scores, 0.2, generator) for _ in range(1000)]
+    sharp = [choose(scores, 0.2, generator) for _ in range(1000)]
     assert sharp.count(0) > 900
 
 
@@ -130,5 +130,5 @@ def test_select_heals_the_text_before_it(tiny: TransformersBackend) -> None:
     assert r.stats.healed_tokens == 1
     assert r.text == f"Paid: {r['p']}."
     # Options were scored as " yes" / " no": the space belongs to their first token.
-    assert r.holes["p"].token_ids == tiny.encode(" " + r["p"])  # type: ignore[union-attr]
+    assert r.holes["p"].token_ids == tiny.encode(" " + r["p"])
     assert r.token_ids == tiny.encode("Paid:") + tiny.encode(" " + r["p"]) + tiny.encode(".")

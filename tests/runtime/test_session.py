@@ -9,13 +9,13 @@ from qrun.runtime.session import Session
 
 
 def fresh_logits(backend: TransformersBackend, token_ids: list[int]) -> torch.Tensor:
-    session = Session(backend)
+    session = Session(backend, backend)
     session.append_tokens(token_ids)
     return session.next_logits()
 
 
 def test_segments_are_fed_once_and_match_one_uncached_forward(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     segments = ["The weather today", " is sunny and", " warm in the city"]
     for segment in segments:
         session.append_text(segment)
@@ -29,7 +29,7 @@ def test_segments_are_fed_once_and_match_one_uncached_forward(tiny: Transformers
 
 
 def test_lazy_feeding_joins_appends_into_one_forward(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.append_text("one")
     session.append_text(" two")
     session.append_tokens([tiny.encode(" three")[0]])
@@ -39,7 +39,7 @@ def test_lazy_feeding_joins_appends_into_one_forward(tiny: TransformersBackend) 
 
 
 def test_rollback_crops_the_cache_exactly(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.append_text("A list of colours: red,")
     base = len(session.token_ids)
     session.append_text(" green, blue")
@@ -53,7 +53,7 @@ def test_rollback_crops_the_cache_exactly(tiny: TransformersBackend) -> None:
 
 
 def test_rollback_of_unfed_tokens_costs_nothing(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.append_text("abc")
     session.next_logits()
     fed = session.fed
@@ -64,13 +64,13 @@ def test_rollback_of_unfed_tokens_costs_nothing(tiny: TransformersBackend) -> No
 
 
 def test_empty_context_gets_the_start_token(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.next_logits()
     assert session.token_ids == [tiny.start_token_id]
 
 
 def test_fork_leaves_the_parent_unchanged(tiny: TransformersBackend) -> None:
-    session = Session(tiny)
+    session = Session(tiny, tiny)
     session.append_text("shared prefix text")
     session.next_logits()
     child = session.cache.fork()

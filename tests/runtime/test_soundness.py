@@ -7,8 +7,10 @@ fixed text + values. A GenerationError is only allowed where no match fits the b
 Budgets are tight: the fewest tokens a match needs (min_tokens) or at most 2 more, for every
 kind of hole (healed or not, with forced text, JSON, stop strings), so the hole must never fail.
 
-Holes are batched (10-16 per template) so one run checks many; a module counter records how
-many holes were checked, and the last test asserts the file checks at least 2,000.
+Holes are batched (10-16 per template) so one run checks many: the file checks 2,412 holes
+(regex 1,120, stdlib 360, JSON 120, stop strings 448, and the small cases). Runs alternate
+between the tiny model without and with a prefix cache (load_model's default), so both
+session paths are covered without running everything twice.
 """
 
 from __future__ import annotations
@@ -30,20 +32,10 @@ from hypothesis import strategies as st
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.generate import HoleRecord
 from qrun.runtime.masks import EAGER_MAX_STATES, IndexCache
+from qrun.runtime.result import HoleRecord
 from qrun.stdlib.json_schema import schema_to_regex
 from qrun.stdlib.patterns import PATTERNS
-
-# Holes checked per test (filled in as tests run) and the minimum each test must reach.
-CHECKED: dict[str, int] = {}
-PLANNED: dict[str, int] = {}
-MIN_HOLES = 2000
-# Checked holes whose budget was exactly min_tokens, by what else they did: "healed" (the
-# hole produced a healed prefix), "forced" (tokens taken without sampling: fast-forward, or
-# a mask allowing one token), "max_tokens" (the budget ran out, so the mask had to steer the
-# value to a match), "stop" (ended at a stop string).
-TIGHT: Counter[str] = Counter()
 
 FINISHES = {"eos", "match", "max_tokens", "stop"}
 # One index cache for the file: the feasibility bounds below use the runtime's own indexes.
@@ -96,31 +88,44 @@ def template_of(holes: Sequence[Hole], tail: str) -> tuple[str, dict[str, Any]]:
     return "".join(parts) + tail, inputs
 
 
+@pytest.fixture
+def models(tiny: TransformersBackend, tiny_cached: TransformersBackend
+           ) -> Callable[[int], TransformersBackend]:
+    """models(seed): the tiny model without a prefix cache for even seeds, with one (shared by
+    every run, as in production) for odd seeds."""
+    return lambda seed: tiny_cached if seed % 2 else tiny
+
+
 def run_holes(
     tiny: TransformersBackend,
     holes: Sequence[Hole],
     seed: int,
     check: Callable[[Hole, str], None],
     tail: str = "\nend",
+    tight: Counter[str] | None = None,
 ) -> qrun.Result:
     """Run one template holding every hole and check each captured value and the rendered
-    text; returns the result. Any GenerationError fails the test (budgets are chosen feasible)."""
+    text; returns the result. Any GenerationError fails the test (budgets are chosen feasible).
+    `tight` counts the holes whose budget was exactly the fewest tokens of a match, by what
+    else they did: "healed" (the hole produced a healed prefix), "forced" (tokens taken
+    without sampling: fast-forward, or a mask allowing one token), "max_tokens" (the budget
+    ran out, so the mask had to steer the value to a match), "stop" (ended at a stop)."""
     text, inputs = template_of(holes, tail)
     result = qrun.Query(text).run(inputs, model=tiny, temperature=1.0, seed=seed)
     expected_text = []
     for i, hole in enumerate(holes):
         value = result[f"h{i}"]
         record = result.holes[f"h{i}"]
-        assert isinstance(record, HoleRecord) and isinstance(value, str)
+        assert isinstance(value, str)
         context = f"hole h{i} pattern={hole.pattern!r} stop={hole.stop!r} seed={seed}"
         check(hole, value)
         prefix = check_record(tiny, hole, value, record, context)
-        if hole.max_tokens == max(1, min_tokens(tiny, hole.pattern)):
-            TIGHT["all"] += 1
-            TIGHT["healed"] += prefix != b""
-            TIGHT["forced"] += any(record.forced)
-            TIGHT["max_tokens"] += record.finish == "max_tokens"
-            TIGHT["stop"] += record.finish == "stop"
+        if tight is not None and hole.max_tokens == max(1, min_tokens(tiny, hole.pattern)):
+            tight["all"] += 1
+            tight["healed"] += prefix != b""
+            tight["forced"] += any(record.forced)
+            tight["max_tokens"] += record.finish == "max_tokens"
+            tight["stop"] += record.finish == "stop"
         expected_text.append(hole.label.replace("{", "(") + value)
     assert result.text == "".join(expected_text) + tail
     # The model's context spells exactly the text the user reads (LANGUAGE.md §4.3).
@@ -178,10 +183,6 @@ def full_match(hole: Hole, value: str) -> None:
     )
 
 
-def count(test: str, n: int) -> None:
-    CHECKED[test] = CHECKED.get(test, 0) + n
-
-
 # --- hypothesis regexes ------------------------------------------------------------------
 
 LITERALS = ["a", "b", "z", "7", "-", ".", " ", "ab", "cat", "\u00e9", "\U0001f600", "x"]
@@ -227,9 +228,6 @@ def regex_holes(draw: st.DrawFn) -> list[tuple[str, int, int, bool]]:
     ]
 
 
-PLANNED["regex"] = REGEX_HOLES_PER_RUN * REGEX_RUNS
-
-
 @settings(
     max_examples=REGEX_RUNS,
     derandomize=True,
@@ -240,8 +238,10 @@ PLANNED["regex"] = REGEX_HOLES_PER_RUN * REGEX_RUNS
 )
 @given(specs=regex_holes(), seed=st.integers(0, 2**16))
 def test_random_regex_holes_always_full_match(
-    tiny: TransformersBackend, specs: list[tuple[str, int, int, bool]], seed: int
+    models: Callable[[int], TransformersBackend], specs: list[tuple[str, int, int, bool]],
+    seed: int,
 ) -> None:
+    tiny = models(seed)
     holes = [
         # Budget: the fewest tokens of a match plus 0-2 (0 for half the holes), healed or
         # not, forced text or not: every hole is feasible and most end under budget pressure
@@ -251,17 +251,14 @@ def test_random_regex_holes_always_full_match(
         for i, (pattern, extra, label, heal) in enumerate(specs)
     ]
     run_holes(tiny, holes, seed, full_match)
-    count("regex", len(holes))
 
 
 # --- stdlib patterns ---------------------------------------------------------------------
 
 STDLIB_RUNS = 15
-PLANNED["stdlib"] = 2 * len(PATTERNS) * STDLIB_RUNS
 
 
-@pytest.mark.parametrize("seed", range(STDLIB_RUNS))
-def test_stdlib_patterns_always_full_match(tiny: TransformersBackend, seed: int) -> None:
+def stdlib_holes(tiny: TransformersBackend, seed: int) -> list[Hole]:
     holes = []
     for copy in range(2):
         for name, pattern in PATTERNS.items():
@@ -271,8 +268,31 @@ def test_stdlib_patterns_always_full_match(tiny: TransformersBackend, seed: int)
             label = f"\n{name.lower()}: " if (seed + copy) % 2 else f"\n{name}="
             holes.append(Hole(label, pattern, min_tokens(tiny, pattern) + extra,
                               heal=(seed + copy) % 2 == 0))
-    run_holes(tiny, holes, seed, full_match)
-    count("stdlib", len(holes))
+    return holes
+
+
+@pytest.mark.parametrize("seed", range(STDLIB_RUNS))
+def test_stdlib_patterns_always_full_match(
+    models: Callable[[int], TransformersBackend], seed: int
+) -> None:
+    tiny = models(seed)
+    run_holes(tiny, stdlib_holes(tiny, seed), seed, full_match)
+
+
+def test_tight_budgets_really_steer_heal_and_force(tiny: TransformersBackend) -> None:
+    # Budget pressure happens, healed, with forced tokens, at max_tokens and at a stop: the
+    # stdlib runs with every budget at its minimum (even seeds) and one stop-string run.
+    # Measured: 59 tight holes, 32 healed, 36 with forced tokens, 37 ending at max_tokens, 2
+    # at a stop. The bounds leave room for changes in sampling.
+    tight: Counter[str] = Counter()
+    for seed in (0, 2):
+        run_holes(tiny, stdlib_holes(tiny, seed), seed, full_match, tight=tight)
+    run_holes(tiny, _stop_holes(tiny, PREFIX_CLOSED, 0), 0, full_match, tight=tight)
+    assert tight["all"] >= 50, tight
+    assert tight["healed"] >= 20, tight
+    assert tight["forced"] >= 20, tight
+    assert tight["max_tokens"] >= 20, tight
+    assert tight["stop"] >= 1, tight
 
 
 # --- JSON schemas ------------------------------------------------------------------------
@@ -350,7 +370,6 @@ SCHEMAS: list[dict[str, Any]] = [
     },
 ]
 JSON_RUNS = 12
-PLANNED["json"] = len(SCHEMAS) * JSON_RUNS
 _FORMATS = jsonschema.FormatChecker()
 
 
@@ -363,7 +382,10 @@ def valid_json(hole: Hole, value: str) -> None:
 
 
 @pytest.mark.parametrize("seed", range(JSON_RUNS))
-def test_json_schema_holes_always_validate(tiny: TransformersBackend, seed: int) -> None:
+def test_json_schema_holes_always_validate(
+    models: Callable[[int], TransformersBackend], seed: int
+) -> None:
+    tiny = models(seed)
     holes = []
     for i, schema in enumerate(SCHEMAS):
         pattern = schema_to_regex(schema)
@@ -373,7 +395,6 @@ def test_json_schema_holes_always_validate(tiny: TransformersBackend, seed: int)
         holes.append(Hole(f"\nrecord {i}: ", pattern, budget, heal=(seed + i) % 4 != 0,
                           schema=schema))
     run_holes(tiny, holes, seed, valid_json)
-    count("json", len(holes))
 
 
 # --- stop strings together with a regex --------------------------------------------------
@@ -382,8 +403,6 @@ def test_json_schema_holes_always_validate(tiny: TransformersBackend, seed: int)
 # (LANGUAGE.md §2, §4.2). A stop the regex can never produce changes nothing.
 
 STOP_RUNS = 14
-PLANNED["stop_disjoint"] = 16 * STOP_RUNS
-PLANNED["stop_prefix_closed"] = 16 * STOP_RUNS
 
 DISJOINT = [
     (r"[a-z]{1,8}", "\n"), (r"[0-9]{2,6}", "."), (r"(?:cat|dog)s?", " "),
@@ -412,27 +431,25 @@ def _stop_holes(
 
 @pytest.mark.parametrize("seed", range(STOP_RUNS))
 def test_a_stop_the_regex_cannot_produce_changes_nothing(
-    tiny: TransformersBackend, seed: int
+    models: Callable[[int], TransformersBackend], seed: int
 ) -> None:
+    tiny = models(seed)
     holes = _stop_holes(tiny, DISJOINT, seed)
     result = run_holes(tiny, holes, seed, full_match)
     for i in range(len(holes)):
-        record = result.holes[f"h{i}"]
-        assert isinstance(record, HoleRecord) and record.finish != "stop"
-    count("stop_disjoint", len(holes))
+        assert result.holes[f"h{i}"].finish != "stop"
 
 
 @pytest.mark.parametrize("seed", range(STOP_RUNS))
 def test_a_stop_inside_a_prefix_closed_regex_cuts_a_matching_value(
-    tiny: TransformersBackend, seed: int
+    models: Callable[[int], TransformersBackend], seed: int
 ) -> None:
+    tiny = models(seed)
     holes = _stop_holes(tiny, PREFIX_CLOSED, seed)
     result = run_holes(tiny, holes, seed, full_match)
-    stopped = sum(1 for i in range(len(holes))
-                  if getattr(result.holes[f"h{i}"], "finish", "") == "stop")
+    stopped = sum(1 for i in range(len(holes)) if result.holes[f"h{i}"].finish == "stop")
     # The stops are common in these languages: some holes of every run end at one.
     assert stopped > 0
-    count("stop_prefix_closed", len(holes))
 
 
 # A regex whose matches need text that contains the stop string. generate.py (_Hole.take)
@@ -452,9 +469,7 @@ def test_a_stop_ends_a_constrained_hole_only_where_the_value_matches(
         value = result["a"]
         assert regex.fullmatch(pattern, value, flags=regex.ASCII), value
         assert result.text == f"Name: {value}\nNext"
-        record = result.holes["a"]
-        assert isinstance(record, HoleRecord)
-        if record.finish == "stop":
+        if result.holes["a"].finish == "stop":
             earlier = [at for at in range(len(value)) if value.startswith(stop, at)]
             assert not any(regex.fullmatch(pattern, value[:at], flags=regex.ASCII)
                            for at in earlier), value
@@ -535,15 +550,14 @@ def test_a_budget_too_small_for_any_match_fails_with_generation_error(
 
 
 def test_a_budget_that_fits_a_match_never_fails(tiny: TransformersBackend) -> None:
-    # The same patterns with exactly the fewest tokens a match needs, healing off.
-    checked = 0
+    # The same patterns with exactly the fewest tokens a match needs, healing off: each run
+    # spends its whole budget and still matches.
     for pattern in [r"[0-9]{5}", r"\d{3}-\d{4}", PATTERNS["DATE"], r"(?:ab){3}x"]:
         budget = min_tokens(tiny, pattern)
         hole = Hole("Value: ", pattern, budget, heal=False)
         for seed in range(3):
-            run_holes(tiny, [hole], seed, full_match)
-            checked += 1
-    assert checked == 12
+            result = run_holes(tiny, [hole], seed, full_match)
+            assert len(result.holes["h0"].token_ids) == budget
 
 
 @pytest.mark.parametrize("pattern", [r"(?:ab|[a-z]{5}[0-9]{3})", r"(?:x|[a-z]{4}[0-9]{4})"])
@@ -567,25 +581,3 @@ def test_a_healed_hole_with_a_tight_budget_never_fails_when_a_match_fits(
             continue
         assert regex.fullmatch(pattern, result["a"], flags=regex.ASCII)
     assert failures == []
-
-
-# --- the total ---------------------------------------------------------------------------
-
-
-def test_enough_holes_are_checked() -> None:
-    """Runs last (pytest keeps file order): the file checks at least MIN_HOLES holes. When
-    only part of the file was selected, the plan is checked instead of the count."""
-    assert sum(PLANNED.values()) >= MIN_HOLES
-    if set(CHECKED) == set(PLANNED):
-        assert sum(CHECKED.values()) >= MIN_HOLES, CHECKED
-        for name, planned in PLANNED.items():
-            assert CHECKED[name] == planned, (name, CHECKED[name], planned)
-        # Budget pressure really happens, healed, with forced tokens, and with stop strings
-        # (measured: 1,275 holes at exactly min_tokens: 669 healed, 676 with forced tokens
-        # (~90 of them from fast-forward), 438 ending at max_tokens, 21 at a stop; the
-        # bounds leave room for changes in sampling).
-        assert TIGHT["all"] >= MIN_HOLES // 2, TIGHT
-        assert TIGHT["healed"] >= 400, TIGHT
-        assert TIGHT["forced"] >= 50, TIGHT
-        assert TIGHT["max_tokens"] >= 250, TIGHT
-        assert TIGHT["stop"] >= 10, TIGHT

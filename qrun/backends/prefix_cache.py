@@ -12,12 +12,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from qrun.backends.kv_cache import KVCache
 
-from qrun.backends.base import KVCache
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_CACHE_MB = 1024
+"""The default budget of a model's prefix cache (`load_model(cache_mb=...)`, `--cache-mb`)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -61,8 +64,6 @@ class PrefixCache:
         self._lru: OrderedDict[tuple[_Node, str], None] = OrderedDict()
         self._storages: dict[int, list[int]] = {}  # data_ptr -> [nbytes, refcount]
         self._nbytes = 0
-        self.hits = 0
-        self.misses = 0
 
     @property
     def nbytes(self) -> int:
@@ -71,6 +72,16 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    def entries(self) -> list[tuple[str, KVCache | torch.Tensor]]:
+        """Every entry held, least recently used first: ("kv", snapshot) or ("logits", [V])."""
+        with self._lock:
+            held: list[tuple[str, KVCache | torch.Tensor]] = []
+            for node, kind in self._lru:
+                value = node.kv if kind == "kv" else node.logits
+                assert value is not None
+                held.append((kind, value))
+            return held
 
     def clear(self) -> None:
         """Drop every entry."""
@@ -97,9 +108,7 @@ class PrefixCache:
                     if (n, kind) in self._lru:
                         self._lru.move_to_end((n, kind))
             if logits is None and best is None:
-                self.misses += 1
                 return Hit(None, 0, None)
-            self.hits += 1
             kv = best.kv.fork() if best is not None and best.kv is not None else None
             return Hit(kv, best.depth if best is not None else 0, logits)
 

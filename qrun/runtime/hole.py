@@ -1,0 +1,218 @@
+"""What every way of filling a `gen` hole shares: the request (the hole's arguments evaluated),
+the constraint cursor's interface, the hole's bytes and tokens in progress with its stop-string
+rule, and the one tail that turns a finished hole into its record. The local sampling loop
+(generate.py) and the server replay (remote.py) are the two fillers built on it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from qrun.runtime.result import GenRecord
+from qrun.runtime.sampler import SamplingParams
+from qrun.runtime.session import Overshoot, Session
+
+
+class Cursor(Protocol):
+    """A hole's constraint state (runtime/masks.py MaskCursor, runtime/healing.py HealCursor)."""
+
+    def allowed(self, tokens_left: int) -> torch.Tensor:
+        """Bool mask [V] (on the CPU) of tokens that keep a full match reachable within
+        `tokens_left` tokens, EOS included where the text so far is a full match."""
+        ...
+
+    def can_end(self) -> bool:
+        """The text so far is a full match."""
+        ...
+
+    def can_continue(self) -> bool:
+        """Some non-empty continuation is still possible."""
+        ...
+
+    def advance(self, token_id: int) -> None:
+        """Consume a token (one that allowed() admitted)."""
+        ...
+
+    def copy(self) -> Cursor:
+        """An independent cursor in the same state."""
+        ...
+
+    def forced_bytes(self) -> bytes:
+        """The bytes every continuation must start with (b"" when there is a choice)."""
+        ...
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether `data`, read from the constraint's start, is a full match."""
+        ...
+
+
+class HoleFailure(Exception):
+    """A hole cannot be completed legally; the executor turns it into a GenerationError
+    carrying the hole's span."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConstraintSpec:
+    """A hole's constraint as evaluated for this run: the regex it stands for (a JSON Schema
+    already lowered) and a short description for records and traces."""
+
+    pattern: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """A `gen` hole with its arguments evaluated. `prefix` is the healed text (bytes taken
+    back from the context that the hole must produce first; not part of the value), and the
+    cursor, when given, already includes it."""
+
+    name: str
+    max_tokens: int
+    stop: tuple[str, ...]
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    cursor: Cursor | None = None
+    constraint: ConstraintSpec | None = None
+    prefix: bytes = b""
+    # The healed token is still the context's last token (Session.heal keep_last): the first
+    # step decides from the logits before it and keeps it if the model writes it again.
+    healed_in_context: bool = False
+
+
+class HoleFiller(Protocol):
+    """How a run fills its `gen` holes on its backend: chosen once when the run starts
+    (runtime/engines.py)."""
+
+    def fill(self, session: Session, request: GenRequest,
+             on_text: Callable[[str], None] | None) -> GenRecord:
+        """Fill one hole into the session's context and return its record.
+
+        Raises:
+            HoleFailure: the hole cannot be completed legally.
+        """
+        ...
+
+    def refuses(self, constraint: ConstraintSpec) -> str | None:
+        """Why this filler cannot take `constraint` (asked before any model work for every
+        constraint known then), or None."""
+        ...
+
+
+class Hole:
+    """The bytes and tokens of a hole in progress. `text` starts with the healed prefix;
+    `ends[k]` is the byte offset in `text` where hole token k ends."""
+
+    def __init__(self, session: Session, request: GenRequest) -> None:
+        self.started = time.perf_counter()
+        self.session = session
+        self.request = request
+        self.vocab = session.backend.vocabulary
+        self.speculative = request.healed_in_context
+        self.start = len(session.token_ids) - (1 if self.speculative else 0)
+        self.text = bytearray()
+        self.ends: list[int] = []
+        self.record = GenRecord(request.name, "", start=self.start)
+
+    @property
+    def value_tokens(self) -> int:
+        """Tokens that carry value bytes (tokens wholly inside the healed prefix are free)."""
+        plen = len(self.request.prefix)
+        return sum(1 for end in self.ends if end > plen)
+
+    def in_prefix(self) -> bool:
+        """Whether the healed prefix is not produced yet."""
+        return len(self.text) < len(self.request.prefix)
+
+    def take(self, token: int, logprob: float | None, forced: bool) -> int | None:
+        """Append a token to the context and the hole; return the byte offset of a stop
+        string it completed, if any. The first token of a speculatively healed hole is kept
+        in place when it is the healed token itself, else the healed token is taken back."""
+        if self.speculative:
+            self.speculative = False
+            context = self.session.token_ids
+            if context[self.start :] == [token]:
+                self.session.fixed_tail = 0
+            else:
+                self.session.rollback(self.start)
+                self.session.append_tokens([token])
+        else:
+            self.session.append_tokens([token])
+        self.record.token_ids.append(token)
+        self.record.logprobs.append(logprob)
+        self.record.forced.append(forced)
+        before = len(self.text)
+        self.text += self.vocab.token_bytes[token] or b""
+        self.ends.append(len(self.text))
+        if self.request.cursor is not None:
+            self.request.cursor.advance(token)
+        plen = len(self.request.prefix)
+        searched, start = max(0, before - plen), 0
+        while True:
+            found = find_stop(self.text[plen:], self.request.stop, searched, start)
+            if found is None:
+                return None
+            if self._matches_before(plen + found):
+                return found + plen
+            # With a constraint, a stop string ends the hole only where the value before it
+            # is a full match; elsewhere it is ordinary text the constraint allowed.
+            start = found + 1
+
+    def _matches_before(self, offset: int) -> bool:
+        cursor = self.request.cursor
+        return cursor is None or cursor.accepts(bytes(self.text[:offset]))
+
+    def cut_at_stop(self, stop_at: int) -> None:
+        """End the value at a stop string. Tokens wholly before it stay; the tokens from the
+        one holding the stop's first byte on stay provisionally (Session.overshoot)."""
+        kept = sum(1 for end in self.ends if end <= stop_at)
+        begin = self.ends[kept - 1] if kept else 0
+        if kept < len(self.ends):
+            self.session.overshoot = Overshoot(
+                start=self.start + kept,
+                value_bytes=bytes(self.text[begin:stop_at]),
+                token_bytes=bytes(self.text[begin:]),
+            )
+        del self.text[stop_at:]
+
+    def value(self) -> str:
+        return bytes(self.text[len(self.request.prefix) :]).decode("utf-8", errors="replace")
+
+    def finish(self, finish: str, incomplete: str) -> GenRecord:
+        """The record of the hole ending for `finish` ("stop", "eos", "max_tokens", "match").
+
+        Raises:
+            HoleFailure: the hole has a constraint its value does not fully match (a stop was
+                only taken where the value before it matched); `incomplete` says why.
+        """
+        cursor = self.request.cursor
+        if cursor is not None and finish != "stop" and not cursor.can_end():
+            raise HoleFailure(f"hole '{self.request.name}' {incomplete} ({finish}); value so "
+                              f"far: {self.value()!r}")
+        record = self.record
+        record.finish = finish
+        record.value = record.text = self.value()
+        plen = len(self.request.prefix)
+        record.healed = self.request.prefix.decode("utf-8", errors="replace")
+        record.prefix_tokens = sum(1 for end in self.ends if end <= plen)
+        if self.request.constraint is not None:
+            record.constraint = self.request.constraint.description
+        record.seconds = time.perf_counter() - self.started
+        return record
+
+
+def find_stop(
+    text: bytes | bytearray, stops: Sequence[str], searched: int, start: int = 0
+) -> int | None:
+    """Byte offset of the earliest stop string in `text` that ends after offset `searched`
+    (earlier text was already searched) and begins at or after `start`, or None."""
+    best: int | None = None
+    for stop in stops:
+        needle = stop.encode("utf-8")
+        found = bytes(text).find(needle, max(start, searched - len(needle) + 1))
+        if found >= 0 and (best is None or found < best):
+            best = found
+    return best

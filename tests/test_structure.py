@@ -1,0 +1,192 @@
+"""The package's structure holds (issue #11): layers only point down, no module imports
+another's private names, no import cycle between files, and compiling a template loads
+neither torch nor transformers. Checked on the source itself, so a refactor that breaks a rule
+fails here with the file and line."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "qrun"
+
+# Packages that must not import the runtime (they sit below it).
+BELOW_RUNTIME = ("qrun.lang", "qrun.stdlib", "qrun.regex", "qrun.backends")
+# CPython's private regex parser: read in one module only.
+SRE_READER = "qrun.regex.syntax"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target: `module` (absolute) and, for `from m import x`, `name`."""
+
+    source: str  # the importing module
+    module: str
+    name: str | None
+    line: int
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def python_files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def imports(path: Path) -> Iterator[Import]:
+    """Every import in the file, at any depth (inside functions and TYPE_CHECKING too)."""
+    source = module_name(path)
+    package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(source, alias.name, None, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                yield Import(source, base, alias.name, node.lineno)
+
+
+def test_layers_below_the_runtime_do_not_import_it() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun") for i in imports(path)
+           if i.source.startswith(BELOW_RUNTIME) and i.module.startswith("qrun.runtime")]
+    assert bad == []
+
+
+def test_the_regex_engine_imports_nothing_else_of_qrun() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun/regex") for i in imports(path)
+           if i.module.startswith("qrun") and not i.module.startswith("qrun.regex")]
+    assert bad == []
+
+
+def test_backends_do_not_import_the_language() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun/backends") for i in imports(path)
+           if i.module.startswith(("qrun.lang", "qrun.stdlib", "qrun.api", "qrun.cli"))]
+    assert bad == []
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    """No `from m import _x` and no `m._x` for another module m of the project (tests and bench
+    included); CPython's private regex parser is read in one module only."""
+    bad = []
+    for path in python_files("qrun", "tests", "bench"):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases: set[str] = set()
+        for i in imports(path):
+            private = i.name is not None and i.name.startswith("_") and i.name != "__future__"
+            if i.module == "re" and i.name in ("_parser", "_constants"):
+                if i.source != SRE_READER:
+                    bad.append(f"{path}:{i.line} reads re.{i.name}")
+            elif private and not i.name.startswith("__"):
+                bad.append(f"{path}:{i.line} imports {i.module}.{i.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                    ("qrun", "bench")):
+                aliases.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                aliases.update((a.asname or a.name).split(".")[0] for a in node.names
+                               if a.name.startswith(("qrun", "bench")))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases):
+                bad.append(f"{path}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert bad == []
+
+
+def test_no_import_cycle_between_files() -> None:
+    graph: dict[str, set[str]] = {}
+    modules = {module_name(p) for p in python_files("qrun")}
+    for path in python_files("qrun"):
+        source = module_name(path)
+        targets = graph.setdefault(source, set())
+        for i in imports(path):
+            for candidate in (f"{i.module}.{i.name}" if i.name else "", i.module):
+                if candidate in modules and candidate != source:
+                    targets.add(candidate)
+                    break
+    cycles = [cycle for cycle in _cycles(graph)]
+    assert cycles == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+CHECK_SCRIPT = """
+import sys
+import qrun
+from qrun.cli import main
+query = qrun.Query("Hi {{ name }}: {{ gen x regex=INT }} {{ select s options=['a', 'b'] }}")
+program = qrun.compile_source(
+    "{% for i in range(2) %}{{ gen y json={'type': 'integer'} }}{% endfor %}")
+assert main([sys.argv[1], "--check"]) == 0
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print(",".join(heavy) or "none")
+"""
+
+
+def test_compiling_and_check_load_no_torch(tmp_path: Path) -> None:
+    template = tmp_path / "t.tmpl"
+    template.write_text("---\ntemperature: 0.5\n---\nQ: {{ q }}\nA: {{ gen a regex=DATE }}")
+    done = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(template)],
+                          capture_output=True, text=True, check=True, cwd=ROOT, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "none", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["Query", "load_model", "Result", "HoleRecord", "BackendError",
+                                  "RunOptions", "GenRecord", "SelectRecord"])
+def test_public_names_resolve(name: str) -> None:
+    import qrun
+
+    assert getattr(qrun, name).__name__ == name
+    assert name in qrun.__all__
