@@ -1,4 +1,4 @@
-"""The Python embedding (LANGUAGE.md §5): Query(text).run(**inputs) -> Result."""
+"""The Python embedding (docs/language.md §16.1): Query(text).run(**inputs) -> Result."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Semantics (pinned by tests/constraints): the language of `compile_dfa(p)` is exa
 UTF-8 encodings of the str `s` with `regex.fullmatch(p, s, flags=regex.ASCII)`, i.e.
 - full match (not search), set semantics: lazy quantifiers (`*?`) mean the same as greedy ones;
 - ASCII classes: `\\d` = [0-9], `\\w` = [A-Za-z0-9_], `\\s` = [ \\t\\n\\r\\f\\v]; `(?i)` folds
-  ASCII letters only (what users mean for dates, ints and identifiers; masking.md §2.4);
+  ASCII letters only (what users mean for dates, ints and identifiers; docs/internals.md §3.3);
 - `.`, negated classes and non-ASCII literals expand to UTF-8 byte sequences over the whole
   Unicode range (surrogates excluded), so tokens that split a character are judged correctly;
 - `^`/`\\A` match only at the start, `\\Z` only at the end, `$` at the end or before a final
@@ -15,9 +15,10 @@ UTF-8 encodings of the str `s` with `regex.fullmatch(p, s, flags=regex.ASCII)`, 
 Constructs that a finite automaton cannot express, or that we do not implement, raise
 `PatternError` naming the construct.
 
-interegular (the front end masking.md started from) was not used: it silently accepts lookahead
-at the end of a pattern with the wrong meaning (`a(?=b)` accepts "ab"), has no `\\Z`/`$`/`\\A`, and
-expands ranges such as `[\\x00-\\U0010FFFF]` into a set of every character.
+interegular (the front end the design started from, docs/internals.md §3.5) was not used: it
+silently accepts lookahead at the end of a pattern with the wrong meaning (`a(?=b)` accepts
+"ab"), has no `\\Z`/`$`/`\\A`, and expands ranges such as `[\\x00-\\U0010FFFF]` into a set of
+every character.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ __all__ = [
 
 # Subset construction stops here: masks are memoised per state and a 20k-state DFA already
 # means ~1 GB of bool masks if all were visited. Real constraints are far smaller (a 7-field
-# JSON schema with an email field: 829 states, masking.md §2.3).
+# JSON schema with an email field: 829 states, docs/internals.md §3.7).
 DFA_MAX_STATES = 20_000
 # Bounded repeats are unrolled (`\d{1,5000}` makes 5000 copies); this caps that blow-up before
 # subset construction starts.
@@ -136,7 +137,7 @@ class ByteDFA:
 
     def forced_bytes(self, state: int) -> bytes:
         """The bytes every match must continue with from `state`: follow the chain while the state
-        is not accepting and has exactly one live out-byte (masking.md §6)."""
+        is not accepting and has exactly one live out-byte (docs/internals.md §6.1)."""
         out = bytearray()
         single = self._single_byte
         while not self.accepting[state] and single[state] >= 0 and len(out) <= self.dead:

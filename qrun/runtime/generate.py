@@ -173,7 +173,8 @@ def generate(
     """Generate one hole into the session's context and return its record.
 
     EOS and stop strings are not part of the value. Tokens sampled past a stop string stay
-    provisionally and are kept only if the following fixed text begins with them (§4.3).
+    provisionally and are kept only if the following fixed text begins with them
+    (docs/language.md §14.4).
     Where the constraint forces text, it is appended without sampling (fast-forward).
 
     Raises:

@@ -1,4 +1,5 @@
-"""The result of a run (LANGUAGE.md §5): rendered text, captured values, per-hole records, stats."""
+"""The result of a run (docs/language.md §16.1): rendered text, captured values, per-hole
+records, stats."""
 
 from __future__ import annotations
 
