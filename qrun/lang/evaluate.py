@@ -60,7 +60,7 @@ class _Limit(ValueError):
     """A size limit was hit; becomes an EvaluationError at the node being evaluated."""
 
 
-# ---- stdlib functions (LANGUAGE.md §3): string functions take the string first ----------------
+# ---- stdlib functions (docs/language.md §6): string functions take the string first ----------
 
 
 def _str_arg(value: Any, func: str) -> str:

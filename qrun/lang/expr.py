@@ -1,4 +1,4 @@
-"""Expression nodes: the safe subset of Python expressions (LANGUAGE.md §3) shared by the AST
+"""Expression nodes: the safe subset of Python expressions (docs/language.md §6) shared by the AST
 and the IR. Built by lang/build.py, checked by lang/compiler.py, evaluated by lang/evaluate.py.
 Never Python eval: a template from an untrusted source cannot run code."""
 

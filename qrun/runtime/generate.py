@@ -39,7 +39,7 @@ def generate(
 
     EOS and stop strings are not part of the value. Tokens sampled past a stop string stay
     provisionally and are kept only if the following fixed text begins with them
-    (docs/language.md, stop strings). Where the constraint forces text, it is appended without
+    (docs/language.md §14.4). Where the constraint forces text, it is appended without
     sampling (fast-forward).
 
     Raises:

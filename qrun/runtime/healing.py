@@ -1,8 +1,8 @@
-"""Token healing (LANGUAGE.md §4.3): when fixed text before a hole ends where the model would
+"""Token healing (docs/language.md §14.3): when fixed text before a hole ends where the model would
 not end a token (a trailing space, `http:`, a partial word), the last token is taken back and
 the hole's first token(s) must start with its bytes, so the model continues from canonical
 tokens. Measured on SmolLM2: log P("Paris" | "The capital of France is ") is -7.23 without
-healing and -0.26 with it (shared/research/masking.md §4.1)."""
+healing and -0.26 with it (docs/internals.md §4.1)."""
 
 from __future__ import annotations
 

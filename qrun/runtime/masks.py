@@ -59,14 +59,14 @@ class TokenIndex:
     Masks returned are shared read-only torch.bool tensors of shape [V]: never modify them in
     place (`logits.masked_fill(~mask, -inf)` is fine).
     Token t is allowed in state s iff walking t's bytes from s ends in a live state; EOS ids are
-    allowed iff s is accepting (masking.md §2.1). Special/added tokens are never allowed.
+    allowed iff s is accepting (docs/internals.md §3.1). Special/added tokens are never allowed.
     """
 
     dfa: ByteDFA
     vocab: Vocabulary
     # Fewest tokens from each state to acceptance: exact (over the token transitions) when the
     # masks were built eagerly, else an upper bound from cutting a shortest byte path into
-    # greedy longest tokens (masking.md §3.7). int32 [S+1]; UNREACHABLE for dead.
+    # greedy longest tokens (docs/internals.md §3.8). int32 [S+1]; UNREACHABLE for dead.
     token_dist: npt.NDArray[np.int32]
     _max_token_dist: int
     _table: list[list[int]]
@@ -375,7 +375,7 @@ class MaskCursor:
         self.state = nxt
 
     def forced_bytes(self) -> bytes:
-        """Bytes every completion must continue with (for fast-forward; docs/internals.md)."""
+        """Bytes every completion must continue with (fast-forward; docs/internals.md §6.1)."""
         return b"" if self.state == DEAD else self.index.dfa.forced_bytes(self.state)
 
     def accepts(self, data: bytes) -> bool:

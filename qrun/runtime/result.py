@@ -1,4 +1,4 @@
-"""The result of a run (docs/language.md, Python API): rendered text, captured values, one
+"""The result of a run (docs/language.md §16.1): rendered text, captured values, one
 record per hole, stats."""
 
 from __future__ import annotations

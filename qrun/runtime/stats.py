@@ -1,4 +1,4 @@
-"""Counters a run reports (LANGUAGE.md §6): what was fed through the model, what came from a
+"""Counters a run reports (docs/language.md §15): what was fed through the model, what came from a
 cache, what was rolled back, and where the time went."""
 
 from __future__ import annotations

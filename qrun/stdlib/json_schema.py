@@ -2,7 +2,7 @@
 the same byte DFA as any regex (regex/dfa.py). Output is compact but fixed-format JSON:
 `{"a": 1, "b": [1, 2]}` (separators ", " and ": ", properties in schema order), because
 flexible whitespace both destroys fast-forward forcing and lets small models emit blanks
-forever (masking.md §2.4.6).
+forever (docs/internals.md §6.3).
 
 Supported: type (one or a list), enum/const (any type), string (minLength, maxLength,
 pattern, format date/time/date-time/email/uuid/uri), integer (minimum, maximum,

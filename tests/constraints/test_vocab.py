@@ -19,7 +19,7 @@ def test_smollm2_bytes(smol_tokenizer: Any, smol_vocab: Vocabulary) -> None:
     assert vocab.token_bytes[the] == b" the"
     assert vocab.max_token_len == 81
     assert sum(1 for b in vocab.token_bytes if b is not None and not _utf8(b)) == 313
-    # Every printable ASCII byte and \n, \t is a single token (masking.md §3.7).
+    # Every printable ASCII byte and \n, \t is a single token (docs/internals.md §2).
     for byte in [*range(0x20, 0x7F), 0x0A, 0x09]:
         assert vocab.single_byte_tokens[byte]
     # Decoding a few ordinary ids agrees with the tokenizer's own decode.

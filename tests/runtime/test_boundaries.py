@@ -1,4 +1,4 @@
-"""Token boundaries after a hole (LANGUAGE.md §4.3) on the real SmolLM2 tokenizer: when the
+"""Token boundaries after a hole (docs/language.md §14.4) on the real SmolLM2 tokenizer: when the
 model's last token runs past a stop string into what follows (`",` after a `stop='"'` hole),
 the token is kept if the following fixed text begins with exactly those bytes, else rolled
 back; either way the context holds the text the user reads, and the next logits are those of

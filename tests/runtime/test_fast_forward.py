@@ -1,6 +1,7 @@
-"""Fast-forward (masking.md §6): where a constraint forces text (JSON keys and separators),
-its canonical tokens are appended without sampling, flagged in the hole's record, and fed
-with the next forward, so a JSON hole costs fewer forwards than it has tokens."""
+"""Fast-forward (docs/language.md §14.6, docs/internals.md §6): where a constraint forces text
+(JSON keys and separators), its canonical tokens are appended without sampling, flagged in the
+hole's record, and fed with the next forward, so a JSON hole costs fewer forwards than it has
+tokens."""
 
 from __future__ import annotations
 

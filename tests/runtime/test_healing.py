@@ -1,7 +1,7 @@
-"""Token healing before a hole (LANGUAGE.md §4.3, masking.md §4.1): where fixed text ends
-mid-token (a trailing space, a partial word, `http:`), its last token is taken back and the
-hole's first token must start with those bytes. The healed bytes stay fixed text: the rendered
-text is fixed text + value, and the value does not repeat them."""
+"""Token healing before a hole (docs/language.md §14.3, docs/internals.md §4.1): where fixed
+text ends mid-token (a trailing space, a partial word, `http:`), its last token is taken back
+and the hole's first token must start with those bytes. The healed bytes stay fixed text: the
+rendered text is fixed text + value, and the value does not repeat them."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_healing_http_colon_with_a_regex(tiny: TransformersBackend) -> None:
     assert joined_colon > 0
 
 
-# --- the real model: the measured effect (masking.md §4.1) --------------------------------
+# --- the real model: the measured effect (docs/internals.md §4.1) ------------------------
 
 
 def _logprobs(backend: TransformersBackend, token_ids: list[int]) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Soundness of constrained holes (LANGUAGE.md §4.2), end to end on the tiny model at
+"""Soundness of constrained holes (docs/language.md §14.1), end to end on the tiny model at
 temperature 1, which wanders through many paths: every captured value full-matches its regex
 (`regex.fullmatch(..., flags=regex.ASCII)`, the DFA's documented semantics) or parses and
 validates against its JSON Schema, stays within max_tokens, and the rendered text is exactly
@@ -128,7 +128,7 @@ def run_holes(
             tight["stop"] += record.finish == "stop"
         expected_text.append(hole.label.replace("{", "(") + value)
     assert result.text == "".join(expected_text) + tail
-    # The model's context spells exactly the text the user reads (LANGUAGE.md §4.3).
+    # The model's context spells exactly the text the user reads (docs/language.md §14.1).
     context = b"".join(tiny.vocabulary.token_bytes[t] or b"" for t in result.token_ids)
     assert context.decode("utf-8") == "".join(expected_text) + tail
     return result
@@ -400,7 +400,7 @@ def test_json_schema_holes_always_validate(
 # --- stop strings together with a regex --------------------------------------------------
 # generate.py: the value is the text before the earliest stop string (the stop and anything
 # sampled past it are not part of it), and the value must still full-match the regex
-# (LANGUAGE.md §2, §4.2). A stop the regex can never produce changes nothing.
+# (docs/language.md §14.4). A stop the regex can never produce changes nothing.
 
 STOP_RUNS = 14
 
