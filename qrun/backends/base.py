@@ -177,7 +177,7 @@ class Backend(Protocol):
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         """Token ids of `text` alone, no BOS/EOS added. The text of a special token inside it
         (`<|im_end|>`) is encoded as ordinary text unless `special` is set, which only the
-        template's fixed text and chat markers get (docs/language.md)."""
+        template's fixed text and chat markers get (docs/language.md §14.2)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ Ranges = tuple[tuple[int, int], ...]
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 NEWLINE = 0x0A
-# ASCII classes: what `\d`, `\w` and `\s` mean in qrun (regex/syntax.py, docs/language.md).
+# ASCII classes: what `\d`, `\w` and `\s` mean in qrun (regex/syntax.py, docs/language.md §7.3).
 DIGIT: Ranges = ((0x30, 0x39),)
 WORD: Ranges = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 SPACE: Ranges = ((0x09, 0x0D), (0x20, 0x20))

@@ -28,7 +28,7 @@ __all__ = [
 
 # Subset construction stops here: masks are memoised per state and a 20k-state DFA already
 # means ~1 GB of bool masks if all were visited. Real constraints are far smaller (a 7-field
-# JSON schema with an email field: 829 states, docs/internals.md).
+# JSON schema with an email field: 829 states, docs/internals.md §3.7).
 DFA_MAX_STATES = 20_000
 # Bounded repeats are unrolled (`\d{1,5000}` makes 5000 copies); this caps that blow-up before
 # subset construction starts.
@@ -97,7 +97,7 @@ class ByteDFA:
 
     def forced_bytes(self, state: int) -> bytes:
         """The bytes every match must continue with from `state`: follow the chain while the state
-        is not accepting and has exactly one live out-byte (docs/internals.md)."""
+        is not accepting and has exactly one live out-byte (docs/internals.md §6.1)."""
         out = bytearray()
         single = self._single_byte
         while not self.accepting[state] and single[state] >= 0 and len(out) <= self.dead:

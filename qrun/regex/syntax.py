@@ -6,13 +6,14 @@ Semantics (pinned by tests/constraints): a pattern matches exactly the str `s` w
 `regex.fullmatch(pattern, s, flags=regex.ASCII)`, i.e.
 - full match (not search), set semantics: lazy quantifiers (`*?`) mean the same as greedy ones;
 - ASCII classes: `\\d` = [0-9], `\\w` = [A-Za-z0-9_], `\\s` = [ \\t\\n\\r\\f\\v]; `(?i)` folds
-  ASCII letters only (what users mean for dates, ints and identifiers; docs/internals.md);
+  ASCII letters only (what users mean for dates, ints and identifiers; docs/internals.md §3.3);
 - `.` is any character but a newline (any character with `(?s)`); negated classes and non-ASCII
   literals range over the whole Unicode range, surrogates excluded;
 - `^`/`\\A` match only at the start, `\\Z` only at the end, `$` at the end or before a final
   newline (Python's rule).
 Constructs a finite automaton cannot express, or that qrun does not implement, raise
-PatternError naming the construct. interegular was not used: it silently accepts lookahead at
+PatternError naming the construct. interegular (the front end the design started from,
+docs/internals.md §3.5) was not used: it silently accepts lookahead at
 the end of a pattern with the wrong meaning (`a(?=b)` accepts "ab"), has no `\\Z`/`$`/`\\A`,
 and expands ranges such as `[\\x00-\\U0010FFFF]` into a set of every character."""
 
