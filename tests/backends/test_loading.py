@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from backend_helpers import write_stand_in
 
 from qrun.backends import load_model, loading
 from qrun.backends.loading import ModelLocation, ensure_converted, locate_model
@@ -72,7 +73,7 @@ def test_conversion_runs_once_then_the_cache_is_read(
 
     def convert(_: ModelLocation, out: Path) -> None:
         calls.append(out)
-        (out / "config.json").write_text("{}")
+        write_stand_in(out)
 
     monkeypatch.setattr(loading, "_convert_gguf", convert)
     first = ensure_converted(location)

@@ -1,0 +1,201 @@
+"""The model cache's bookkeeping, below backends/loading.py: the manifest a converted model
+folder carries (what it was made from, and each file's size and a checksum of its head and
+tail), the cheap checks run on every load, structural checks of a safetensors file, clearing
+the leftovers of killed conversions, and one-line messages for a cache that cannot be written.
+No hashing of whole weight files: a check reads at most a few MiB."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "qrun-manifest.json"
+MANIFEST_VERSION = 1
+# Files up to this size are hashed whole; larger ones by their first and last CHUNK bytes
+# (a safetensors header, which names every tensor and offset, is at the head). SmolLM2's
+# folder: 2 MiB of a 517 MB weights file plus the 3.5 MB tokenizer.json, a few ms.
+WHOLE_BELOW = 8 << 20
+CHUNK = 1 << 20
+# A temporary folder of a conversion whose process is gone is a leftover; one whose name
+# carries no process id (older qrun) is a leftover once it is this old.
+STALE_AFTER_S = 3600.0
+TEMP_NAME = re.compile(r".+\.(?:tmp|discard)-(?:(?P<pid>\d+)-)?[^/]*")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "sentencepiece.bpe.model")
+
+
+def source_of(gguf: Path, conversion_version: int) -> dict[str, Any]:
+    """What a conversion is made from: the GGUF's path, size and modification time, and the
+    version of the conversion code."""
+    stat = gguf.stat()
+    return {"path": str(gguf.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "conversion_version": conversion_version}
+
+
+def write_manifest(folder: Path, source: dict[str, Any], adopted: bool = False) -> None:
+    """Record `source` and every file of `folder` (size and checksum) in its manifest.
+    `adopted`: the folder was made by a qrun that wrote no manifest."""
+    files = {p.name: _fingerprint(p) for p in sorted(folder.iterdir())
+             if p.is_file() and p.name != MANIFEST}
+    manifest = {"manifest_version": MANIFEST_VERSION, "source": source, "files": files,
+                "adopted": adopted}
+    partial = folder / f".{MANIFEST}.{os.getpid()}"
+    partial.write_text(json.dumps(manifest, indent=2))
+    os.replace(partial, folder / MANIFEST)
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest, or None when it has none or it cannot be read."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def manifest_problem(folder: Path, source: dict[str, Any]) -> str | None:
+    """None when `folder` is a complete conversion of `source`; else what is wrong with it.
+
+    A folder with no manifest (converted by an older qrun) is adopted when its files are
+    whole (a manifest is then written, if the cache can be written)."""
+    if not folder.is_dir():
+        return f"{folder} is not converted yet"
+    manifest = read_manifest(folder)
+    if manifest is None:
+        problem = folder_problem(folder)
+        if problem is None:
+            with contextlib.suppress(OSError):
+                write_manifest(folder, source, adopted=True)
+        return problem
+    if manifest.get("manifest_version") != MANIFEST_VERSION or manifest.get("source") != source:
+        return f"{folder} was made from another source or by another qrun"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "config.json" not in files:
+        return f"{folder / MANIFEST} is incomplete"
+    for name, recorded in files.items():
+        path = folder / str(name)
+        if not path.is_file():
+            return f"{path} is missing"
+        if _fingerprint(path) != recorded:
+            return f"{path} is damaged (its size or checksum changed since it was written)"
+    return None
+
+
+def folder_problem(folder: Path) -> str | None:
+    """None when a HF model folder looks whole: its config.json parses, a tokenizer file is
+    there, and every safetensors file has the length its header declares; else the first
+    problem found, naming the file."""
+    config = folder / "config.json"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{config} cannot be read ({type(exc).__name__}: {exc})"
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return f"{folder} has no tokenizer file ({', '.join(TOKENIZER_FILES[:2])}, ...)"
+    for weights in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            return problem
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """None when `path` is a structurally whole safetensors file: an 8-byte little-endian
+    header length, a JSON header, then exactly the data its offsets cover (the format,
+    huggingface/safetensors README); else what is wrong, naming the file."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if size < 8 or length == 0 or length > size - 8:
+            return f"{path} is damaged ({size} bytes, not a safetensors file)"
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, MemoryError):
+            return f"{path} is damaged (its header is not JSON)"
+    if not isinstance(header, dict):
+        return f"{path} is damaged (its header is not a JSON object)"
+    end = 0
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if name != "__metadata__" and (not isinstance(offsets, list) or len(offsets) != 2):
+            return f"{path} is damaged (tensor {name!r} has no data offsets)"
+        if offsets is not None:
+            end = max(end, int(offsets[1]))
+    expected = 8 + length + end
+    if expected != size:
+        return f"{path} is damaged ({size} bytes where its header describes {expected})"
+    return None
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        if size <= WHOLE_BELOW:
+            digest.update(f.read())
+        else:
+            digest.update(f.read(CHUNK))
+            f.seek(size - CHUNK)
+            digest.update(f.read(CHUNK))
+    return {"size": size, "sha256_head_tail": digest.hexdigest()}
+
+
+def remove_leftovers(models: Path) -> None:
+    """Delete the temporary folders of conversions whose process is gone (killed, or out of
+    space). Best effort: a folder that cannot be removed is left alone."""
+    with contextlib.suppress(OSError):
+        for entry in models.iterdir():
+            match = TEMP_NAME.fullmatch(entry.name)
+            if match is None or not entry.is_dir():
+                continue
+            pid = match.group("pid")
+            stale = (not _alive(int(pid)) if pid is not None
+                     else time.time() - entry.stat().st_mtime > STALE_AFTER_S)
+            if stale:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+FULL = (errno.ENOSPC, errno.EDQUOT)
+NOT_A_FOLDER = (errno.ENOTDIR, errno.EEXIST)
+
+
+def is_full(exc: BaseException) -> bool:
+    """A write failed for lack of space: an OSError, or safetensors' own error type, whose
+    message carries Rust's "(os error 28)"."""
+    if isinstance(exc, OSError):
+        return exc.errno in FULL
+    return f"(os error {errno.ENOSPC})" in str(exc) or f"(os error {errno.EDQUOT})" in str(exc)
+
+
+def cache_error(exc: BaseException, models: Path) -> str:
+    """One line for a model cache that cannot be written, naming the folder and the fix."""
+    fix = "or set QRUN_CACHE to another folder"
+    if is_full(exc):
+        return f"no space left for the converted model in {models}; free some space {fix}"
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in READ_ONLY:
+        return f"the model cache {models} is read-only ({exc}); make it writable {fix}"
+    if code in NOT_A_FOLDER:
+        return f"the model cache {models} is not a folder ({exc}); remove what is there {fix}"
+    return f"cannot write the model cache {models} ({exc}); {fix.removeprefix('or ')}"
