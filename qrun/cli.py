@@ -1,41 +1,59 @@
-"""`qrun FILE.tmpl`: argument parsing, printing results or errors, exit codes; no logic."""
+"""`qrun FILE.tmpl`: argument parsing, printing results or errors, exit codes; no logic. The
+JSON it reads and writes goes through qrun/jsonio.py, the feedback around a run (early text,
+the loading notice, ordered JSON Lines, Ctrl-C) through qrun/cli_output.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
-import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qrun.errors import QrunError, UsageError
+from qrun.cli_output import (
+    Interrupted,
+    LoadingNotice,
+    OrderedPrinter,
+    SkipEcho,
+    end_process,
+    in_background,
+    leading_text,
+    write,
+)
+from qrun.errors import QrunError, TemplateError, UsageError
+from qrun.jsonio import BadInput, check_text, dumps_line, parse_line, parse_value, split_lines
 from qrun.options import RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
+    from qrun.runtime.result import Result
 
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+FIELDS = ("text", "vars", "stats", "holes")
+DEFAULT_FIELDS = "text,vars,stats"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qrun",
         description="Run a qrun template: fixed text plus constrained holes filled by a model.",
-        epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure.",
+        epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure, "
+               "130 interrupted.",
     )
     parser.add_argument("file", help="the template (.tmpl)")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
                         help="an input as a string; NAME:=JSON gives a JSON value (repeatable)")
     parser.add_argument("--vars", metavar="FILE.json|-",
                         help="inputs as a JSON object, from a file or stdin (-)")
-    parser.add_argument("--inputs", metavar="FILE.jsonl",
+    parser.add_argument("--inputs", metavar="FILE.jsonl|-",
                         help="one run per line of JSON objects; prints JSON Lines")
-    parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or hub id")
+    parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
+                                        "hub id (org/name)")
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
                         help="transformers (default), or vllm: in this process, or against a "
                              "vLLM server with --url")
@@ -50,27 +68,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
+    parser.add_argument("--fields", default=DEFAULT_FIELDS, metavar="LIST",
+                        help=f"with --json or --inputs: which of {', '.join(FIELDS)} each row "
+                             f"has (default {DEFAULT_FIELDS})")
+    parser.add_argument("--id", metavar="FIELD",
+                        help='with --json or --inputs: each row starts with "id", the value of '
+                             "this input")
     parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
+    parser.add_argument("--dump", action="store_true",
+                        help="print the compiled program (one op per line) and exit")
     parser.add_argument("--batch-size", type=int, default=1, metavar="B",
                         help="with --inputs: advance up to B runs together (default 1)")
     parser.add_argument("--cache-mb", type=int, metavar="MB",
                         help="prefix cache budget shared by runs (default 1024; 0 turns it off)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or loading notice on stderr")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    write.open_line = False
     try:
         return _run(args)
     except QrunError as exc:
-        _flush_stdout_line()
+        write.end_line()
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        write.end_line()
         print("qrun: interrupted", file=sys.stderr)
-        return 130
+        if isinstance(exc, Interrupted) and exc.runs_left:
+            end_process(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:  # a bug in qrun, not in the user's input
@@ -81,127 +112,163 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
 
 
-_stdout_open_line = False
-
-
-def _flush_stdout_line() -> None:
-    # After streamed text, start the error message on a fresh line of the terminal.
-    if _stdout_open_line:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-
-
 def _run(args: argparse.Namespace) -> int:
     from qrun.api import Query
 
     _validate(args)
+    fields = _fields(args.fields)
     options = _options(args)
     query = Query.from_file(args.file)
+    if args.dump:
+        print(query.program.dump())
+        return EXIT_OK
     if args.check:
         print(f"{args.file}: ok ({len(query.program.captures)} holes, inputs: "
               f"{', '.join(query.inputs) or 'none'})")
         return EXIT_OK
+    inputs, typed_strings = _inputs(args)
     if args.inputs:
-        return _run_lines(query, args, options)
-    inputs = _inputs(args)
+        return _run_lines(query, args, options, inputs, _Rows(fields, args.id, typed_strings))
     query.program.check_inputs(inputs)  # before the model is loaded
-    model = _load(query, args)
     if args.json:
-        result = query.run(inputs, model=model, options=options)
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        model = _load(query, args)
+        result = _hinted(lambda: query.run(inputs, model=model, options=options), typed_strings)
+        print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
     else:
-        result = query.run(inputs, model=model, options=options, on_text=_write)
+        early = leading_text(query.program)
+        write(early)  # the template's opening text, before the model loads
+        model = _load(query, args)
+        echo = SkipEcho(early, write)
+        result = _hinted(lambda: query.run(inputs, model=model, options=options, on_text=echo),
+                         typed_strings)
         if not result.text.endswith("\n"):
-            _write("\n")
+            write("\n")
     if args.stats:
         print(json.dumps(result.stats.to_dict(), indent=2), file=sys.stderr)
     return EXIT_OK
 
 
 def _load(query: Query, args: argparse.Namespace) -> Backend:
-    return query.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                      cache_mb=args.cache_mb, url=args.url)
+    from qrun.backends import DEFAULT_MODEL
+
+    name = args.model or query.program.model.model or DEFAULT_MODEL
+    with LoadingNotice(name, quiet=args.quiet):
+        return query.load(args.model, device=args.device, dtype=args.dtype,
+                          backend=args.backend, cache_mb=args.cache_mb, url=args.url)
 
 
-def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions) -> int:
+def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
+               base: dict[str, Any], rows: _Rows) -> int:
     """One run per JSON line; JSON Lines out, in input order, each printed as soon as it and
-    every line before it are done. A bad line prints {"error": ...} and the rest still run."""
-    base = _inputs(args)
-    lines = _read_lines(args.inputs)
-    rows: list[dict[str, Any] | str] = []
-    for number, line in enumerate(lines, start=1):
+    every line before it are done. A line that cannot be a run's inputs prints
+    {"error": ..., "line": N} with its number in the file, and the rest still run."""
+    lines = list(split_lines(_read_bytes(args.inputs, "--inputs")))
+    parsed: list[dict[str, Any] | str] = []
+    for _, line in lines:
         try:
-            values = json.loads(line)
-        except json.JSONDecodeError as exc:
-            rows.append(f"{args.inputs}:{number}: invalid JSON: {exc}")
-            continue
-        if not isinstance(values, dict):
-            rows.append(f"{args.inputs}:{number}: each line must be a JSON object")
-            continue
-        rows.append({**base, **values})
-    runnable = [i for i, row in enumerate(rows) if isinstance(row, dict)]
-    printer = _OrderedPrinter(len(rows), _progress(len(rows), args.quiet))
-    for i, row in enumerate(rows):
-        if isinstance(row, str):
-            printer.put(i, {"error": row, "line": i + 1})
-    if runnable:
+            parsed.append({**base, **parse_line(line)})
+        except BadInput as exc:
+            parsed.append(str(exc))
+    numbers = [number for number, _ in lines]
+    runnable = [i for i, row in enumerate(parsed) if isinstance(row, dict)]
+    model = _load(query, args) if runnable else None
+    printer = OrderedPrinter(len(parsed), quiet=args.quiet)
+
+    def job() -> None:
+        for i, row in enumerate(parsed):
+            if isinstance(row, str):
+                printer.put(i, rows.error(f"{args.inputs}:{numbers[i]}: {row}", numbers[i]))
+        if model is None:
+            return
         query.run_many(
-            [row for row in rows if isinstance(row, dict)], model=_load(query, args),
-            options=options,
+            [row for row in parsed if isinstance(row, dict)], model=model, options=options,
             batch_size=args.batch_size,
-            on_result=lambda k, outcome: printer.put(runnable[k], _line(outcome, runnable[k])),
+            on_result=lambda k, outcome: printer.put(
+                runnable[k], rows.outcome(outcome, parsed[runnable[k]], numbers[runnable[k]])),
         )
-    printer.close()
+
+    in_background(job, printer)
     return EXIT_RUNTIME if printer.failed else EXIT_OK
 
 
-def _line(outcome: Any, index: int) -> dict[str, Any]:
-    if isinstance(outcome, QrunError):
-        return {"error": str(outcome), "line": index + 1}
-    result: dict[str, Any] = outcome.to_dict()
+class _Rows:
+    """The JSON rows printed by --json and --inputs: the chosen fields of a result, or an
+    error with its line; "id" first when --id names an input."""
+
+    def __init__(self, fields: tuple[str, ...], id_field: str | None,
+                 typed_strings: dict[str, str]) -> None:
+        self.fields = fields
+        self.id_field = id_field
+        self.typed_strings = typed_strings
+
+    def _start(self, inputs: Any) -> dict[str, Any]:
+        if self.id_field is None:
+            return {}
+        return {"id": inputs.get(self.id_field) if isinstance(inputs, dict) else None}
+
+    def result(self, result: Result, inputs: Any) -> dict[str, Any]:
+        whole = result.to_dict()
+        row = self._start(inputs)
+        for name in self.fields:
+            row[name] = _holes(result) if name == "holes" else whole[name]
+        return row
+
+    def error(self, message: str, line: int, inputs: Any = None) -> dict[str, Any]:
+        return {**self._start(inputs), "error": message, "line": line}
+
+    def outcome(self, outcome: Result | QrunError, inputs: Any, line: int) -> dict[str, Any]:
+        if isinstance(outcome, QrunError):
+            return self.error(str(_hint(outcome, self.typed_strings)), line, inputs)
+        return self.result(outcome, inputs)
+
+
+def _holes(result: Result) -> dict[str, Any]:
+    """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a loop."""
+    holes: dict[str, Any] = {name: r.to_dict() for name, r in result.holes.items()}
+    holes.update({name: [r.to_dict() for r in records]
+                  for name, records in result.hole_lists.items()})
+    return holes
+
+
+def _hinted(run: Any, typed_strings: dict[str, str]) -> Result:
+    try:
+        result: Result = run()
+    except QrunError as exc:
+        raise _hint(exc, typed_strings) from None
     return result
 
 
-class _OrderedPrinter:
-    """Prints JSON lines in input order as results arrive in any order (thread-safe)."""
-
-    def __init__(self, total: int, progress: Any) -> None:
-        self.lines: dict[int, dict[str, Any]] = {}
-        self.next = 0
-        self.total = total
-        self.failed = False
-        self.progress = progress
-        self.lock = threading.Lock()
-
-    def put(self, index: int, line: dict[str, Any]) -> None:
-        with self.lock:
-            self.lines[index] = line
-            self.failed |= "error" in line
-            if self.progress is not None:
-                self.progress.update(1)
-            while self.next in self.lines:
-                print(json.dumps(self.lines.pop(self.next), ensure_ascii=False), flush=True)
-                self.next += 1
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
+def _hint(exc: QrunError, typed_strings: dict[str, str]) -> QrunError:
+    """A template error about an input given as `-v NAME=3` (a string that reads as another
+    JSON value) gains a note: use `NAME:=3`."""
+    if not isinstance(exc, TemplateError):
+        return exc
+    spanned = exc.source.text[exc.span.start:exc.span.end]
+    notes = [f"-v {name}={value} gives the string {value!r}: use {name}:={value} to pass "
+             f"{_json_kind(value)}"
+             for name, value in typed_strings.items()
+             if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", spanned)]
+    if not notes:
+        return exc
+    return type(exc)(exc.message, exc.span, exc.source, notes=[*exc.notes, *notes])
 
 
-def _progress(total: int, quiet: bool) -> Any:
-    if quiet or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
+def _json_kind(text: str) -> str:
+    value = json.loads(text)
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else "null"
 
-    return tqdm(total=total, unit="run", file=sys.stderr)
 
-
-def _read_lines(path: str) -> list[str]:
+def _read_bytes(path: str, flag: str) -> bytes:
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        return sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from exc
-    return [line for line in text.splitlines() if line.strip()]
+        raise UsageError(f"{flag}: cannot read {path}: {exc}") from exc
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
@@ -223,38 +290,67 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.url is not None and args.backend != "vllm":
         raise UsageError("--url needs --backend vllm (a vLLM server)")
+    rows = args.json or args.inputs
+    if not rows and (args.id is not None or args.fields != DEFAULT_FIELDS):
+        raise UsageError("--id and --fields shape JSON rows: give --json or --inputs too")
 
 
-def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+def _fields(text: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in FIELDS]
+    if unknown or not chosen:
+        raise UsageError(f"--fields: choose among {', '.join(FIELDS)} (comma-separated), got "
+                         f"{text!r}")
+    return tuple(dict.fromkeys(chosen))
+
+
+def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The inputs of -v and --vars, read strictly (qrun/jsonio.py); and the -v NAME=VALUE
+    strings that read as other JSON values (for the `:=` hint)."""
     inputs: dict[str, Any] = {}
     if args.vars:
+        data = _read_bytes(args.vars, "--vars")
         try:
-            text = sys.stdin.read() if args.vars == "-" else Path(args.vars).read_text("utf-8")
-            loaded = json.loads(text)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"--vars {args.vars}: {exc}") from exc
+            loaded = parse_value(data.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--vars {args.vars}: invalid UTF-8 at byte {exc.start + 1}") \
+                from None
+        except BadInput as exc:
+            raise UsageError(f"--vars {args.vars}: {exc}") from None
         if not isinstance(loaded, dict):
             raise UsageError(f"--vars {args.vars}: expected a JSON object")
         inputs.update(loaded)
+    typed: dict[str, str] = {}
     for item in args.var:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UsageError(f"-v expects NAME=VALUE or NAME:=JSON, got {item!r}")
-        if name.endswith(":"):
-            try:
-                inputs[name[:-1]] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"-v {item}: invalid JSON: {exc}") from exc
-        else:
-            inputs[name] = value
-    return inputs
+        try:
+            check_text(item, f"-v {_shown(name)}")
+            if name.endswith(":"):
+                inputs[name[:-1]] = parse_value(value)
+                continue
+        except BadInput as exc:
+            raise UsageError(f"-v {_shown(item)}: {exc}" if name.endswith(":") else str(exc)) \
+                from None
+        inputs[name] = value
+        if _reads_as_json(value):
+            typed[name] = value
+    return inputs, typed
 
 
-def _write(text: str) -> None:
-    global _stdout_open_line
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    _stdout_open_line = not text.endswith("\n")
+def _shown(text: str, limit: int = 60) -> str:
+    """`text` fit for an error message: printable in UTF-8 (a lone surrogate as its escape)
+    and cut to `limit` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _reads_as_json(value: str) -> bool:
+    try:
+        return not isinstance(parse_value(value), str)
+    except BadInput:
+        return False
 
 
 if __name__ == "__main__":

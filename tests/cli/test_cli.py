@@ -8,26 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import QA, write
 
-from qrun.backends.transformers import TransformersBackend
 from qrun.cli import main
-
-
-@pytest.fixture(scope="session")
-def tiny_folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny.model.save_pretrained(folder)
-    tiny.tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def write(tmp_path: Path, text: str, name: str = "t.tmpl") -> str:
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
-
-
-QA = 'Question: {{ question }}\nAnswer:{{ gen answer max_tokens=6 }}\nDone.'
 
 
 def test_json_output(tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,22 @@
+"""Helpers of the command-line suites (imported by name: tests/ folders are not packages)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+QA = 'Question: {{ question }}\nAnswer:{{ gen answer max_tokens=6 }}\nDone.'
+
+
+def write(tmp_path: Path, text: str, name: str = "t.tmpl") -> str:
+    """A template file in tmp_path; its path."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def rows(out: str) -> list[dict[str, Any]]:
+    """JSON Lines printed by qrun, split at "\\n" only, each line parsed."""
+    assert out.endswith("\n") or out == ""
+    return [json.loads(line) for line in out.split("\n")[:-1]]
