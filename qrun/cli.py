@@ -25,7 +25,15 @@ from qrun.cli_output import (
     write,
 )
 from qrun.errors import QrunError, TemplateError, UsageError
-from qrun.jsonio import BadInput, check_text, dumps_line, parse_line, parse_value, split_lines
+from qrun.jsonio import (
+    BadInput,
+    check_text,
+    dumps_line,
+    finite,
+    parse_line,
+    parse_value,
+    split_lines,
+)
 from qrun.options import RunOptions
 
 if TYPE_CHECKING:
@@ -144,7 +152,8 @@ def _run(args: argparse.Namespace) -> int:
         if not result.text.endswith("\n"):
             write("\n")
     if args.stats:
-        print(json.dumps(result.stats.to_dict(), indent=2), file=sys.stderr)
+        print(json.dumps(finite(result.stats.to_dict()), indent=2, allow_nan=False),
+              file=sys.stderr)
     return EXIT_OK
 
 
