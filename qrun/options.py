@@ -5,7 +5,9 @@ boundary (`Query.run`, `run_many`, the CLI) all use, so an option means the same
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -56,8 +58,9 @@ the value is fine. Hole arguments of the same names are checked with the same fu
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How a run samples. None means "not given": the template's front matter applies, then
-    the built-in default (temperature 0, i.e. greedy; top_p 1 and top_k 0, i.e. no filter;
-    seed 0; max_tokens 128 per hole). A hole's own arguments override these for that hole.
+    the built-in default (temperature 0, i.e. greedy; top_p 1 and top_k 0, i.e. no filter; a
+    fresh random seed, reported in the run's stats so the run can be replayed; max_tokens 128
+    per hole). A hole's own arguments override these for that hole.
 
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option.
@@ -99,13 +102,23 @@ class RunOptions:
                  if getattr(self, name) is not None}
         return replace(defaults, **given)
 
+    def for_item(self, index: int) -> RunOptions:
+        """The options of item `index` of a batch: with a seed S, a seed derived from S and
+        the index (the same whatever the batch size); without one, unchanged (each run then
+        draws its own)."""
+        if self.seed is None:
+            return self
+        digest = hashlib.blake2b(f"qrun-seed:{self.seed}:{index}".encode(), digest_size=8)
+        return replace(self, seed=int.from_bytes(digest.digest(), "little") >> 1)
+
     def resolved(self) -> Resolved:
-        """Every option with a value: the built-in defaults where none was given."""
+        """Every option with a value: the built-in defaults where none was given, and a fresh
+        random seed when none was."""
         return Resolved(
             temperature=0.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
-            seed=0 if self.seed is None else self.seed,
+            seed=secrets.randbits(63) if self.seed is None else self.seed,
             max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
         )
 

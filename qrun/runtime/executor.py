@@ -31,7 +31,7 @@ from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
 from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
-from qrun.runtime.session import Session
+from qrun.runtime.session import ContextFull, Session
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
@@ -75,7 +75,7 @@ class Run:
         self.on_text = on_text
         self.constraints = constraints or ConstraintCompiler(backend)
         self.engines = engines or choose_engines(backend)
-        self.stats = Stats(load_s=backend.load_s)
+        self.stats = Stats(load_s=backend.load_s, seed=self.options.seed)
         model = self.engines.model
         self.session = Session(backend, model, self.stats,
                                model.prefix_cache if model is not None else None)
@@ -126,9 +126,9 @@ class Run:
     def _exec(self, op: ir.Op) -> None:
         match op:
             case ir.EmitText():
-                self._emit(op.text, special=True)
+                self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                self._emit(_to_text(self._eval(op.expr)))
+                self._emit(_to_text(self._eval(op.expr)), op=op)
             case ir.Gen():
                 self._exec_gen(op)
             case ir.Select():
@@ -144,12 +144,16 @@ class Run:
             case _:
                 assert_never(op)
 
-    def _emit(self, text: str, special: bool = False) -> None:
+    def _emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None:
         """Append text that is not the model's: only the template's own text (`special`) may
         spell control tokens; a value's text is always encoded as text."""
         if not text:
             return
-        self.session.append_text(text, special=special)
+        try:
+            self.session.append_text(text, special=special)
+        except ContextFull as exc:
+            where = op.span if op is not None else self.program.source.span_at(0)
+            raise GenerationError(str(exc), where, self.program.source) from None
         self._show(text)
 
     def _show(self, text: str) -> None:
@@ -166,14 +170,14 @@ class Run:
         the backend may let go of what it holds for the next token."""
         try:
             yield
-        except (HoleFailure, BackendError) as exc:
+        except (HoleFailure, BackendError, ContextFull) as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
         finally:
             self.session.pause()
 
     def _exec_gen(self, op: ir.Gen) -> None:
-        request = self._gen_request(op)
         with self._filling(op):
+            request = self._gen_request(op)
             record = self.engines.filler.fill(self.session, request, self._show)
         self._capture(op.name, record, op.in_loop)
 
@@ -269,10 +273,10 @@ class Run:
         if scoring is None:
             raise GenerationError(f"backend '{self.backend.name}' cannot score select options",
                                   op.span, self.program.source)
-        prefix = self._heal().decode("utf-8")
-        request = SelectRequest(op.name, tuple(options), temperature, normalize, self.generator,
-                                prefix)
         with self._filling(op):
+            prefix = self._heal().decode("utf-8")
+            request = SelectRequest(op.name, tuple(options), temperature, normalize,
+                                    self.generator, prefix)
             record = select(self.session, request, scoring)
         self._show(record.text)
         self._capture(op.name, record, op.in_loop)
@@ -318,9 +322,9 @@ class Run:
                 "has none", op.span, self.program.source,
                 notes=["write the turn markers as fixed text, or use a chat model"])
         before, after = markers
-        self._emit(before, special=True)
+        self._emit(before, special=True, op=op)
         self._exec_block(op.body)
-        self._emit(after, special=True)
+        self._emit(after, special=True, op=op)
 
 
 def _constraint_span(op: ir.Gen) -> Span:

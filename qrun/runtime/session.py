@@ -16,6 +16,11 @@ from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.stats import Stats
 
 
+class ContextFull(Exception):
+    """Appending would make the context longer than the model's maximum; raised before any
+    forward of the longer context (the executor reports it at the op that caused it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Overshoot:
     """Tokens at the end of the context that a hole sampled past its end (they hold a stop
@@ -99,6 +104,11 @@ class Session:
             self.fixed_tail = 0
 
     def _append(self, token_ids: Sequence[int]) -> None:
+        limit = self.backend.max_context
+        if limit is not None and len(self.token_ids) + len(token_ids) > limit:
+            raise ContextFull(
+                f"the context would hold {len(self.token_ids) + len(token_ids)} tokens, more "
+                f"than model '{self.backend.name}' takes ({limit})")
         self.token_ids.extend(token_ids)
 
     def _settle_overshoot(self, text: bytes) -> bytes:
