@@ -29,8 +29,7 @@ class Query:
     def __init__(self, template: str | Program, name: str = "<string>") -> None:
         self.program: Program = (template if isinstance(template, Program)
                                  else compile_source(template, name))
-        self._models: dict[tuple[str, str | None, str | None, str, int | None, str | None],
-                           Backend] = {}
+        self._models: dict[tuple[Any, ...], Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
@@ -142,6 +141,7 @@ class Query:
         backend: str = "transformers",
         cache_mb: int | None = None,
         url: str | None = None,
+        timeout: float | None = None,
     ) -> Backend:
         """The model a run uses, loaded once per Query: `model` (a name or path for
         `load_model`), else the front matter's, else the default; device and dtype likewise.
@@ -154,11 +154,12 @@ class Query:
 
         front = self.program.model
         name = model or front.model or DEFAULT_MODEL
-        key = (name, device or front.device, dtype or front.dtype, backend, cache_mb, url)
+        key = (name, device or front.device, dtype or front.dtype, backend, cache_mb, url,
+               timeout)
         if key not in self._models:
             budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
             self._models[key] = load_model(name, key[1], key[2], backend, cache_mb=budget,
-                                           url=url)
+                                           url=url, timeout=timeout)
         return self._models[key]
 
     def _model(self, model: Backend | str | None) -> Backend:

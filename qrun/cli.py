@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "vLLM server with --url")
     parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
                                       "(http://HOST:PORT); --model names its tokenizer")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="with --url: how long a request waits for the server (default 30)")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
@@ -120,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _load(query: Query, args: argparse.Namespace) -> Backend:
     return query.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                      cache_mb=args.cache_mb, url=args.url)
+                      cache_mb=args.cache_mb, url=args.url, timeout=args.timeout)
 
 
 def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions) -> int:

@@ -93,7 +93,7 @@ class Completion:
     positions it computed / served from its prefix cache when it reports them."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float | None]
     finish: str
     computed: int
     cached: int
