@@ -18,6 +18,9 @@ from qrun.runtime.masks import IndexCache, MaskCursor
 from qrun.source import Source
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 
+# Named patterns whose values are read as Python values (docs/language.md §15.2).
+PATTERN_TYPES = {"INT": "int", "FLOAT": "float", "BOOL": "bool"}
+
 
 class ConstraintCompiler:
     """Token indexes for one backend's vocabulary, built lazily and cached."""
@@ -39,7 +42,7 @@ class ConstraintCompiler:
         match constraint:
             case ir.Regex(stdlib_name=str(name)):
                 return ConstraintSpec(_evaluate_pattern(constraint, scope, source),
-                                      f"regex={name}")
+                                      f"regex={name}", PATTERN_TYPES.get(name, "text"))
             case ir.Regex():
                 pattern = _evaluate_pattern(constraint, scope, source)
                 return ConstraintSpec(pattern, f"regex={json.dumps(pattern)}")
@@ -55,7 +58,8 @@ class ConstraintCompiler:
                     pattern = schema_to_regex(schema)
                 except SchemaError as exc:
                     raise ConstraintError(str(exc), constraint.schema.span, source) from None
-                return ConstraintSpec(pattern, "json=" + json.dumps(schema, sort_keys=True))
+                return ConstraintSpec(pattern, "json=" + json.dumps(schema, sort_keys=True),
+                                      "json")
 
     def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> MaskCursor:
         """A fresh cursor at the start of the constraint, which first requires the healed

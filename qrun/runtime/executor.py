@@ -4,6 +4,7 @@ handler per op."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -333,8 +334,16 @@ def _constraint_span(op: ir.Gen) -> Span:
 
 
 def _to_text(value: Any) -> str:
+    """How a value is inserted as text: None as nothing, booleans as true/false, lists and
+    dicts as JSON (a captured `json=` value reads as the JSON the model wrote), the rest as
+    str()."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list | dict):
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return str(value)
     return str(value)

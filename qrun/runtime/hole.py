@@ -5,10 +5,11 @@ rule, and the one tail that turns a finished hole into its record. The local sam
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -58,10 +59,32 @@ class HoleFailure(Exception):
 @dataclass(frozen=True, slots=True)
 class ConstraintSpec:
     """A hole's constraint as evaluated for this run: the regex it stands for (a JSON Schema
-    already lowered) and a short description for records and traces."""
+    already lowered), a short description for records and traces, and the type its values
+    are read as (docs/language.md §15.2): "json" (parsed JSON), "int", "float", "bool" (the
+    INT, FLOAT and BOOL patterns), or "text"."""
 
     pattern: str
     description: str
+    value_type: str = "text"
+
+
+def typed_value(text: str, value_type: str) -> Any:
+    """The value of a hole's text, read as its constraint's type.
+
+    Raises:
+        ValueError: the text cannot be read so (the constraint guarantees it can, but Python
+            refuses integers of more than 4,300 digits).
+    """
+    match value_type:
+        case "json":
+            return json.loads(text)
+        case "int":
+            return int(text)
+        case "float":
+            return float(text)
+        case "bool":
+            return text == "true"
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +218,12 @@ class Hole:
         record = self.record
         record.finish = finish
         record.value = record.text = self.value()
+        if self.request.constraint is not None:
+            try:
+                record.value = typed_value(record.text, self.request.constraint.value_type)
+            except (ValueError, RecursionError) as exc:
+                raise HoleFailure(f"hole '{self.request.name}': its value cannot be read as "
+                                  f"{self.request.constraint.value_type}: {exc}") from None
         plen = len(self.request.prefix)
         record.healed = self.request.prefix.decode("utf-8", errors="replace")
         record.prefix_tokens = sum(1 for end in self.ends if end <= plen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -281,3 +282,18 @@ def test_batch_items_get_seeds_derived_from_the_runs_seed(tiny: TransformersBack
     assert len({text for _, text in results[1]}) > 1
     again = query.run_many(rows, model=tiny, seed=7)
     assert [(r.stats.seed, r["s"]) for r in again if isinstance(r, qrun.Result)] == results[1]
+
+
+def test_values_come_back_in_their_type(model: TransformersBackend) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    r = run(model, "A: {{ gen a regex=INT max_tokens=4 }}\nB: {{ gen b regex=FLOAT }}\n"
+            "C: {{ gen c regex=BOOL }}\nD: {{ gen d json=s max_tokens=12 }}\n"
+            "{% if a > -1000000 %}E: {{ d }}{% endif %}", s=schema)
+    assert isinstance(r["a"], int) and str(r["a"]) == r.holes["a"].text
+    assert isinstance(r["b"], float) and float(r.holes["b"].text) == r["b"]
+    assert r["c"] is (r.holes["c"].text == "true")
+    assert isinstance(r["d"], dict) and isinstance(r["d"]["n"], int)
+    assert r["d"] == json.loads(r.holes["d"].text)
+    # The rendered text keeps what the model wrote; a JSON value reads back as JSON.
+    assert f"A: {r.holes['a'].text}\n" in r.text
+    assert r.text.endswith("E: " + json.dumps(r["d"]))
