@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
     parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
+    parser.add_argument("--trace", metavar="FILE.html|FILE.json",
+                        help="write what the run did, token by token: a self-contained HTML "
+                             "page or JSON (docs/trace.md)")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
     parser.add_argument("--batch-size", type=int, default=1, metavar="B",
                         help="with --inputs: advance up to B runs together (default 1)")
@@ -117,6 +120,11 @@ def _run(args: argparse.Namespace) -> int:
             _write("\n")
     if args.stats:
         print(json.dumps(result.stats.to_dict(), indent=2), file=sys.stderr)
+    if args.trace:
+        try:
+            result.write_trace(args.trace)
+        except OSError as exc:
+            raise UsageError(f"--trace {args.trace}: {exc}") from exc
     return EXIT_OK
 
 
@@ -209,7 +217,9 @@ def _read_lines(path: str) -> list[str]:
 def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
-    given = {name: getattr(args, name) for name in RunOptions.names()}
+    given = {name: getattr(args, name) for name in RunOptions.names() if name != "trace"}
+    if args.trace:
+        given["trace"] = True
     try:
         return RunOptions(**given)
     except UsageError as exc:
@@ -225,6 +235,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.url is not None and args.backend != "vllm":
         raise UsageError("--url needs --backend vllm (a vLLM server)")
+    if args.trace and args.inputs:
+        raise UsageError("--trace writes one run's trace: use it without --inputs")
+    if args.trace and not args.trace.lower().endswith((".html", ".htm", ".json")):
+        raise UsageError(f"--trace {args.trace}: the file must end in .html or .json")
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:

@@ -44,12 +44,17 @@ def _top_p(value: Any) -> str | None:
     return None if is_number(value) and 0 < value <= 1 else "a number in (0, 1]"
 
 
+def _flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
 CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "temperature": _temperature,
     "top_p": _top_p,
     "top_k": _count,
     "seed": _count,
     "max_tokens": _positive,
+    "trace": _flag,
 }
 """Per option: a check returning what the value must be (for the error message), or None when
 the value is fine. Hole arguments of the same names are checked with the same functions."""
@@ -60,7 +65,9 @@ class RunOptions:
     """How a run samples. None means "not given": the template's front matter applies, then
     the built-in default (temperature 0, i.e. greedy; top_p 1 and top_k 0, i.e. no filter; a
     fresh random seed, reported in the run's stats so the run can be replayed; max_tokens 128
-    per hole). A hole's own arguments override these for that hole.
+    per hole). A hole's own arguments override these for that hole. `trace` keeps, for every
+    sampled token, the mask size and the likeliest alternatives in the run's trace
+    (`Result.trace()`; the tokens themselves are always recorded).
 
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option.
@@ -71,6 +78,7 @@ class RunOptions:
     top_k: int | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    trace: bool | None = None
 
     def __post_init__(self) -> None:
         for name, check in CHECKS.items():
@@ -120,6 +128,7 @@ class RunOptions:
             top_k=0 if self.top_k is None else self.top_k,
             seed=secrets.randbits(63) if self.seed is None else self.seed,
             max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
+            trace=bool(self.trace),
         )
 
 
@@ -132,3 +141,4 @@ class Resolved:
     top_k: int
     seed: int
     max_tokens: int
+    trace: bool

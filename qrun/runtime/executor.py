@@ -29,6 +29,7 @@ from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
+from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
@@ -77,9 +78,10 @@ class Run:
         self.constraints = constraints or ConstraintCompiler(backend)
         self.engines = engines or choose_engines(backend)
         self.stats = Stats(load_s=backend.load_s, seed=self.options.seed)
+        self.recorder = Recorder(backend.vocabulary, detailed=self.options.trace)
         model = self.engines.model
         self.session = Session(backend, model, self.stats,
-                               model.prefix_cache if model is not None else None)
+                               model.prefix_cache if model is not None else None, self.recorder)
         self.scope: dict[str, Any] = dict(inputs)
         self.vars: dict[str, Any] = {}
         self.holes: dict[str, HoleRecord] = {}
@@ -101,8 +103,12 @@ class Run:
         finally:
             self.session.close()
         self.stats.wall_s = time.perf_counter() - started
+        backend = self.backend
+        header = {"template": self.program.source.name, "model": backend.name,
+                  "backend": type(backend).__name__, "device": backend.device,
+                  "dtype": backend.dtype}
         return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
-                      list(self.session.token_ids))
+                      list(self.session.token_ids), self.recorder, header)
 
     def _check_constraints(self) -> None:
         """Before any model work: every constraint that can be known now (not built from
@@ -169,6 +175,8 @@ class Run:
     def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
         """Around filling a hole: failures become a GenerationError at the hole; afterwards
         the backend may let go of what it holds for the next token."""
+        kind = "gen" if isinstance(op, ir.Gen) else "select"
+        self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
         try:
             yield
         except (HoleFailure, BackendError, ContextFull) as exc:
@@ -180,6 +188,8 @@ class Run:
         with self._filling(op):
             request = self._gen_request(op)
             record = self.engines.filler.fill(self.session, request, self._show)
+        self.recorder.end_hole(constraint=record.constraint, value=record.value,
+                               text=record.text, finish=record.finish, seconds=record.seconds)
         self._capture(op.name, record, op.in_loop)
 
     def _gen_request(self, op: ir.Gen) -> GenRequest:
@@ -279,6 +289,11 @@ class Run:
             request = SelectRequest(op.name, tuple(options), temperature, normalize,
                                     self.generator, prefix)
             record = select(self.session, request, scoring)
+        probs = record.option_probs
+        self.recorder.end_hole(
+            constraint="options=" + json.dumps(list(options), ensure_ascii=False),
+            value=record.value, text=record.text, finish=record.finish, seconds=record.seconds,
+            options=[(o, lp, probs[o]) for o, lp in record.option_logprobs.items()])
         self._show(record.text)
         self._capture(op.name, record, op.in_loop)
 

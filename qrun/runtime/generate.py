@@ -67,11 +67,16 @@ def generate(
             else:
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
                 token, logprob = sample(logits, mask, request.sampling, request.generator)
+                recorder = session.recorder
                 if token in eos:
+                    if recorder is not None:
+                        recorder.ended(len(session.token_ids), token, logprob)
                     finish = "eos"
                     break
                 session.stats.generated_tokens += 1
-                stop_at = hole.take(token, logprob, forced=False)
+                mask_size, top = (recorder.alternatives(logits, mask) if recorder is not None
+                                  else (None, None))
+                stop_at = hole.take(token, logprob, False, mask_size, top)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
             finish = "stop"

@@ -150,20 +150,29 @@ class Hole:
         """Whether the healed prefix is not produced yet."""
         return len(self.text) < len(self.request.prefix)
 
-    def take(self, token: int, logprob: float | None, forced: bool) -> int | None:
+    def take(self, token: int, logprob: float | None, forced: bool,
+             mask_size: int | None = None, top: list[tuple[int, float]] | None = None
+             ) -> int | None:
         """Append a token to the context and the hole; return the byte offset of a stop
         string it completed, if any. The first token of a speculatively healed hole is kept
-        in place when it is the healed token itself, else the healed token is taken back."""
+        in place when it is the healed token itself, else the healed token is taken back.
+        `mask_size` and `top` (the allowed tokens and the likeliest ones) go to the trace."""
+        session = self.session
         if self.speculative:
             self.speculative = False
-            context = self.session.token_ids
-            if context[self.start :] == [token]:
-                self.session.fixed_tail = 0
+            if session.token_ids[self.start :] == [token]:
+                session.fixed_tail = 0
+                if session.recorder is not None:  # the fixed token becomes the hole's
+                    session.recorder.drop(self.start, "heal")
             else:
-                self.session.rollback(self.start)
-                self.session.append_tokens([token])
+                session.rollback(self.start, "heal")
+                session.append_tokens([token])
         else:
-            self.session.append_tokens([token])
+            session.append_tokens([token])
+        if session.recorder is not None:
+            kind = "forced" if forced else "healed" if self.in_prefix() else "sampled"
+            session.recorder.chosen(len(session.token_ids) - 1, token, kind, logprob,
+                                    mask_size, top)
         self.record.token_ids.append(token)
         self.record.logprobs.append(logprob)
         self.record.forced.append(forced)

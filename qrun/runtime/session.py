@@ -13,6 +13,7 @@ import torch
 
 from qrun.backends.base import Backend, KVCache, StepModel
 from qrun.backends.prefix_cache import PrefixCache
+from qrun.runtime.recorder import Recorder
 from qrun.runtime.stats import Stats
 
 
@@ -53,10 +54,12 @@ class Session:
         model: StepModel | None,
         stats: Stats | None = None,
         prefix_cache: PrefixCache | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.backend = backend
         self.model = model
         self.stats = stats if stats is not None else Stats()
+        self.recorder = recorder
         self.prefix_cache = prefix_cache
         self._cache: KVCache | None = model.new_cache() if model is not None else None
         self.token_ids: list[int] = []
@@ -92,6 +95,8 @@ class Session:
         ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
         self.boundaries.add(len(self.token_ids))
         self._append(ids)
+        if self.recorder is not None:
+            self.recorder.fixed(len(self.token_ids) - len(ids), ids)
         self.boundaries.add(len(self.token_ids))
         self.stats.prompt_tokens += len(ids)
         self.fixed_tail += len(ids)
@@ -122,7 +127,7 @@ class Session:
             self.fixed_tail = 0
             return wanted[len(over.token_bytes) :]
         self.stats.boundary_dropped += 1
-        self.rollback(over.start)
+        self.rollback(over.start, "stop")
         return wanted
 
     def next_logits(self) -> torch.Tensor:
@@ -164,6 +169,8 @@ class Session:
         """Give an empty context the model's start token (logits need something to follow)."""
         if not self.token_ids:
             self.token_ids.append(self.backend.start_token_id)
+            if self.recorder is not None:
+                self.recorder.fixed(0, self.token_ids)
 
     def logits_before_last(self) -> torch.Tensor:
         """Logits after all but the last token, which stays in the context: when it is not fed
@@ -183,7 +190,7 @@ class Session:
         last = self.token_ids.pop()
         if self.fed > len(self.token_ids):
             self.token_ids.append(last)
-            self.rollback(n - 1)
+            self.rollback(n - 1, "heal")
             return self.next_logits()
         before = self.next_logits()
         self.token_ids.append(last)
@@ -197,6 +204,8 @@ class Session:
         hit = self.prefix_cache.lookup(self.token_ids[:upto], self.fed)
         if hit.kv is not None:
             self.stats.cached_tokens += hit.kv_length - self.fed
+            if self.recorder is not None:
+                self.recorder.cached(self.fed, hit.kv_length)
             self.cache = hit.kv
             self.fed = hit.kv_length
         if hit.logits is None:
@@ -237,7 +246,10 @@ class Session:
         # carried go back in as canonical tokens.
         rest = self._settle_overshoot(b"")
         if rest:
-            self._append(self.backend.encode(rest.decode("utf-8", errors="replace")))
+            ids = self.backend.encode(rest.decode("utf-8", errors="replace"))
+            self._append(ids)
+            if self.recorder is not None:
+                self.recorder.fixed(len(self.token_ids) - len(ids), ids)
 
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache, logits: torch.Tensor) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with
@@ -293,15 +305,18 @@ class Session:
         if counts is not None:
             self.count_model_call(0.0, counts[0], counts[1], calls=0)
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, length: int, reason: str = "rollback") -> None:
         """Truncate the context to its first `length` tokens, cropping the KV cache; positions
-        dropped after being computed are counted in rollback_tokens."""
+        dropped after being computed are counted in rollback_tokens. `reason` is what the trace
+        says dropped them ("stop", "heal", "rollback")."""
         if length < 0 or length > len(self.token_ids):
             raise ValueError(f"cannot roll a {len(self.token_ids)}-token context back to {length}")
         if length == len(self.token_ids):
             return
         self.fixed_tail = max(0, self.fixed_tail - (len(self.token_ids) - length))
         self.boundaries = {b for b in self.boundaries if b <= length}
+        if self.recorder is not None:
+            self.recorder.drop(length, reason)
         del self.token_ids[length:]
         if self.fed > length:
             self.stats.rollback_tokens += self.fed - length
@@ -321,7 +336,7 @@ class Session:
         vocab = self.backend.vocabulary
         removed = b"".join(vocab.token_bytes[t] or b"" for t in self.token_ids[-count:])
         if not keep_last:
-            self.rollback(len(self.token_ids) - count)
+            self.rollback(len(self.token_ids) - count, "heal")
         self.stats.healed_tokens += count
         return removed
 

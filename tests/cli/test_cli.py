@@ -9,16 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qrun.backends.transformers import TransformersBackend
 from qrun.cli import main
-
-
-@pytest.fixture(scope="session")
-def tiny_folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny.model.save_pretrained(folder)
-    tiny.tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def write(tmp_path: Path, text: str, name: str = "t.tmpl") -> str:
