@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from qrun.source import Source, Span, excerpt
+from qrun.source import Source, Span, excerpt, printable
 
 
 class QrunError(Exception):
@@ -70,7 +70,7 @@ class PositionedError(QrunError):
         head = f"{where}: {self.kind}: {self.message}"
         lines = [head, excerpt(self.source, self.span)]
         lines.extend(f"  note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        return printable("\n".join(lines))
 
 
 class TemplateError(PositionedError):

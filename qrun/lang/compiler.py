@@ -16,18 +16,23 @@ from qrun.lang.args import ArgChecker, pattern_name, suggest
 from qrun.lang.build import MAX_ERRORS, build_ast
 from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS
 from qrun.lang.parser import parse
+from qrun.lang.text import check_encodable, decode_template, normalize_text
 from qrun.source import Source, Span
 
 
 def compile_source(text: str, name: str = "<string>") -> ir.Program:
-    """Parse, build and compile template `text` (reported under `name`).
+    """Parse, build and compile template `text` (reported under `name`). The text is
+    normalized first (lang/text.py: newlines as Jinja writes them, no byte order mark).
 
     Raises:
-        TemplateErrors: every error found, in source order (a syntax error stops the parse, so
-            it is reported alone).
+        TemplateErrors: every error found, in source order (a syntax error stops the parse, and
+            text that cannot be encoded stops it before, so either is reported alone).
     """
-    source = Source(name, text)
+    source = Source(name, normalize_text(text))
     try:
+        unencodable = check_encodable(source)
+        if unencodable is not None:
+            raise unencodable
         tree = parse(source)
     except TemplateError as err:
         raise TemplateErrors([err]) from None
@@ -38,15 +43,16 @@ def compile_file(path: str | os.PathLike[str]) -> ir.Program:
     """Compile the UTF-8 template file at `path`; errors are reported under that path.
 
     Raises:
-        UsageError: the file cannot be read or is not UTF-8.
+        UsageError: the file cannot be read, or is not UTF-8 (a UTF-16 file is named so).
         TemplateErrors: as compile_source.
     """
+    name = os.fspath(path)
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read template {os.fspath(path)!s}: {err}") from None
-    return compile_source(text, os.fspath(path))
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise UsageError(f"cannot read template {name}: {err}") from None
+    return compile_source(decode_template(data, name), name)
 
 
 def compile_template(template: ast.Template, source: Source) -> ir.Program:

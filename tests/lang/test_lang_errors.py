@@ -62,6 +62,13 @@ CASES = [
     ("bad-unicode-escape", '{{ "\\U11111111" }}', Syntax, 1, 4, "invalid escape", ""),
     ("huge-int-literal", "{{ " + "9" * 5000 + " }}", Syntax, 1, 4, "integer literal too long",
      ""),
+    ("lone-surrogate", '{{ "a\\ud800" }}', Syntax, 1, 4, "lone surrogate U+D800", "pairs"),
+    ("lone-surrogate-stop", 'x\n{{ gen a stop="\\ud800" }}', Syntax, 2, 15, "U+D800", ""),
+    ("lone-surrogate-options", '{{ select a options=["ok", "\\udc00"] }}', Syntax, 1, 28,
+     "U+DC00", ""),
+    ("reversed-surrogates", '{{ "\\ude00\\ud83d" }}', Syntax, 1, 4, "U+DE00", ""),
+    ("raw-surrogate-in-text", "ok\n  \ud800 {{ x }}", Syntax, 2, 3, "lone surrogate U+D800",
+     ""),
     # ---- blocks -------------------------------------------------------------------------------
     ("unclosed-for", "a\n{% for x in xs %}\n{{ x }}", Syntax, 2, 1,
      "'{% for %}' at 2:1 is never closed (expected '{% endfor %}')", ""),
@@ -328,3 +335,10 @@ def test_run_time_errors_render_positions_like_template_errors() -> None:
     assert EvaluationError("e", source.span_at(0), source).exit_code == 1
     assert InputError("e", source.span_at(0), source).exit_code == 2
 
+
+def test_an_unprintable_character_is_shown_as_a_replacement() -> None:
+    # A Python str may hold a lone surrogate; printing one would raise UnicodeEncodeError.
+    with pytest.raises(TemplateErrors) as info:
+        compile_source("ok \udc80 {{ x }}")
+    str(info.value).encode("utf-8")
+    assert "ok \ufffd {{ x }}" in str(info.value)
