@@ -12,6 +12,7 @@ from qrun.backends.loading import DEFAULT_MODEL
 from qrun.errors import QrunError, UsageError
 from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
+from qrun.lang.limits import Limits
 from qrun.runtime.batch import run_batched
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.executor import RunOptions, check_inputs, execute
@@ -63,11 +64,13 @@ class Query:
         top_p: float | None = None,
         seed: int | None = None,
         max_tokens: int | None = None,
+        limits: Limits | None = None,
         on_text: Callable[[str], None] | None = None,
         **named_inputs: Any,
     ) -> Result:
         """Run the template once. Inputs come as a mapping, as keyword arguments, or both (an
-        input named like an option, e.g. `seed`, must go in the mapping).
+        input named like an option, e.g. `seed`, must go in the mapping). `limits` bounds the
+        evaluation work of the run (lang/limits.py).
 
         Raises:
             InputError: a declared input is missing (before the model is loaded).
@@ -77,7 +80,7 @@ class Query:
         values = {**(inputs or {}), **named_inputs}
         check_inputs(self.program, values)
         backend = self.backend(model, device, dtype)
-        options = RunOptions(temperature, top_p, seed, max_tokens)
+        options = RunOptions(temperature, top_p, seed, max_tokens, limits or Limits())
         return execute(self.program, backend, values, options, on_text,
                        self._constraint_compiler(backend))
 
@@ -93,6 +96,7 @@ class Query:
         top_p: float | None = None,
         seed: int | None = None,
         max_tokens: int | None = None,
+        limits: Limits | None = None,
         batch_size: int = 1,
         on_result: Callable[[int, Result | QrunError], None] | None = None,
     ) -> list[Result | QrunError]:
@@ -110,7 +114,7 @@ class Query:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
         backend = self.backend(model, device, dtype)
-        options = RunOptions(temperature, top_p, seed, max_tokens)
+        options = RunOptions(temperature, top_p, seed, max_tokens, limits or Limits())
         constraints = self._constraint_compiler(backend)
         if batch_size > 1 and len(rows) > 1:
             return run_batched(self.program, backend, rows, options, constraints, batch_size,

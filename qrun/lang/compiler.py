@@ -14,7 +14,7 @@ from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.args import ArgChecker, pattern_name, suggest
 from qrun.lang.build import MAX_ERRORS, build_ast
-from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS
+from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS, keyword_error
 from qrun.lang.parser import parse
 from qrun.lang.text import check_encodable, decode_template, normalize_text
 from qrun.source import Source, Span
@@ -304,8 +304,9 @@ class _Compiler:
                 self.use(name, span, flow, ctx)
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
-            case ex.Call(func=func, span=span) | ex.Filter(name=func, span=span):
-                self.function(func, span)
+            case ex.Call(func=func, kwargs=kwargs, span=span) | ex.Filter(
+                    name=func, kwargs=kwargs, span=span):
+                self.function(func, kwargs, span)
         for child in _children(node):
             self.expr(child, flow, ctx)
 
@@ -317,10 +318,15 @@ class _Compiler:
             self.fail(f"'loop' has no attribute '{attr}'", span,
                       *suggest(attr, LOOP_FIELDS), "loop attributes: " + ", ".join(LOOP_FIELDS))
 
-    def function(self, func: str, span: Span) -> None:
+    def function(self, func: str, kwargs: tuple[tuple[str, ex.Expr], ...], span: Span) -> None:
         if func not in FUNCTIONS:
             self.fail(f"unknown function '{func}'", span, *suggest(func, FUNCTIONS),
                       "functions: " + ", ".join(FUNCTIONS))
+            return
+        for name, _ in kwargs:
+            refused = keyword_error(func, name)
+            if refused is not None:
+                self.fail(refused, span)
 
 
 def _children(node: ex.Expr) -> Iterator[ex.Expr]:

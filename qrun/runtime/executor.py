@@ -20,8 +20,10 @@ from qrun.errors import (
     TemplateCompileError,
 )
 from qrun.lang import ir
-from qrun.lang.evaluate import LoopInfo, evaluate
+from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
+from qrun.lang.inputs import plain_inputs
+from qrun.lang.limits import Budget, Limits
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.dfa import PatternError
 from qrun.runtime.generate import Cursor, GenRequest, HoleFailure, HoleRecord, generate
@@ -47,6 +49,7 @@ class RunOptions:
     top_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    limits: Limits = Limits()
 
     def resolve(self, defaults: ir.RunDefaults) -> RunOptions:
         def pick(mine: Any, front: Any, builtin: Any) -> Any:
@@ -57,14 +60,16 @@ class RunOptions:
             top_p=pick(self.top_p, defaults.top_p, 1.0),
             seed=pick(self.seed, defaults.seed, 0),
             max_tokens=pick(self.max_tokens, defaults.max_tokens, DEFAULT_MAX_TOKENS),
+            limits=self.limits,
         )
 
 
-def check_inputs(program: ir.Program, inputs: Mapping[str, Any]) -> None:
-    """Raise InputError naming every missing input, before any model work."""
+def check_inputs(program: ir.Program, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Raise InputError naming every missing input, before any model work; return the inputs
+    the template reads as plain data (lang/inputs.py: a UsageError for any other value)."""
     missing = [name for name in program.inputs if name not in inputs]
     if not missing:
-        return
+        return plain_inputs({name: inputs[name] for name in program.inputs})
     first = missing[0]
     span = _first_use(program.ops, first) or program.source.span_at(0)
     names = ", ".join(repr(m) for m in missing)
@@ -91,7 +96,7 @@ def execute(
         GenerationError: a hole cannot be filled legally.
         EvaluationError: an expression fails at run time.
     """
-    check_inputs(program, inputs)
+    inputs = check_inputs(program, inputs)
     runner = _Runner(program, backend, inputs, options.resolve(program.defaults), on_text,
                      constraints or ConstraintCompiler(backend))
     return runner.run()
@@ -119,6 +124,7 @@ class _Runner:
         self.holes: dict[str, HoleRecord | list[HoleRecord]] = {}
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(int(options.seed or 0))
+        self.budget = Budget(options.limits, program.source)
         for name in _loop_captures(program.ops):
             # A loop capture exists (as a list) even when its loop never runs.
             self.vars[name] = self.scope[name] = []
@@ -139,6 +145,7 @@ class _Runner:
 
     def _exec_block(self, ops: Sequence[ir.Op]) -> None:
         for op in ops:
+            self.budget.step(op.span)
             self._exec(op)
 
     def _exec(self, op: ir.Op) -> None:
@@ -146,7 +153,7 @@ class _Runner:
             case ir.EmitText():
                 self._emit(op.text)
             case ir.EmitValue():
-                self._emit(_to_text(self._eval(op.expr)))
+                self._emit(evaluate_text(op.expr, self.scope, self.program.source, self.budget))
             case ir.Gen():
                 self._exec_gen(op)
             case ir.Select():
@@ -165,6 +172,7 @@ class _Runner:
     def _emit(self, text: str) -> None:
         if not text:
             return
+        self.budget.output(text)
         self.session.append_text(text)
         self._show(text)
 
@@ -174,7 +182,7 @@ class _Runner:
             self.on_text(text)
 
     def _eval(self, expr: Expr) -> Any:
-        return evaluate(expr, self.scope, self.program.source)
+        return evaluate(expr, self.scope, self.program.source, self.budget)
 
     def _exec_gen(self, op: ir.Gen) -> None:
         remote = isinstance(self.backend, HoleSampler)
@@ -347,9 +355,11 @@ class _Runner:
         if not isinstance(items, list | tuple | str | range):
             raise EvaluationError(f"cannot loop over {type(items).__name__}",
                                   op.iterable.span, self.program.source)
+        self.budget.loop(len(items), op.span)
         items = list(items)
         saved = {k: self.scope[k] for k in (op.target, "loop") if k in self.scope}
         for index, item in enumerate(items):
+            self.budget.step(op.span)
             self.scope[op.target] = item
             self.scope["loop"] = LoopInfo(index, len(items))
             self._exec_block(op.body)
@@ -367,15 +377,8 @@ class _Runner:
         before, after = markers
         self._emit(before)
         self._exec_block(op.body)
+        self.budget.step(op.span)  # output from here on is reported at the role
         self._emit(after)
-
-
-def _to_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _loop_captures(ops: Sequence[ir.Op]) -> Iterator[str]:

@@ -69,6 +69,10 @@ CASES = [
     ("reversed-surrogates", '{{ "\\ude00\\ud83d" }}', Syntax, 1, 4, "U+DE00", ""),
     ("raw-surrogate-in-text", "ok\n  \ud800 {{ x }}", Syntax, 2, 3, "lone surrogate U+D800",
      ""),
+    ("unknown-keyword", "{{ max(xs, key=f) }}", Compile, 1, 4,
+     "max() has no keyword argument 'key' (it takes no keyword arguments)", ""),
+    ("unknown-keyword-filter", "{{ xs | join(glue=',') }}", Compile, 1, 4,
+     "join() has no keyword argument 'glue' (it takes sep)", ""),
     # ---- blocks -------------------------------------------------------------------------------
     ("unclosed-for", "a\n{% for x in xs %}\n{{ x }}", Syntax, 2, 1,
      "'{% for %}' at 2:1 is never closed (expected '{% endfor %}')", ""),
