@@ -217,7 +217,8 @@ def _read_lines(path: str) -> list[str]:
 def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
-    given = {name: getattr(args, name) for name in RunOptions.names() if name != "trace"}
+    given = {name: getattr(args, name)
+             for name in ("temperature", "top_p", "top_k", "seed", "max_tokens")}
     if args.trace:
         given["trace"] = True
     try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from qrun.errors import UsageError
+from qrun.limits import Limits
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -55,6 +56,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "seed": _count,
     "max_tokens": _positive,
     "trace": _flag,
+    "limits": lambda v: None if isinstance(v, Limits) else "a qrun.Limits",
 }
 """Per option: a check returning what the value must be (for the error message), or None when
 the value is fine. Hole arguments of the same names are checked with the same functions."""
@@ -67,7 +69,8 @@ class RunOptions:
     fresh random seed, reported in the run's stats so the run can be replayed; max_tokens 128
     per hole). A hole's own arguments override these for that hole. `trace` keeps, for every
     sampled token, the mask size and the likeliest alternatives in the run's trace
-    (`Result.trace()`; the tokens themselves are always recorded).
+    (`Result.trace()`; the tokens themselves are always recorded). `limits` bounds the work
+    of evaluating the template (qrun.Limits: steps, output characters, integer size).
 
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option.
@@ -79,6 +82,7 @@ class RunOptions:
     seed: int | None = None
     max_tokens: int | None = None
     trace: bool | None = None
+    limits: Limits | None = None
 
     def __post_init__(self) -> None:
         for name, check in CHECKS.items():
@@ -129,6 +133,7 @@ class RunOptions:
             seed=secrets.randbits(63) if self.seed is None else self.seed,
             max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
             trace=bool(self.trace),
+            limits=self.limits or Limits(),
         )
 
 
@@ -142,3 +147,4 @@ class Resolved:
     seed: int
     max_tokens: int
     trace: bool
+    limits: Limits

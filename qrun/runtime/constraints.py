@@ -12,6 +12,7 @@ from qrun.backends.base import Backend
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
+from qrun.limits import Budget
 from qrun.runtime.healing import HealCursor, PrefixMasks
 from qrun.runtime.hole import ConstraintSpec
 from qrun.runtime.masks import IndexCache, MaskCursor
@@ -31,7 +32,8 @@ class ConstraintCompiler:
         self._prefix_masks: PrefixMasks | None = None
 
     def spec(
-        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source
+        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source,
+        budget: Budget | None = None,
     ) -> ConstraintSpec:
         """The regex a constraint stands for in this run.
 
@@ -41,13 +43,13 @@ class ConstraintCompiler:
         """
         match constraint:
             case ir.Regex(stdlib_name=str(name)):
-                return ConstraintSpec(_evaluate_pattern(constraint, scope, source),
+                return ConstraintSpec(_evaluate_pattern(constraint, scope, source, budget),
                                       f"regex={name}", PATTERN_TYPES.get(name, "text"))
             case ir.Regex():
-                pattern = _evaluate_pattern(constraint, scope, source)
+                pattern = _evaluate_pattern(constraint, scope, source, budget)
                 return ConstraintSpec(pattern, f"regex={json.dumps(pattern)}")
             case ir.JsonSchema():
-                schema = evaluate(constraint.schema, scope, source)
+                schema = evaluate(constraint.schema, scope, source, budget)
                 if isinstance(schema, str):
                     schema = _parse_schema(schema, constraint, source)
                 if not isinstance(schema, dict):
@@ -77,8 +79,9 @@ class ConstraintCompiler:
         return HealCursor(self._prefix_masks, prefix)
 
 
-def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source) -> str:
-    value = evaluate(constraint.pattern, scope, source)
+def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source,
+                      budget: Budget | None) -> str:
+    value = evaluate(constraint.pattern, scope, source, budget)
     if not isinstance(value, str):
         raise EvaluationError(f"regex must be a string, got {type(value).__name__}",
                               constraint.pattern.span, source)

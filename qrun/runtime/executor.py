@@ -21,8 +21,9 @@ from qrun.errors import (
     TemplateCompileError,
 )
 from qrun.lang import ir
-from qrun.lang.evaluate import LoopInfo, evaluate
+from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
+from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.constraints import ConstraintCompiler
@@ -70,7 +71,7 @@ class Run:
         constraints: ConstraintCompiler | None = None,
         engines: Engines | None = None,
     ) -> None:
-        program.check_inputs(inputs)
+        inputs = program.check_inputs(inputs)
         self.program = program
         self.backend = backend
         self.options = (options or RunOptions()).over(program.options).resolved()
@@ -88,6 +89,7 @@ class Run:
         self.hole_lists: dict[str, list[HoleRecord]] = {}
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.budget = Budget(self.options.limits, program.source)
         for op in ir.walk(program.ops):
             if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
                 # A loop capture exists (as a list) even when its loop never runs.
@@ -117,7 +119,8 @@ class Run:
             if isinstance(op, ir.Gen) and op.params.constraint is not None:
                 constraint = op.params.constraint
                 try:
-                    spec = self.constraints.spec(constraint, self.scope, self.program.source)
+                    spec = self.constraints.spec(constraint, self.scope, self.program.source,
+                                                 self.budget)
                 except EvaluationError:
                     continue  # depends on values not known yet: checked when the hole comes
                 refusal = self.engines.filler.refuses(spec)
@@ -128,6 +131,7 @@ class Run:
 
     def _exec_block(self, ops: Sequence[ir.Op]) -> None:
         for op in ops:
+            self.budget.step(op.span)
             self._exec(op)
 
     def _exec(self, op: ir.Op) -> None:
@@ -135,7 +139,8 @@ class Run:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                self._emit(_to_text(self._eval(op.expr)), op=op)
+                text = evaluate_text(op.expr, self.scope, self.program.source, self.budget)
+                self._emit(text, op=op)
             case ir.Gen():
                 self._exec_gen(op)
             case ir.Select():
@@ -156,6 +161,7 @@ class Run:
         spell control tokens; a value's text is always encoded as text."""
         if not text:
             return
+        self.budget.output(text)
         try:
             self.session.append_text(text, special=special)
         except ContextFull as exc:
@@ -169,7 +175,7 @@ class Run:
             self.on_text(text)
 
     def _eval(self, expr: Expr) -> Any:
-        return evaluate(expr, self.scope, self.program.source)
+        return evaluate(expr, self.scope, self.program.source, self.budget)
 
     @contextmanager
     def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
@@ -199,7 +205,8 @@ class Run:
         sampling, generator = self._sampling(p)
         spec = None
         if p.constraint is not None:
-            spec = self.constraints.spec(p.constraint, self.scope, self.program.source)
+            spec = self.constraints.spec(p.constraint, self.scope, self.program.source,
+                                         self.budget)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
         # forward where one forward can return the logits of two positions (transformers).
@@ -320,9 +327,11 @@ class Run:
         if not isinstance(items, list | tuple | str | range):
             raise EvaluationError(f"cannot loop over {type(items).__name__}",
                                   op.iterable.span, self.program.source)
+        self.budget.loop(len(items), op.span)
         items = list(items)
         saved = {k: self.scope[k] for k in (op.target, "loop") if k in self.scope}
         for index, item in enumerate(items):
+            self.budget.step(op.span)
             self.scope[op.target] = item
             self.scope["loop"] = LoopInfo(index, len(items))
             self._exec_block(op.body)
@@ -340,25 +349,10 @@ class Run:
         before, after = markers
         self._emit(before, special=True, op=op)
         self._exec_block(op.body)
+        self.budget.step(op.span)  # output from here on is reported at the role
         self._emit(after, special=True, op=op)
 
 
 def _constraint_span(op: ir.Gen) -> Span:
     constraint = op.params.constraint
     return constraint.pattern.span if isinstance(constraint, ir.Regex) else op.span
-
-
-def _to_text(value: Any) -> str:
-    """How a value is inserted as text: None as nothing, booleans as true/false, lists and
-    dicts as JSON (a captured `json=` value reads as the JSON the model wrote), the rest as
-    str()."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | dict):
-        try:
-            return json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
