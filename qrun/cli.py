@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false",
+                        help="do not guess tokens from the context inside holes (the output "
+                             "is the same; only the number of forwards changes)")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
     parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
@@ -218,7 +221,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
     given = {name: getattr(args, name)
-             for name in ("temperature", "top_p", "top_k", "seed", "max_tokens")}
+             for name in ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")}
     if args.trace:
         given["trace"] = True
     try:

@@ -56,6 +56,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "seed": _count,
     "max_tokens": _positive,
     "trace": _flag,
+    "speculate": _flag,
     "limits": lambda v: None if isinstance(v, Limits) else "a qrun.Limits",
 }
 """Per option: a check returning what the value must be (for the error message), or None when
@@ -83,6 +84,7 @@ class RunOptions:
     max_tokens: int | None = None
     trace: bool | None = None
     limits: Limits | None = None
+    speculate: bool | None = None
 
     def __post_init__(self) -> None:
         for name, check in CHECKS.items():
@@ -134,6 +136,7 @@ class RunOptions:
             max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
             trace=bool(self.trace),
             limits=self.limits or Limits(),
+            speculate=self.speculate is not False,
         )
 
 
@@ -148,3 +151,4 @@ class Resolved:
     max_tokens: int
     trace: bool
     limits: Limits
+    speculate: bool

@@ -38,7 +38,7 @@ class VllmServerBackend(HFTokenizerMixin):
     request, and select scoring through prompt log-probabilities. The server keeps the KV cache
     across segments (its prefix cache) and batches concurrent requests."""
 
-    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, url: str, model_id: str, tokenizer: Any, name: str,
                  eos: Sequence[int], vocab_size: int, load_s: float = 0.0,

@@ -35,6 +35,7 @@ from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
+from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
@@ -90,6 +91,9 @@ class Run:
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(self.options.seed)
         self.budget = Budget(self.options.limits, program.source)
+        speculate = (self.options.speculate and self.engines.model is not None
+                     and backend.capabilities.lookahead)
+        self.drafter = PromptLookup() if speculate else None
         for op in ir.walk(program.ops):
             if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
                 # A loop capture exists (as a list) even when its loop never runs.
@@ -224,7 +228,7 @@ class Run:
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
-                          healed_in_context=bool(prefix) and in_context)
+                          healed_in_context=bool(prefix) and in_context, drafter=self.drafter)
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model

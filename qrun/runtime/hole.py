@@ -16,6 +16,7 @@ import torch
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.session import Overshoot, Session
+from qrun.runtime.speculate import PromptLookup
 
 
 class Cursor(Protocol):
@@ -104,6 +105,8 @@ class GenRequest:
     # The healed token is still the context's last token (Session.heal keep_last): the first
     # step decides from the logits before it and keeps it if the model writes it again.
     healed_in_context: bool = False
+    # Drafts tokens to check with each step's forward (speculation); None: off.
+    drafter: PromptLookup | None = None
 
 
 class HoleFiller(Protocol):

@@ -46,6 +46,11 @@ class Session:
     those n tokens stand); the last `fixed_tail` tokens came from fixed text (token healing may
     take them back). Without a `model` (a server samples whole holes) nothing is ever fed: the
     session keeps the token ids and counters only.
+
+    Speculation (lookahead): the cache may also hold `ahead`, drafted tokens fed after the
+    whole context (then fed == len(token_ids)), with `_ahead_logits[j]` the logits after
+    token_ids + ahead[: j + 1]. Appending exactly the next of them moves it into the context
+    without a forward; any other change of the context first drops them from the cache.
     """
 
     def __init__(
@@ -70,6 +75,8 @@ class Session:
         # one template diverge, so where KV snapshots are worth keeping.
         self.boundaries: set[int] = set()
         self._known: dict[int, torch.Tensor] = {}
+        self.ahead: list[int] = []
+        self._ahead_logits: list[torch.Tensor] = []
 
     @property
     def cache(self) -> KVCache:
@@ -103,12 +110,60 @@ class Session:
         return ids
 
     def append_tokens(self, token_ids: Sequence[int]) -> None:
-        """Append model-chosen token ids to the context (fed lazily)."""
-        if token_ids:
+        """Append model-chosen token ids to the context (fed lazily; already fed when they are
+        the tokens looked ahead)."""
+        if not token_ids:
+            return
+        if self.ahead and list(token_ids) == self.ahead[: len(token_ids)]:
+            for token in token_ids:
+                self.token_ids.append(token)
+                self.fed += 1
+                self._known[self.fed] = self._ahead_logits.pop(0)
+                self.ahead.pop(0)
+            self.stats.accepted_tokens += len(token_ids)
+        else:
             self._append(token_ids)
-            self.fixed_tail = 0
+        self.fixed_tail = 0
+
+    def lookahead(self, draft: Sequence[int]) -> None:
+        """Feed what is not fed yet and the drafted tokens `draft` after it in one forward,
+        keeping the logits after the context and after each drafted token (so the next
+        next_logits() needs no forward, nor do the steps whose token is the next drafted
+        one). The caller draws the draft; counted in drafted_tokens."""
+        self.settle()
+        self.ensure_start()
+        self._drop_ahead()
+        limit = self.backend.max_context
+        room = len(draft) if limit is None else max(0, limit - len(self.token_ids))
+        draft = list(draft[:room])
+        if not draft or self.fed == len(self.token_ids) and len(self.token_ids) in self._known:
+            return
+        if self.prefix_cache is not None and self.fed < len(self.token_ids):
+            self._from_prefix_cache()
+        if self.fed == len(self.token_ids):
+            # Everything is fed but those logits were not kept: un-feed the last token, keeping
+            # it, and feed it again with the draft (as next_logits does).
+            self.stats.rollback_tokens += 1
+            self.fed -= 1
+            self.cache.crop(self.fed)
+        start = self.fed
+        logits = self.forward([*self.token_ids[start:], *draft], logits_for=len(draft) + 1)
+        end = self.fed = len(self.token_ids)
+        self._known[end] = logits[0]
+        self.ahead, self._ahead_logits = draft, list(logits[1:])
+        self.stats.drafted_tokens += len(draft)
+        if self.prefix_cache is not None:
+            self._into_prefix_cache(start)
+
+    def _drop_ahead(self) -> None:
+        """Take the drafted tokens not taken out of the cache."""
+        if self.ahead:
+            self.stats.rollback_tokens += len(self.ahead)
+            self.cache.crop(self.fed)
+            self.ahead, self._ahead_logits = [], []
 
     def _append(self, token_ids: Sequence[int]) -> None:
+        self._drop_ahead()
         limit = self.backend.max_context
         if limit is not None and len(self.token_ids) + len(token_ids) > limit:
             raise ContextFull(
@@ -129,6 +184,11 @@ class Session:
         self.stats.boundary_dropped += 1
         self.rollback(over.start, "stop")
         return wanted
+
+    def has_logits(self) -> bool:
+        """Whether the logits after the whole context are known (next_logits needs no
+        forward)."""
+        return self.overshoot is None and len(self.token_ids) in self._known
 
     def next_logits(self) -> torch.Tensor:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
@@ -157,6 +217,7 @@ class Session:
     def _feed(self, keep: int) -> None:
         """Feed every unfed token in one forward, keeping the logits after the last `keep`
         positions."""
+        self._drop_ahead()
         start = self.fed
         logits = self.forward(self.token_ids[start:], logits_for=keep)
         self.fed = end = len(self.token_ids)
@@ -176,6 +237,7 @@ class Session:
         """Logits after all but the last token, which stays in the context: when it is not fed
         yet it goes through the model in the same forward (logits of both positions kept), so
         a healed token the model then writes again costs no extra forward."""
+        self._drop_ahead()
         n = len(self.token_ids)
         if self.prefix_cache is not None and self.overshoot is None and self.fed < n:
             self._from_prefix_cache(n - 1)
@@ -200,6 +262,7 @@ class Session:
         """Take the deepest cached KV snapshot on the first `upto` tokens of the context (all
         by default), and the logits after them when cached (True: no forward needed)."""
         assert self.prefix_cache is not None
+        self._drop_ahead()
         upto = len(self.token_ids) if upto is None else upto
         hit = self.prefix_cache.lookup(self.token_ids[:upto], self.fed)
         if hit.kv is not None:
@@ -222,8 +285,13 @@ class Session:
         assert self.prefix_cache is not None
         end = len(self.token_ids)
         multi = end - start > 1
-        self.prefix_cache.insert(self.token_ids, self.cache if multi else None,
-                                 self._known.get(end))
+        whole: KVCache | None = None
+        if multi:
+            whole = self.cache
+            if self.ahead:  # the cache runs past the context: keep only the context
+                whole = self.cache.fork()
+                whole.crop(end)
+        self.prefix_cache.insert(self.token_ids, whole, self._known.get(end))
         if not multi:
             return
         for boundary in sorted(b for b in self.boundaries if start < b < end):
@@ -254,6 +322,7 @@ class Session:
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache, logits: torch.Tensor) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with
         them (e.g. the winning row of a select batch) and `logits` follow them."""
+        self._drop_ahead()
         assert self.fed == len(self.token_ids), "the context must be fed before it is extended"
         assert cache.length() == self.fed + len(token_ids)
         self.token_ids.extend(token_ids)
@@ -265,6 +334,7 @@ class Session:
     def sync(self) -> None:
         """Make the KV cache cover the whole context: after logits came from the prefix cache
         the KV may lag behind, and a caller about to use the cache directly needs it whole."""
+        self._drop_ahead()
         if self.fed < len(self.token_ids):
             self.forward(self.token_ids[self.fed :])
             self.fed = len(self.token_ids)
@@ -300,6 +370,7 @@ class Session:
         context, and take its last counts."""
         if self._cache is None:
             return
+        self._drop_ahead()
         self._cache.release(wait=True)
         counts = self._cache.take_counts()
         if counts is not None:
@@ -311,6 +382,7 @@ class Session:
         says dropped them ("stop", "heal", "rollback")."""
         if length < 0 or length > len(self.token_ids):
             raise ValueError(f"cannot roll a {len(self.token_ids)}-token context back to {length}")
+        self._drop_ahead()
         if length == len(self.token_ids):
             return
         self.fixed_tail = max(0, self.fixed_tail - (len(self.token_ids) - length))
