@@ -25,6 +25,7 @@ _EXPORTS = {
     "TemplateSyntaxError": "qrun.errors",
     "UsageError": "qrun.errors",
     "RunOptions": "qrun.options",
+    "Limits": "qrun.limits",
     "Program": "qrun.lang.ir",
     "compile_file": "qrun.lang",
     "compile_source": "qrun.lang",
@@ -45,6 +46,7 @@ __all__ = [
     "GenerationError",
     "HoleRecord",
     "InputError",
+    "Limits",
     "ModelLoadError",
     "Program",
     "QrunError",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     )
     from qrun.lang import compile_file, compile_source
     from qrun.lang.ir import Program
+    from qrun.limits import Limits
     from qrun.options import RunOptions
     from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
     from qrun.runtime.stats import Stats

@@ -29,8 +29,7 @@ class Query:
     def __init__(self, template: str | Program, name: str = "<string>") -> None:
         self.program: Program = (template if isinstance(template, Program)
                                  else compile_source(template, name))
-        self._models: dict[tuple[str, str | None, str | None, str, int | None, str | None,
-                                 bool], Backend] = {}
+        self._models: dict[tuple[Any, ...], Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
@@ -91,7 +90,8 @@ class Query:
         **option_values: Any,
     ) -> list[Result | QrunError]:
         """Run the template once per input mapping; results come back in input order. Run
-        options as for `run` (keywords override `options`).
+        options as for `run` (keywords override `options`); with a seed S, item i runs with a
+        seed derived from S and i, whatever the batch size; without one each draws its own.
 
         Up to `batch_size` runs advance together, sharing one model forward per step; the
         model's prefix cache (see load_model's cache_mb) serves their common prefix once. A
@@ -108,21 +108,23 @@ class Query:
         if unknown:
             raise UsageError(f"run_many() got unknown keyword argument(s): "
                              f"{', '.join(sorted(unknown))} (inputs go in the mappings)")
-        run_options = chosen.over(options or RunOptions())
+        # Item i's seed is derived from the run's seed (front matter's included) and i.
+        run_options = chosen.over(options or RunOptions()).over(self.program.options)
         if batch_size < 1:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
         backend = self._model(model)
         constraints = self._constraint_compiler(backend)
         if batch_size > 1 and len(rows) > 1:
-            return run_batched(self.program, backend, rows, run_options, constraints,
-                               batch_size, on_result)
+            return run_batched(self.program, backend, rows,
+                               [run_options.for_item(i) for i in range(len(rows))],
+                               constraints, batch_size, on_result)
         results: list[Result | QrunError] = []
         for index, values in enumerate(rows):
             outcome: Result | QrunError
             try:
-                outcome = Run(self.program, backend, values, run_options, None,
-                              constraints).execute()
+                outcome = Run(self.program, backend, values, run_options.for_item(index),
+                              None, constraints).execute()
             except QrunError as exc:
                 outcome = exc
             results.append(outcome)
@@ -139,6 +141,7 @@ class Query:
         backend: str = "transformers",
         cache_mb: int | None = None,
         url: str | None = None,
+        timeout: float | None = None,
     ) -> Backend:
         """The model a run uses, loaded once per Query: `model` (a name or path for
         `load_model`), else the front matter's, else the default; device and dtype likewise.
@@ -154,11 +157,11 @@ class Query:
         name = model or front.model or DEFAULT_MODEL
         weights = bool(self.program.captures)
         key = (name, device or front.device, dtype or front.dtype, backend, cache_mb, url,
-               weights)
+               timeout, weights)
         if key not in self._models:
             budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
             self._models[key] = load_model(name, key[1], key[2], backend, cache_mb=budget,
-                                           url=url, weights=weights)
+                                           url=url, timeout=timeout, weights=weights)
         return self._models[key]
 
     def _model(self, model: Backend | str | None) -> Backend:

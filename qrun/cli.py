@@ -24,7 +24,7 @@ from qrun.cli_output import (
     leading_text,
     write,
 )
-from qrun.errors import QrunError, TemplateError, UsageError
+from qrun.errors import PositionedError, QrunError, TemplateErrors, UsageError
 from qrun.jsonio import (
     BadInput,
     check_text,
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "vLLM server with --url")
     parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
                                       "(http://HOST:PORT); --model names its tokenizer")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="with --url: how long a request waits for the server (default 30)")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false",
+                        help="do not guess tokens from the context inside holes (the output "
+                             "is the same; only the number of forwards changes)")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
     parser.add_argument("--fields", default=DEFAULT_FIELDS, metavar="LIST",
@@ -83,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help='with --json or --inputs: each row starts with "id", the value of '
                              "this input")
     parser.add_argument("--stats", action="store_true", help="print run statistics to stderr")
+    parser.add_argument("--trace", metavar="FILE.html|FILE.json",
+                        help="write what the run did, token by token: a self-contained HTML "
+                             "page or JSON (docs/trace.md)")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
     parser.add_argument("--dump", action="store_true",
                         help="print the compiled program (one op per line) and exit")
@@ -154,6 +162,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.stats:
         print(json.dumps(finite(result.stats.to_dict()), indent=2, allow_nan=False),
               file=sys.stderr)
+    if args.trace:
+        try:
+            result.write_trace(args.trace)
+        except OSError as exc:
+            raise UsageError(f"--trace {args.trace}: {exc}") from exc
     return EXIT_OK
 
 
@@ -163,7 +176,8 @@ def _load(query: Query, args: argparse.Namespace) -> Backend:
     name = args.model or query.program.model.model or DEFAULT_MODEL
     with LoadingNotice(name, quiet=args.quiet):
         return query.load(args.model, device=args.device, dtype=args.dtype,
-                          backend=args.backend, cache_mb=args.cache_mb, url=args.url)
+                          backend=args.backend, cache_mb=args.cache_mb, url=args.url,
+                          timeout=args.timeout)
 
 
 def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
@@ -248,9 +262,9 @@ def _hinted(run: Any, typed_strings: dict[str, str]) -> Result:
 
 
 def _hint(exc: QrunError, typed_strings: dict[str, str]) -> QrunError:
-    """A template error about an input given as `-v NAME=3` (a string that reads as another
-    JSON value) gains a note: use `NAME:=3`."""
-    if not isinstance(exc, TemplateError):
+    """An error at a place in the template about an input given as `-v NAME=3` (a string
+    that reads as another JSON value) gains a note: use `NAME:=3`."""
+    if not isinstance(exc, PositionedError) or isinstance(exc, TemplateErrors):
         return exc
     spanned = exc.source.text[exc.span.start:exc.span.end]
     notes = [f"-v {name}={value} gives the string {value!r}: use {name}:={value} to pass "
@@ -283,7 +297,10 @@ def _read_bytes(path: str, flag: str) -> bytes:
 def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
-    given = {name: getattr(args, name) for name in RunOptions.names()}
+    given = {name: getattr(args, name)
+             for name in ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")}
+    if args.trace:
+        given["trace"] = True
     try:
         return RunOptions(**given)
     except UsageError as exc:
@@ -299,6 +316,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.url is not None and args.backend != "vllm":
         raise UsageError("--url needs --backend vllm (a vLLM server)")
+    if args.trace and args.inputs:
+        raise UsageError("--trace writes one run's trace: use it without --inputs")
+    if args.trace and not args.trace.lower().endswith((".html", ".htm", ".json")):
+        raise UsageError(f"--trace {args.trace}: the file must end in .html or .json")
     rows = args.json or args.inputs
     if not rows and (args.id is not None or args.fields != DEFAULT_FIELDS):
         raise UsageError("--id and --fields shape JSON rows: give --json or --inputs too")

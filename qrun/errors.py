@@ -1,11 +1,25 @@
 """The exception hierarchy: every error a user can cause is a QrunError with an exit code,
-and every error about a template carries the Span of the text it is about."""
+and every error about a place in a template carries the Span of the text it is about.
+
+    QrunError
+    ├── UsageError (2)            bad options, unreadable files, inputs that are not plain data
+    │   └── InputError (2)        a declared input is missing (positioned)
+    ├── ModelLoadError (2)
+    ├── TemplateError (2)         the template is wrong: what `qrun --check` reports
+    │   ├── TemplateSyntaxError, TemplateCompileError, ConstraintError
+    │   └── TemplateErrors        several of them, found in one pass
+    ├── GenerationError (1)       run-time failures (positioned), never TemplateErrors
+    ├── EvaluationError (1)
+    └── BackendError (1)
+
+So `except TemplateError` catches every compile error (the group included) and nothing that
+only happens while running; PositionedError carries the span rendering both kinds share."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from qrun.source import Source, Span, excerpt
+from qrun.source import Source, Span, excerpt, printable
 
 
 class QrunError(Exception):
@@ -15,7 +29,8 @@ class QrunError(Exception):
 
 
 class UsageError(QrunError):
-    """Bad command-line or API usage: unknown option value, unreadable file, bad --vars."""
+    """Bad command-line or API usage: unknown option value, unreadable file, bad --vars, an
+    input value that is not plain data."""
 
     exit_code = 2
 
@@ -31,11 +46,11 @@ class BackendError(QrunError):
     could not be reached); reported at the hole it was filling."""
 
 
-class TemplateError(QrunError):
+class PositionedError(QrunError):
     """An error about a place in a template: `message` at `span` of `source`, plus notes
-    (e.g. "expected one of ...", "did you mean ...?") printed after the caret."""
-
-    exit_code = 2
+    (e.g. "expected one of ...", "did you mean ...?") printed after the caret. Shared by
+    compile errors (TemplateError) and run-time ones (GenerationError, EvaluationError); it
+    sets no exit code of its own, so each branch keeps its own."""
 
     def __init__(
         self, message: str, span: Span, source: Source, notes: Iterable[str] = ()
@@ -55,7 +70,14 @@ class TemplateError(QrunError):
         head = f"{where}: {self.kind}: {self.message}"
         lines = [head, excerpt(self.source, self.span)]
         lines.extend(f"  note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        return printable("\n".join(lines))
+
+
+class TemplateError(PositionedError):
+    """The template is wrong (found without running it, by `qrun --check` and compile_source,
+    or, for a chat role the model cannot render, when the run reaches it)."""
+
+    exit_code = 2
 
 
 class TemplateSyntaxError(TemplateError):
@@ -70,34 +92,40 @@ class ConstraintError(TemplateError):
     """A constraint (regex, named pattern, JSON Schema) is invalid or unsupported."""
 
 
-class InputError(TemplateError):
-    """A run's inputs do not fit the template (a declared input is missing), found before any
-    model work."""
+class TemplateErrors(TemplateError):
+    """Several template errors found in one pass, reported together in source order. Its own
+    message, span and source are those of the first; `errors` holds them all (a nested group
+    is flattened into its members)."""
 
-
-class GenerationError(TemplateError):
-    """A hole could not be filled legally: max_tokens ran out before the constraint accepted,
-    or no token could continue. Carries the hole's span. A run-time failure (exit 1)."""
-
-    exit_code = 1
-
-
-class EvaluationError(TemplateError):
-    """An expression failed at run time (e.g. a key missing from an input dict)."""
-
-    exit_code = 1
-
-
-class TemplateErrors(QrunError):
-    """Several template errors found in one pass, reported together in source order."""
-
-    exit_code = 2
+    errors: tuple[TemplateError, ...]
 
     def __init__(self, errors: Sequence[TemplateError]) -> None:
-        assert errors, "TemplateErrors needs at least one error"
-        self.errors = tuple(sorted(errors, key=lambda e: (e.span.start, e.message)))
-        super().__init__("\n".join(e.render() for e in self.errors))
+        flat = [e for error in errors for e in
+                (error.errors if isinstance(error, TemplateErrors) else (error,))]
+        assert flat, "TemplateErrors needs at least one error"
+        self.errors = tuple(sorted(flat, key=lambda e: (e.span.start, e.message)))
+        first = self.errors[0]
+        super().__init__(first.message, first.span, first.source, first.notes)
 
     @property
     def first(self) -> TemplateError:
         return self.errors[0]
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in self.errors)
+
+
+class InputError(PositionedError, UsageError):
+    """A run's inputs do not fit the template (a declared input is missing), found before any
+    model work; positioned at the input's first use. A usage error (exit 2), not a
+    TemplateError: the template itself is fine."""
+
+
+class GenerationError(PositionedError):
+    """A hole could not be filled legally: max_tokens ran out before the constraint accepted,
+    or no token could continue. Carries the hole's span. A run-time failure (exit 1)."""
+
+
+class EvaluationError(PositionedError):
+    """An expression failed at run time (e.g. a key missing from an input dict, or the run's
+    evaluation budget ran out); a run-time failure (exit 1)."""

@@ -7,15 +7,18 @@ import re
 from dataclasses import dataclass, field
 
 _NEWLINE = re.compile("\n")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
     """A template's text and the name it is reported under (a file path or "<string>").
 
-    Lines are separated by "\n" only (a "\r" before it belongs to the newline), so positions
-    agree with the editor's line numbers for LF and CRLF files; "\x0c", "\u2028" and friends
-    are ordinary characters. Offsets are str indices (characters, not bytes)."""
+    Lines are separated by "\n" only (a "\r" before it belongs to the newline); "\x0c",
+    "\u2028" and friends are ordinary characters. compile_source normalizes every newline
+    ("\r\n", a lone "\r") to "\n" before a Source is made (lang/text.py), so positions agree
+    with the editor's line numbers for LF, CRLF and CR files. Offsets are str indices
+    (characters, not bytes) into that normalized text."""
 
     name: str
     text: str
@@ -76,10 +79,16 @@ class Span:
 
 def excerpt(source: Source, span: Span) -> str:
     """The span's first source line with a caret under its start (and tildes under the rest)."""
-    text = source.line_text(span.line)
+    text = printable(source.line_text(span.line))
     width = 1
     if span.end_line == span.line and span.end_column > span.column:
         width = span.end_column - span.column
     # Tabs keep their width in the caret line so the caret stays under the right character.
     pad = "".join("\t" if ch == "\t" else " " for ch in text[: span.column - 1])
     return f"  {text}\n  {pad}^{'~' * (width - 1)}"
+
+
+def printable(text: str) -> str:
+    """`text` with each lone surrogate (reported by lang/text.py; also in file names decoded
+    with surrogateescape) as U+FFFD, which keeps the width: a surrogate cannot be printed."""
+    return _SURROGATE.sub("\ufffd", text)

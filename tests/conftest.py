@@ -57,6 +57,15 @@ def model(request: pytest.FixtureRequest, tiny: TransformersBackend,
 
 
 @pytest.fixture(scope="session")
+def tiny_folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model saved as a Hugging Face folder, for `--model` on the command line."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> TransformersBackend:
     from qrun.backends import load_model
 

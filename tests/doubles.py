@@ -55,7 +55,17 @@ class SteeredModel(TransformersBackend):
 
     def forward_batch(self, items: Any, logits_for: int = 1) -> list[torch.Tensor]:
         self.calls += 1
-        return super().forward_batch(items, logits_for)
+        outputs = super().forward_batch(items, logits_for)
+        if self.steer is None:
+            return outputs
+        steered = []
+        for (_, cache), logits in zip(items, outputs, strict=True):
+            logits = logits.clone()
+            end = cache.length()
+            for back in range(logits.shape[0]):
+                self.steer(end - back, logits[-1 - back])
+            steered.append(logits)
+        return steered
 
     def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int], cache: Any
                      ) -> tuple[torch.Tensor, TransformersCache]:
@@ -89,7 +99,7 @@ class ScriptedServer(HFTokenizerMixin):
     """A server on the tiny model's tokenizer: answers each completion with the next scripted
     text (tokenized here), recording the requests; scores options by a fixed table."""
 
-    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, tiny: TransformersBackend, replies: Sequence[str],
                  scores: dict[str, float] | None = None) -> None:

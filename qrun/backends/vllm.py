@@ -102,7 +102,7 @@ class VllmBackend(HFTokenizerMixin):
     # token kept in the context until the model writes it again needs the logits of two
     # positions: a forced step of its own here (rpg: 7 of them, batch: 16), so healing takes the
     # token back instead.
-    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, hub: Hub, tokenizer: Any, name: str, load_s: float = 0.0) -> None:
         self.hub = hub

@@ -11,6 +11,7 @@ constraint is an error, never a silently wrong result."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +22,11 @@ from qrun.backends.base import Capabilities, Completion, HoleSampler, PromptScor
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos, load_tokenizer
 from qrun.errors import BackendError, ModelLoadError
 
-# A completion can wait this long for a busy server (the engine queues requests).
-REQUEST_TIMEOUT_S = 600.0
+# A request waits this long for the server's answer unless told otherwise (a busy server queues
+# requests; a hole of 128 tokens takes seconds on a CPU server).
+REQUEST_TIMEOUT_S = 30.0
+# A reply larger than this is not a completion of one hole.
+MAX_REPLY_BYTES = 64 << 20
 
 
 class ServerError(BackendError):
@@ -34,12 +38,13 @@ class VllmServerBackend(HFTokenizerMixin):
     request, and select scoring through prompt log-probabilities. The server keeps the KV cache
     across segments (its prefix cache) and batches concurrent requests."""
 
-    capabilities = Capabilities(batches_itself=True, heals_in_context=False)
+    capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, url: str, model_id: str, tokenizer: Any, name: str,
                  eos: Sequence[int], vocab_size: int, load_s: float = 0.0,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
+        self.timeout = timeout
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.name = name
@@ -67,8 +72,9 @@ class VllmServerBackend(HFTokenizerMixin):
         """Sample one hole after `prompt` (token ids).
 
         Raises:
-            ServerError: the server refused the request (e.g. a regex it cannot compile) or
-                could not be reached.
+            ServerError: the server refused the request (e.g. a regex it cannot compile), could
+                not be reached, did not answer in time, or answered with something that is not
+                a completion of this model (wrong types, token ids outside the vocabulary).
         """
         body: dict[str, Any] = {
             "model": self.model_id, "prompt": list(prompt), "max_tokens": max_tokens,
@@ -80,88 +86,177 @@ class VllmServerBackend(HFTokenizerMixin):
             body["stop"] = list(stop)
         if regex is not None:
             body["structured_outputs"] = {"regex": regex}
-        choice, usage = self._complete(body)
-        token_ids = [int(t) for t in choice.get("token_ids") or []]
-        logprobs = [float(lp) if lp is not None else float("nan")
-                    for lp in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
-        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        reply = self._post(body)
+        choice = self._first_choice(reply)
+        token_ids = self._token_ids(choice.get("token_ids"))
+        logprobs = self._logprobs(choice.get("logprobs"), len(token_ids))
+        reason = choice.get("finish_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise self._bad("a finish_reason that is not a string")
+        finish = "length" if reason == "length" else "stop"
         if token_ids and token_ids[-1] in self.eos_token_ids:
             token_ids.pop()
             finish = "eos"
         elif finish == "stop" and choice.get("stop_reason") is None:
             finish = "eos"  # ended by an end-of-sequence token it did not return
-        computed, cached = _usage(usage)
+        computed, cached = self._usage(reply)
         return Completion(token_ids, logprobs[: len(token_ids)], finish, computed, cached)
 
     def score_continuations(
         self, context: Sequence[int], rows: Sequence[Sequence[int]]
     ) -> ScoredRows:
-        """Prompt log-probabilities of context + row, one prompt per row in one request."""
+        """Prompt log-probabilities of context + row, one prompt per row in one request.
+
+        Raises:
+            ServerError: as for `complete`, or no log-probability for an option's token.
+        """
         body = {"model": self.model_id, "prompt": [list(context) + list(r) for r in rows],
                 "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-        choices, usage = self._post("/v1/completions", body)
-        out: list[list[float]] = [[] for _ in rows]
-        for choice in choices["choices"]:
-            index = int(choice["index"])
-            row, logprobs = rows[index], choice.get("prompt_logprobs") or []
-            for k, token in enumerate(row):
-                at = logprobs[len(context) + k] if len(context) + k < len(logprobs) else None
-                entry = (at or {}).get(str(token))
-                if entry is None:
-                    raise ServerError("the server returned no prompt log-probability for an "
-                                      "option's token")
-                out[index].append(float(entry["logprob"]))
-        computed, cached = _usage(usage)
-        return ScoredRows(out, computed, cached)
+        reply = self._post(body)
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or len(choices) != len(rows):
+            raise self._bad(f"{_count(choices)} choices for {len(rows)} prompts")
+        out: list[list[float] | None] = [None] * len(rows)
+        for choice in choices:
+            index = _count_of(choice, "index") if isinstance(choice, dict) else -1
+            if not 0 <= index < len(rows) or out[index] is not None or "index" not in choice:
+                raise self._bad("a choice with a missing or repeated index")
+            out[index] = self._prompt_logprobs(choice.get("prompt_logprobs"), len(context),
+                                               rows[index])
+        computed, cached = self._usage(reply)
+        return ScoredRows([row or [] for row in out], computed, cached)
 
-    def _complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        reply, usage = self._post("/v1/completions", body)
-        choices = reply.get("choices") or []
-        if not choices:
-            raise ServerError("the server returned no completion")
-        return choices[0], usage
+    # ---- replies are data: checked before anything else reads them ---------------------------
 
-    def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        reply = _request(self.url + path, body)
-        return reply, reply.get("usage") or {}
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        return _request(self.url + "/v1/completions", body, self.timeout)
+
+    def _bad(self, what: str) -> ServerError:
+        return ServerError(f"the vLLM server at {self.url} answered with {what}")
+
+    def _first_choice(self, reply: dict[str, Any]) -> dict[str, Any]:
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise self._bad("no completion")
+        if not isinstance(choices[0], dict):
+            raise self._bad("a choice that is not an object")
+        return choices[0]
+
+    def _token_ids(self, value: Any) -> list[int]:
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(_is_int(t) for t in value):
+            raise self._bad("token ids that are not a list of integers")
+        outside = [t for t in value if not 0 <= t < self.vocab_size]
+        if outside:
+            raise self._bad(f"token id {outside[0]} outside the vocabulary "
+                            f"(0..{self.vocab_size - 1})")
+        return list(value)
+
+    def _logprobs(self, value: Any, count: int) -> list[float | None]:
+        raw = (value or {}).get("token_logprobs") if isinstance(value, dict | None) else value
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            raise self._bad("log-probabilities that are not a list")
+        return [self._logprob(item) for item in raw[:count]]
+
+    def _logprob(self, item: Any) -> float | None:
+        if item is None:
+            return None
+        if not _is_number(item) or not math.isfinite(item) or item > 0:
+            raise self._bad(f"a log-probability that is not a number <= 0: {str(item)[:40]!r}")
+        return float(item)
+
+    def _prompt_logprobs(self, value: Any, start: int, row: Sequence[int]) -> list[float]:
+        if not isinstance(value, list):
+            raise self._bad("no prompt log-probabilities")
+        out = []
+        for k, token in enumerate(row):
+            at = value[start + k] if start + k < len(value) else None
+            entry = at.get(str(token)) if isinstance(at, dict) else None
+            if not isinstance(entry, dict):
+                raise ServerError(f"the vLLM server at {self.url} returned no prompt "
+                                  "log-probability for an option's token")
+            logprob = self._logprob(entry.get("logprob"))
+            if logprob is None:
+                raise self._bad("a missing log-probability for an option's token")
+            out.append(logprob)
+        return out
+
+    def _usage(self, reply: dict[str, Any]) -> tuple[int, int]:
+        """(positions computed, positions served from the prefix cache) from the usage block;
+        the cached count needs a server started with --enable-prompt-tokens-details."""
+        usage = reply.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        details = usage.get("prompt_tokens_details")
+        details = details if isinstance(details, dict) else {}
+        prompt = _count_of(usage, "prompt_tokens")
+        completion = _count_of(usage, "completion_tokens")
+        cached = min(_count_of(details, "cached_tokens"), prompt)
+        return prompt - cached + completion, cached
 
     def clear_cache(self) -> None:
         """Ask the server to forget its cached prefixes (needs a dev-mode server; ignored
         otherwise)."""
         try:
-            _request(self.url + "/reset_prefix_cache", None)
+            _request(self.url + "/reset_prefix_cache", None, self.timeout)
         except ServerError:
             pass
 
 
-def _usage(usage: dict[str, Any]) -> tuple[int, int]:
-    """(positions computed, positions served from the prefix cache) from a usage block; the
-    cached count needs a server started with --enable-prompt-tokens-details."""
-    prompt = int(usage.get("prompt_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens") or 0)
-    return prompt - cached + int(usage.get("completion_tokens") or 0), cached
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _request(url: str, body: dict[str, Any] | None) -> dict[str, Any]:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count_of(mapping: dict[str, Any], key: str) -> int:
+    """A count from a usage block: a non-negative integer, else 0."""
+    value = mapping.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _count(value: Any) -> str:
+    return str(len(value)) if isinstance(value, list) else "no"
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _request(url: str, body: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
     data = json.dumps(body).encode() if body is not None else b""
     request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
                                      headers={"Content-Type": "application/json"})
+    late = ServerError(f"the vLLM server at {url} did not answer within {timeout:g} s "
+                       "(--timeout / load_model(timeout=) sets the limit)")
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            payload = response.read()
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            payload = response.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise ServerError(f"the vLLM server at {url} answered {exc.code}: "
-                          f"{_server_message(exc.read())}") from None
+                          f"{_server_message(exc.read(4096))}") from None
+    except TimeoutError:
+        raise late from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise late from None
         raise ServerError(f"cannot reach the vLLM server at {url}: {exc.reason}") from None
     except OSError as exc:
         raise ServerError(f"cannot reach the vLLM server at {url}: {exc}") from None
+    if len(payload) > MAX_REPLY_BYTES:
+        raise ServerError(f"the vLLM server at {url} answered with more than "
+                          f"{MAX_REPLY_BYTES >> 20} MB")
     try:
-        reply = json.loads(payload or b"{}")
-    except json.JSONDecodeError:
-        raise ServerError(f"the server at {url} did not answer with JSON") from None
-    return reply if isinstance(reply, dict) else {"data": reply}
+        reply = json.loads(payload or b"{}", parse_constant=_no_constants)
+    except (ValueError, RecursionError):  # JSONDecodeError, NaN/Infinity, bad UTF-8, depth
+        raise ServerError(f"the vLLM server at {url} did not answer with JSON") from None
+    if not isinstance(reply, dict):
+        raise ServerError(f"the vLLM server at {url} answered with JSON that is not an object")
+    return reply
 
 
 def _server_message(payload: bytes) -> str:
@@ -175,8 +270,10 @@ def _server_message(payload: bytes) -> str:
     return str(reply.get("message", reply)) if isinstance(reply, dict) else str(reply)
 
 
-def connect_vllm_server(name: str, folder: str, url: str) -> VllmServerBackend:
-    """Connect to `vllm serve` at `url`, with the tokenizer of the local model `name`.
+def connect_vllm_server(name: str, folder: str, url: str,
+                        timeout: float = REQUEST_TIMEOUT_S) -> VllmServerBackend:
+    """Connect to `vllm serve` at `url`, with the tokenizer of the local model `name`; each
+    request waits at most `timeout` seconds for its answer.
 
     Raises:
         ModelLoadError: the server cannot be reached, serves no model, or its tokenizer is
@@ -186,7 +283,7 @@ def connect_vllm_server(name: str, folder: str, url: str) -> VllmServerBackend:
     if not url.startswith(("http://", "https://")):
         raise ModelLoadError(f"--url must be http://HOST:PORT or https://..., got {url!r}")
     try:
-        models = _request(url.rstrip("/") + "/v1/models", None)
+        models = _request(url.rstrip("/") + "/v1/models", None, timeout)
     except ServerError as exc:
         raise ModelLoadError(str(exc)) from None
     served = [m for m in models.get("data", []) if isinstance(m, dict) and m.get("id")]
@@ -198,7 +295,8 @@ def connect_vllm_server(name: str, folder: str, url: str) -> VllmServerBackend:
         url, str(served[0]["id"]), tokenizer, name,
         generation_eos(getattr(config, "eos_token_id", None)),
         int(getattr(config, "vocab_size", len(tokenizer))),
-        max_context=length if isinstance(length, int) else None,
+        max_context=length if isinstance(length, int) and length > 0 else None,
+        timeout=timeout,
     )
     _check_tokenizer(backend, url)
     backend.load_s = time.perf_counter() - started
@@ -211,10 +309,10 @@ def _check_tokenizer(backend: VllmServerBackend, url: str) -> None:
     try:
         reply = _request(backend.url + "/tokenize",
                          {"model": backend.model_id, "prompt": probe,
-                          "add_special_tokens": False})
+                          "add_special_tokens": False}, backend.timeout)
     except ServerError:
         return  # an older server without /tokenize: nothing to compare
-    if [int(t) for t in reply.get("tokens", [])] != backend.encode(probe):
+    if reply.get("tokens") != backend.encode(probe):
         raise ModelLoadError(
             f"the server at {url} serves '{backend.model_id}', whose tokenizer is not the one "
             f"of the local model '{backend.name}'; give the served model's folder with --model")

@@ -13,6 +13,7 @@ from lark import Token, Tree
 from qrun.errors import TemplateError, TemplateErrors, TemplateSyntaxError
 from qrun.lang import ast
 from qrun.lang import expr as ex
+from qrun.lang.text import surrogate_in
 from qrun.source import Source, Span
 
 Item = Token | Tree[Token]
@@ -492,7 +493,8 @@ class ExprBuilder:
         return float(text)
 
     def string(self, text: str, span: Span) -> str:
-        """Decode a quoted literal: Python escapes; unknown ones (`\\d`) are kept as written."""
+        """Decode a quoted literal: Python escapes; unknown ones (`\\d`) are kept as written.
+        A lone surrogate (`\\ud800`) is an error here, so `--check` finds it."""
 
         def replace(match: re.Match[str]) -> str:
             code = match.group(1) or match.group(2) or match.group(3)
@@ -504,7 +506,19 @@ class ExprBuilder:
                 return chr(int(code, 16))
             return _SIMPLE_ESCAPES.get(match.group(4), match.group(0))
 
-        return _ESCAPE.sub(replace, text[1:-1])
+        value = _ESCAPE.sub(replace, text[1:-1])
+        if surrogate_in(value) is None:
+            return value
+        # A pair written as two escapes ("\ud83d\ude00", as JSON writes it) is one character.
+        value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+        lone = surrogate_in(value)
+        if lone is not None:
+            self.errors.append(TemplateSyntaxError(
+                f"the string contains a lone surrogate {lone}, which is not valid Unicode "
+                "text", span, self.source,
+                ("surrogates exist only in pairs (\\ud83d\\ude00); write the character "
+                 "itself or its \\U escape",)))
+        return value
 
 
 _LEAVES = frozenset({"name", "number", "string", "true", "false", "none"})

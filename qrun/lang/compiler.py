@@ -13,20 +13,25 @@ from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.args import ArgChecker, pattern_name, suggest
 from qrun.lang.build import MAX_ERRORS, build_ast
-from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS
+from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS, keyword_error
 from qrun.lang.parser import parse
+from qrun.lang.text import check_encodable, decode_template, normalize_text
 from qrun.source import Source, Span
 
 
 def compile_source(text: str, name: str = "<string>") -> ir.Program:
-    """Parse, build and compile template `text` (reported under `name`).
+    """Parse, build and compile template `text` (reported under `name`). The text is
+    normalized first (lang/text.py: newlines as Jinja writes them, no byte order mark).
 
     Raises:
-        TemplateErrors: every error found, in source order (a syntax error stops the parse, so
-            it is reported alone).
+        TemplateErrors: every error found, in source order (a syntax error stops the parse, and
+            text that cannot be encoded stops it before, so either is reported alone).
     """
-    source = Source(name, text)
+    source = Source(name, normalize_text(text))
     try:
+        unencodable = check_encodable(source)
+        if unencodable is not None:
+            raise unencodable
         tree = parse(source)
     except TemplateError as err:
         raise TemplateErrors([err]) from None
@@ -37,15 +42,16 @@ def compile_file(path: str | os.PathLike[str]) -> ir.Program:
     """Compile the UTF-8 template file at `path`; errors are reported under that path.
 
     Raises:
-        UsageError: the file cannot be read or is not UTF-8.
+        UsageError: the file cannot be read, or is not UTF-8 (a UTF-16 file is named so).
         TemplateErrors: as compile_source.
     """
+    name = os.fspath(path)
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read template {os.fspath(path)!s}: {err}") from None
-    return compile_source(text, os.fspath(path))
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise UsageError(f"cannot read template {name}: {err}") from None
+    return compile_source(decode_template(data, name), name)
 
 
 def compile_template(template: ast.Template, source: Source) -> ir.Program:
@@ -308,8 +314,9 @@ class _Compiler:
                 self.use(name, span, flow, ctx)
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
-            case ex.Call(func=func, span=span) | ex.Filter(name=func, span=span):
-                self.function(func, span)
+            case ex.Call(func=func, kwargs=kwargs, span=span) | ex.Filter(
+                    name=func, kwargs=kwargs, span=span):
+                self.function(func, kwargs, span)
         for child in ex.children(node):
             self.expr(child, flow, ctx)
 
@@ -321,10 +328,15 @@ class _Compiler:
             self.fail(f"'loop' has no attribute '{attr}'", span,
                       *suggest(attr, LOOP_FIELDS), "loop attributes: " + ", ".join(LOOP_FIELDS))
 
-    def function(self, func: str, span: Span) -> None:
+    def function(self, func: str, kwargs: tuple[tuple[str, ex.Expr], ...], span: Span) -> None:
         if func not in FUNCTIONS:
             self.fail(f"unknown function '{func}'", span, *suggest(func, FUNCTIONS),
                       "functions: " + ", ".join(FUNCTIONS))
+            return
+        for name, _ in kwargs:
+            refused = keyword_error(func, name)
+            if refused is not None:
+                self.fail(refused, span)
 
 
 def _first_spans(nodes: tuple[ast.Node, ...], *kinds: type[ast.Gen | ast.Select | ast.Set]

@@ -10,6 +10,7 @@ from typing import Any, assert_never
 from qrun.errors import InputError
 from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
+from qrun.lang.inputs import plain_inputs
 from qrun.options import RunOptions
 from qrun.source import Source, Span
 
@@ -177,16 +178,17 @@ class Program:
     source: Source = field(compare=False)
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
 
-    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
-        """Raise InputError naming every missing input, before any model work; it points where
-        the first missing input is first used.
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The inputs the template reads, as plain data (lang/inputs.py), checked before any
+        model work; a missing one is reported where it is first used.
 
         Raises:
             InputError: an input is missing.
+            UsageError: an input is not plain data (a function, an object, a cycle...).
         """
         missing = [name for name in self.inputs if name not in inputs]
         if not missing:
-            return
+            return plain_inputs({name: inputs[name] for name in self.inputs})
         first = missing[0]
         span = self.input_spans.get(first) or self.source.span_at(0)
         names = ", ".join(repr(m) for m in missing)

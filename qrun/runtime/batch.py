@@ -154,12 +154,13 @@ def run_batched(
     program: Program,
     backend: Backend,
     inputs: Sequence[Mapping[str, Any]],
-    options: RunOptions,
+    options: Sequence[RunOptions],
     constraints: ConstraintCompiler,
     batch_size: int,
     on_result: Callable[[int, Outcome], None] | None = None,
 ) -> list[Outcome]:
-    """Run `program` once per input, up to `batch_size` runs at a time sharing each forward.
+    """Run `program` once per input (with the options of the same index), up to `batch_size`
+    runs at a time sharing each forward.
 
     The first run starts alone: its first forward fills the prefix cache with the template's
     leading text, which the others then reuse instead of encoding it again in the batch.
@@ -190,7 +191,8 @@ def run_batched(
                 engines = choose_engines(backend, scheduled, tree)
             else:
                 engines = choose_engines(backend)
-            run = Run(program, backend, inputs[index], options, None, constraints, engines)
+            run = Run(program, backend, inputs[index], options[index], None, constraints,
+                      engines)
             if not lead_runs:
                 lead_runs.append(run)
             return run.execute()

@@ -12,11 +12,15 @@ from qrun.backends.base import Backend
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
+from qrun.limits import Budget
 from qrun.runtime.healing import HealCursor, PrefixMasks
 from qrun.runtime.hole import ConstraintSpec
 from qrun.runtime.masks import IndexCache, MaskCursor
 from qrun.source import Source
 from qrun.stdlib.json_schema import SchemaError, schema_to_regex
+
+# Named patterns whose values are read as Python values (docs/language.md §15.2).
+PATTERN_TYPES = {"INT": "int", "FLOAT": "float", "BOOL": "bool"}
 
 
 class ConstraintCompiler:
@@ -28,7 +32,8 @@ class ConstraintCompiler:
         self._prefix_masks: PrefixMasks | None = None
 
     def spec(
-        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source
+        self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source,
+        budget: Budget | None = None,
     ) -> ConstraintSpec:
         """The regex a constraint stands for in this run.
 
@@ -38,13 +43,13 @@ class ConstraintCompiler:
         """
         match constraint:
             case ir.Regex(stdlib_name=str(name)):
-                return ConstraintSpec(_evaluate_pattern(constraint, scope, source),
-                                      f"regex={name}")
+                return ConstraintSpec(_evaluate_pattern(constraint, scope, source, budget),
+                                      f"regex={name}", PATTERN_TYPES.get(name, "text"))
             case ir.Regex():
-                pattern = _evaluate_pattern(constraint, scope, source)
+                pattern = _evaluate_pattern(constraint, scope, source, budget)
                 return ConstraintSpec(pattern, f"regex={json.dumps(pattern)}")
             case ir.JsonSchema():
-                schema = evaluate(constraint.schema, scope, source)
+                schema = evaluate(constraint.schema, scope, source, budget)
                 if isinstance(schema, str):
                     schema = _parse_schema(schema, constraint, source)
                 if not isinstance(schema, dict):
@@ -55,7 +60,8 @@ class ConstraintCompiler:
                     pattern = schema_to_regex(schema)
                 except SchemaError as exc:
                     raise ConstraintError(str(exc), constraint.schema.span, source) from None
-                return ConstraintSpec(pattern, "json=" + json.dumps(schema, sort_keys=True))
+                return ConstraintSpec(pattern, "json=" + json.dumps(schema, sort_keys=True),
+                                      "json")
 
     def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> MaskCursor:
         """A fresh cursor at the start of the constraint, which first requires the healed
@@ -73,8 +79,9 @@ class ConstraintCompiler:
         return HealCursor(self._prefix_masks, prefix)
 
 
-def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source) -> str:
-    value = evaluate(constraint.pattern, scope, source)
+def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source,
+                      budget: Budget | None) -> str:
+    value = evaluate(constraint.pattern, scope, source, budget)
     if not isinstance(value, str):
         raise EvaluationError(f"regex must be a string, got {type(value).__name__}",
                               constraint.pattern.span, source)

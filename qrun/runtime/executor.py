@@ -4,6 +4,7 @@ handler per op."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,18 +21,21 @@ from qrun.errors import (
     TemplateCompileError,
 )
 from qrun.lang import ir
-from qrun.lang.evaluate import LoopInfo, evaluate
+from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
+from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
+from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.select import SelectRequest, select
-from qrun.runtime.session import Session
+from qrun.runtime.session import ContextFull, Session
+from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
@@ -68,23 +72,28 @@ class Run:
         constraints: ConstraintCompiler | None = None,
         engines: Engines | None = None,
     ) -> None:
-        program.check_inputs(inputs)
+        inputs = program.check_inputs(inputs)
         self.program = program
         self.backend = backend
         self.options = (options or RunOptions()).over(program.options).resolved()
         self.on_text = on_text
         self.constraints = constraints or ConstraintCompiler(backend)
         self.engines = engines or choose_engines(backend)
-        self.stats = Stats(load_s=backend.load_s)
+        self.stats = Stats(load_s=backend.load_s, seed=self.options.seed)
+        self.recorder = Recorder(backend.vocabulary, detailed=self.options.trace)
         model = self.engines.model
         self.session = Session(backend, model, self.stats,
-                               model.prefix_cache if model is not None else None)
+                               model.prefix_cache if model is not None else None, self.recorder)
         self.scope: dict[str, Any] = dict(inputs)
         self.vars: dict[str, Any] = {}
         self.holes: dict[str, HoleRecord] = {}
         self.hole_lists: dict[str, list[HoleRecord]] = {}
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.budget = Budget(self.options.limits, program.source)
+        speculate = (self.options.speculate and self.engines.model is not None
+                     and backend.capabilities.lookahead)
+        self.drafter = PromptLookup() if speculate else None
         for op in ir.walk(program.ops):
             if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
                 # A loop capture exists (as a list) even when its loop never runs.
@@ -100,8 +109,12 @@ class Run:
         finally:
             self.session.close()
         self.stats.wall_s = time.perf_counter() - started
+        backend = self.backend
+        header = {"template": self.program.source.name, "model": backend.name,
+                  "backend": type(backend).__name__, "device": backend.device,
+                  "dtype": backend.dtype}
         return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
-                      list(self.session.token_ids))
+                      list(self.session.token_ids), self.recorder, header)
 
     def _check_constraints(self) -> None:
         """Before any model work: every constraint that can be known now (not built from
@@ -110,7 +123,8 @@ class Run:
             if isinstance(op, ir.Gen) and op.params.constraint is not None:
                 constraint = op.params.constraint
                 try:
-                    spec = self.constraints.spec(constraint, self.scope, self.program.source)
+                    spec = self.constraints.spec(constraint, self.scope, self.program.source,
+                                                 self.budget)
                 except EvaluationError:
                     continue  # depends on values not known yet: checked when the hole comes
                 filler = self.engines.filler
@@ -122,14 +136,16 @@ class Run:
 
     def _exec_block(self, ops: Sequence[ir.Op]) -> None:
         for op in ops:
+            self.budget.step(op.span)
             self._exec(op)
 
     def _exec(self, op: ir.Op) -> None:
         match op:
             case ir.EmitText():
-                self._emit(op.text, special=True)
+                self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                self._emit(_to_text(self._eval(op.expr)))
+                text = evaluate_text(op.expr, self.scope, self.program.source, self.budget)
+                self._emit(text, op=op)
             case ir.Gen():
                 self._exec_gen(op)
             case ir.Select():
@@ -145,12 +161,17 @@ class Run:
             case _:
                 assert_never(op)
 
-    def _emit(self, text: str, special: bool = False) -> None:
+    def _emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None:
         """Append text that is not the model's: only the template's own text (`special`) may
         spell control tokens; a value's text is always encoded as text."""
         if not text:
             return
-        self.session.append_text(text, special=special)
+        self.budget.output(text)
+        try:
+            self.session.append_text(text, special=special)
+        except ContextFull as exc:
+            where = op.span if op is not None else self.program.source.span_at(0)
+            raise GenerationError(str(exc), where, self.program.source) from None
         self._show(text)
 
     def _show(self, text: str) -> None:
@@ -159,15 +180,17 @@ class Run:
             self.on_text(text)
 
     def _eval(self, expr: Expr) -> Any:
-        return evaluate(expr, self.scope, self.program.source)
+        return evaluate(expr, self.scope, self.program.source, self.budget)
 
     @contextmanager
     def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
         """Around filling a hole: failures become a GenerationError at the hole; afterwards
         the backend may let go of what it holds for the next token."""
+        kind = "gen" if isinstance(op, ir.Gen) else "select"
+        self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
         try:
             yield
-        except (HoleFailure, BackendError) as exc:
+        except (HoleFailure, BackendError, ContextFull) as exc:
             raise GenerationError(str(exc), op.span, self.program.source) from None
         finally:
             self.session.pause()
@@ -178,9 +201,11 @@ class Run:
             raise GenerationError(f"model '{self.backend.name}' was loaded without weights (a "
                                   "tokenizer only), so it cannot fill holes", op.span,
                                   self.program.source)
-        request = self._gen_request(op)
         with self._filling(op):
+            request = self._gen_request(op)
             record = filler.fill(self.session, request, self._show)
+        self.recorder.end_hole(constraint=record.constraint, value=record.value,
+                               text=record.text, finish=record.finish, seconds=record.seconds)
         self._capture(op.name, record, op.in_loop)
 
     def _gen_request(self, op: ir.Gen) -> GenRequest:
@@ -190,7 +215,8 @@ class Run:
         sampling, generator = self._sampling(p)
         spec = None
         if p.constraint is not None:
-            spec = self.constraints.spec(p.constraint, self.scope, self.program.source)
+            spec = self.constraints.spec(p.constraint, self.scope, self.program.source,
+                                         self.budget)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
         # forward where one forward can return the logits of two positions (transformers).
@@ -208,7 +234,7 @@ class Run:
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
-                          healed_in_context=bool(prefix) and in_context)
+                          healed_in_context=bool(prefix) and in_context, drafter=self.drafter)
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
@@ -275,11 +301,16 @@ class Run:
         if scoring is None:
             raise GenerationError(f"backend '{self.backend.name}' cannot score select options",
                                   op.span, self.program.source)
-        prefix = self._heal().decode("utf-8")
-        request = SelectRequest(op.name, tuple(options), temperature, normalize, self.generator,
-                                prefix)
         with self._filling(op):
+            prefix = self._heal().decode("utf-8")
+            request = SelectRequest(op.name, tuple(options), temperature, normalize,
+                                    self.generator, prefix)
             record = select(self.session, request, scoring)
+        probs = record.option_probs
+        self.recorder.end_hole(
+            constraint="options=" + json.dumps(list(options), ensure_ascii=False),
+            value=record.value, text=record.text, finish=record.finish, seconds=record.seconds,
+            options=[(o, lp, probs[o]) for o, lp in record.option_logprobs.items()])
         self._show(record.text)
         self._capture(op.name, record, op.in_loop)
 
@@ -306,9 +337,11 @@ class Run:
         if not isinstance(items, list | tuple | str | range):
             raise EvaluationError(f"cannot loop over {type(items).__name__}",
                                   op.iterable.span, self.program.source)
+        self.budget.loop(len(items), op.span)
         items = list(items)
         saved = {k: self.scope[k] for k in (op.target, "loop") if k in self.scope}
         for index, item in enumerate(items):
+            self.budget.step(op.span)
             self.scope[op.target] = item
             self.scope["loop"] = LoopInfo(index, len(items))
             self._exec_block(op.body)
@@ -324,19 +357,12 @@ class Run:
                 "has none", op.span, self.program.source,
                 notes=["write the turn markers as fixed text, or use a chat model"])
         before, after = markers
-        self._emit(before, special=True)
+        self._emit(before, special=True, op=op)
         self._exec_block(op.body)
-        self._emit(after, special=True)
+        self.budget.step(op.span)  # output from here on is reported at the role
+        self._emit(after, special=True, op=op)
 
 
 def _constraint_span(op: ir.Gen) -> Span:
     constraint = op.params.constraint
     return constraint.pattern.span if isinstance(constraint, ir.Regex) else op.span
-
-
-def _to_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

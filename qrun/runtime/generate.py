@@ -15,6 +15,7 @@ from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFail
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import sample
 from qrun.runtime.session import Session
+from qrun.runtime.speculate import PromptLookup
 
 
 class LocalFiller:
@@ -65,13 +66,20 @@ def generate(
                 session.stats.forced_tokens += 1
                 stop_at = hole.take(only, None, forced=True)
             else:
+                if request.drafter is not None and not hole.speculative:
+                    _draft(hole, request.drafter, tokens_left)
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
                 token, logprob = sample(logits, mask, request.sampling, request.generator)
+                recorder = session.recorder
                 if token in eos:
+                    if recorder is not None:
+                        recorder.ended(len(session.token_ids), token, logprob)
                     finish = "eos"
                     break
                 session.stats.generated_tokens += 1
-                stop_at = hole.take(token, logprob, forced=False)
+                mask_size, top = (recorder.alternatives(logits, mask) if recorder is not None
+                                  else (None, None))
+                stop_at = hole.take(token, logprob, False, mask_size, top)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
             finish = "stop"
@@ -85,6 +93,28 @@ def generate(
     if on_text is not None and streamed < len(hole.text):
         on_text(bytes(hole.text[streamed:]).decode("utf-8", errors="replace"))
     return record
+
+
+def _draft(hole: Hole, drafter: PromptLookup, tokens_left: int) -> None:
+    """Guess the next tokens (speculation, runtime/speculate.py) and have the session feed them
+    with this step's forward, unless its logits are known already (then no forward is due).
+    The guess stops at the first token the constraint would not allow at its step, and gets
+    the text the constraint forces after it; the model still chooses every token, so the
+    output is the same as without speculation (docs/language.md §14.10)."""
+    session = hole.session
+    if session.ahead or session.has_logits():
+        return
+    draft = drafter.propose(session.token_ids)
+    cursor = hole.request.cursor
+    if cursor is not None and draft:
+        trial = cursor.copy()
+        for k, token in enumerate(draft):
+            if k >= tokens_left - 1 or not bool(trial.allowed(tokens_left - k)[token]):
+                draft = draft[:k]
+                break
+            trial.advance(token)
+    if draft:
+        session.lookahead(draft)
 
 
 def _only_token(mask: torch.Tensor | None) -> int | None:

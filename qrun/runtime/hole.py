@@ -5,16 +5,18 @@ rule, and the one tail that turns a finished hole into its record. The local sam
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.session import Overshoot, Session
+from qrun.runtime.speculate import PromptLookup
 
 
 class Cursor(Protocol):
@@ -58,10 +60,32 @@ class HoleFailure(Exception):
 @dataclass(frozen=True, slots=True)
 class ConstraintSpec:
     """A hole's constraint as evaluated for this run: the regex it stands for (a JSON Schema
-    already lowered) and a short description for records and traces."""
+    already lowered), a short description for records and traces, and the type its values
+    are read as (docs/language.md §15.2): "json" (parsed JSON), "int", "float", "bool" (the
+    INT, FLOAT and BOOL patterns), or "text"."""
 
     pattern: str
     description: str
+    value_type: str = "text"
+
+
+def typed_value(text: str, value_type: str) -> Any:
+    """The value of a hole's text, read as its constraint's type.
+
+    Raises:
+        ValueError: the text cannot be read so (the constraint guarantees it can, but Python
+            refuses integers of more than 4,300 digits).
+    """
+    match value_type:
+        case "json":
+            return json.loads(text)
+        case "int":
+            return int(text)
+        case "float":
+            return float(text)
+        case "bool":
+            return text == "true"
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +105,8 @@ class GenRequest:
     # The healed token is still the context's last token (Session.heal keep_last): the first
     # step decides from the logits before it and keeps it if the model writes it again.
     healed_in_context: bool = False
+    # Drafts tokens to check with each step's forward (speculation); None: off.
+    drafter: PromptLookup | None = None
 
 
 class HoleFiller(Protocol):
@@ -127,20 +153,29 @@ class Hole:
         """Whether the healed prefix is not produced yet."""
         return len(self.text) < len(self.request.prefix)
 
-    def take(self, token: int, logprob: float | None, forced: bool) -> int | None:
+    def take(self, token: int, logprob: float | None, forced: bool,
+             mask_size: int | None = None, top: list[tuple[int, float]] | None = None
+             ) -> int | None:
         """Append a token to the context and the hole; return the byte offset of a stop
         string it completed, if any. The first token of a speculatively healed hole is kept
-        in place when it is the healed token itself, else the healed token is taken back."""
+        in place when it is the healed token itself, else the healed token is taken back.
+        `mask_size` and `top` (the allowed tokens and the likeliest ones) go to the trace."""
+        session = self.session
         if self.speculative:
             self.speculative = False
-            context = self.session.token_ids
-            if context[self.start :] == [token]:
-                self.session.fixed_tail = 0
+            if session.token_ids[self.start :] == [token]:
+                session.fixed_tail = 0
+                if session.recorder is not None:  # the fixed token becomes the hole's
+                    session.recorder.drop(self.start, "heal")
             else:
-                self.session.rollback(self.start)
-                self.session.append_tokens([token])
+                session.rollback(self.start, "heal")
+                session.append_tokens([token])
         else:
-            self.session.append_tokens([token])
+            session.append_tokens([token])
+        if session.recorder is not None:
+            kind = "forced" if forced else "healed" if self.in_prefix() else "sampled"
+            session.recorder.chosen(len(session.token_ids) - 1, token, kind, logprob,
+                                    mask_size, top)
         self.record.token_ids.append(token)
         self.record.logprobs.append(logprob)
         self.record.forced.append(forced)
@@ -195,6 +230,12 @@ class Hole:
         record = self.record
         record.finish = finish
         record.value = record.text = self.value()
+        if self.request.constraint is not None:
+            try:
+                record.value = typed_value(record.text, self.request.constraint.value_type)
+            except (ValueError, RecursionError) as exc:
+                raise HoleFailure(f"hole '{self.request.name}': its value cannot be read as "
+                                  f"{self.request.constraint.value_type}: {exc}") from None
         plen = len(self.request.prefix)
         record.healed = self.request.prefix.decode("utf-8", errors="replace")
         record.prefix_tokens = sum(1 for end in self.ends if end <= plen)

@@ -4,10 +4,14 @@ record per hole, stats."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrun.runtime.stats import Stats
+
+if TYPE_CHECKING:
+    from qrun.runtime.recorder import Recorder
 
 
 @dataclass(slots=True)
@@ -92,6 +96,8 @@ class Result:
     holes: dict[str, HoleRecord] = field(default_factory=dict)
     hole_lists: dict[str, list[HoleRecord]] = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
+    recorder: Recorder | None = field(default=None, repr=False, compare=False)
+    trace_header: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __getitem__(self, name: str) -> Any:
         return self.vars[name]
@@ -107,3 +113,28 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form printed by `qrun --json`: {"text", "vars", "stats"}."""
         return {"text": self.text, "vars": self.vars, "stats": self.stats.to_dict()}
+
+    def trace(self) -> dict[str, Any]:
+        """What the run did, token by token, in the trace format (docs/trace.md): JSON-ready
+        data, checked by qrun.trace.validate. Runs with the option `trace=True` also keep, for
+        each sampled token, the mask size and the likeliest alternatives."""
+        from qrun.trace import FORMAT, VERSION, validate
+
+        if self.recorder is None:
+            raise ValueError("this result was not made by a run, so it has no trace")
+        trace = {"format": FORMAT, "version": VERSION, **self.trace_header, "text": self.text,
+                 "stats": self.stats.to_dict(), **self.recorder.to_dict()}
+        validate(trace)
+        return trace
+
+    def to_html(self) -> str:
+        """The trace as one self-contained HTML page (docs/trace.md)."""
+        from qrun.trace import render_html
+
+        return render_html(self.trace())
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write the trace to `path`: an HTML page for .html/.htm, JSON otherwise."""
+        from qrun.trace import write_trace
+
+        write_trace(self.trace(), path)

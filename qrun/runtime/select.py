@@ -15,6 +15,7 @@ import torch
 
 from qrun.backends.base import PromptScorer, TreeScorer
 from qrun.runtime.hole import HoleFailure
+from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import SelectRecord
 from qrun.runtime.session import Session
 
@@ -88,7 +89,6 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
         HoleFailure: an option has no tokens.
     """
     started = time.perf_counter()
-    start = len(session.token_ids)
     backend = session.backend
     # With healing, each row is the canonical tokenization of prefix + option, so an option
     # after "Paid: " is scored as " yes", not as "yes" glued to a lone space token. The
@@ -102,8 +102,11 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
     chosen = choose(scores, request.temperature, request.generator)
     commit(chosen)
     row = rows[chosen]
+    start = len(session.token_ids) - len(row)
     session.stats.generated_tokens += len(row)
     value = request.options[chosen]
+    if session.recorder is not None:
+        _record(session.recorder, start, rows, token_logprobs, chosen)
     return SelectRecord(
         name=request.name,
         value=value,
@@ -194,6 +197,17 @@ def _score_prompts(
         session.append_tokens(rows[chosen])
 
     return scored.logprobs, commit
+
+
+def _record(recorder: Recorder, start: int, rows: list[list[int]],
+            token_logprobs: list[list[float]], chosen: int) -> None:
+    """The winner's tokens into the context, the others as scored but never kept."""
+    for option, (row, logprobs) in enumerate(zip(rows, token_logprobs, strict=True)):
+        for k, (token, logprob) in enumerate(zip(row, logprobs, strict=True)):
+            if option == chosen:
+                recorder.chosen(start + k, token, "select", logprob, option=option)
+            else:
+                recorder.unchosen(start + k, token, logprob, option)
 
 
 def _score(logprobs: list[float], normalize: str) -> float:

@@ -13,7 +13,13 @@ import torch
 
 from qrun.backends.base import Backend, KVCache, StepModel
 from qrun.backends.prefix_cache import PrefixCache
+from qrun.runtime.recorder import Recorder
 from qrun.runtime.stats import Stats
+
+
+class ContextFull(Exception):
+    """Appending would make the context longer than the model's maximum; raised before any
+    forward of the longer context (the executor reports it at the op that caused it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,11 @@ class Session:
     those n tokens stand); the last `fixed_tail` tokens came from fixed text (token healing may
     take them back). Without a `model` (a server samples whole holes) nothing is ever fed: the
     session keeps the token ids and counters only.
+
+    Speculation (lookahead): the cache may also hold `ahead`, drafted tokens fed after the
+    whole context (then fed == len(token_ids)), with `_ahead_logits[j]` the logits after
+    token_ids + ahead[: j + 1]. Appending exactly the next of them moves it into the context
+    without a forward; any other change of the context first drops them from the cache.
     """
 
     def __init__(
@@ -48,10 +59,12 @@ class Session:
         model: StepModel | None,
         stats: Stats | None = None,
         prefix_cache: PrefixCache | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.backend = backend
         self.model = model
         self.stats = stats if stats is not None else Stats()
+        self.recorder = recorder
         self.prefix_cache = prefix_cache
         self._cache: KVCache | None = model.new_cache() if model is not None else None
         self.token_ids: list[int] = []
@@ -62,6 +75,8 @@ class Session:
         # one template diverge, so where KV snapshots are worth keeping.
         self.boundaries: set[int] = set()
         self._known: dict[int, torch.Tensor] = {}
+        self.ahead: list[int] = []
+        self._ahead_logits: list[torch.Tensor] = []
 
     @property
     def cache(self) -> KVCache:
@@ -87,18 +102,73 @@ class Session:
         ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
         self.boundaries.add(len(self.token_ids))
         self._append(ids)
+        if self.recorder is not None:
+            self.recorder.fixed(len(self.token_ids) - len(ids), ids)
         self.boundaries.add(len(self.token_ids))
         self.stats.prompt_tokens += len(ids)
         self.fixed_tail += len(ids)
         return ids
 
     def append_tokens(self, token_ids: Sequence[int]) -> None:
-        """Append model-chosen token ids to the context (fed lazily)."""
-        if token_ids:
+        """Append model-chosen token ids to the context (fed lazily; already fed when they are
+        the tokens looked ahead)."""
+        if not token_ids:
+            return
+        if self.ahead and list(token_ids) == self.ahead[: len(token_ids)]:
+            for token in token_ids:
+                self.token_ids.append(token)
+                self.fed += 1
+                self._known[self.fed] = self._ahead_logits.pop(0)
+                self.ahead.pop(0)
+            self.stats.accepted_tokens += len(token_ids)
+        else:
             self._append(token_ids)
-            self.fixed_tail = 0
+        self.fixed_tail = 0
+
+    def lookahead(self, draft: Sequence[int]) -> None:
+        """Feed what is not fed yet and the drafted tokens `draft` after it in one forward,
+        keeping the logits after the context and after each drafted token (so the next
+        next_logits() needs no forward, nor do the steps whose token is the next drafted
+        one). The caller draws the draft; counted in drafted_tokens."""
+        self.settle()
+        self.ensure_start()
+        self._drop_ahead()
+        limit = self.backend.max_context
+        room = len(draft) if limit is None else max(0, limit - len(self.token_ids))
+        draft = list(draft[:room])
+        if not draft or self.fed == len(self.token_ids) and len(self.token_ids) in self._known:
+            return
+        if self.prefix_cache is not None and self.fed < len(self.token_ids):
+            self._from_prefix_cache()
+        if self.fed == len(self.token_ids):
+            # Everything is fed but those logits were not kept: un-feed the last token, keeping
+            # it, and feed it again with the draft (as next_logits does).
+            self.stats.rollback_tokens += 1
+            self.fed -= 1
+            self.cache.crop(self.fed)
+        start = self.fed
+        logits = self.forward([*self.token_ids[start:], *draft], logits_for=len(draft) + 1)
+        end = self.fed = len(self.token_ids)
+        self._known[end] = logits[0]
+        self.ahead, self._ahead_logits = draft, list(logits[1:])
+        self.stats.drafted_tokens += len(draft)
+        if self.prefix_cache is not None:
+            self._into_prefix_cache(start)
+
+    def _drop_ahead(self) -> None:
+        """Take the drafted tokens not taken out of the cache."""
+        if self.ahead:
+            self.stats.rollback_tokens += len(self.ahead)
+            self.cache.crop(self.fed)
+            self.ahead, self._ahead_logits = [], []
 
     def _append(self, token_ids: Sequence[int]) -> None:
+        self._drop_ahead()
+        limit = self.backend.max_context
+        if limit is not None and len(self.token_ids) + len(token_ids) > limit:
+            raise ContextFull(
+                f"the context would hold {len(self.token_ids) + len(token_ids)} tokens, more "
+                f"than model '{self.backend.name}' takes ({limit})")
         self.token_ids.extend(token_ids)
 
     def _settle_overshoot(self, text: bytes) -> bytes:
@@ -112,8 +182,13 @@ class Session:
             self.fixed_tail = 0
             return wanted[len(over.token_bytes) :]
         self.stats.boundary_dropped += 1
-        self.rollback(over.start)
+        self.rollback(over.start, "stop")
         return wanted
+
+    def has_logits(self) -> bool:
+        """Whether the logits after the whole context are known (next_logits needs no
+        forward)."""
+        return self.overshoot is None and len(self.token_ids) in self._known
 
     def next_logits(self) -> torch.Tensor:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
@@ -142,6 +217,7 @@ class Session:
     def _feed(self, keep: int) -> None:
         """Feed every unfed token in one forward, keeping the logits after the last `keep`
         positions."""
+        self._drop_ahead()
         start = self.fed
         logits = self.forward(self.token_ids[start:], logits_for=keep)
         self.fed = end = len(self.token_ids)
@@ -154,11 +230,14 @@ class Session:
         """Give an empty context the model's start token (logits need something to follow)."""
         if not self.token_ids:
             self.token_ids.append(self.backend.start_token_id)
+            if self.recorder is not None:
+                self.recorder.fixed(0, self.token_ids)
 
     def logits_before_last(self) -> torch.Tensor:
         """Logits after all but the last token, which stays in the context: when it is not fed
         yet it goes through the model in the same forward (logits of both positions kept), so
         a healed token the model then writes again costs no extra forward."""
+        self._drop_ahead()
         n = len(self.token_ids)
         if self.prefix_cache is not None and self.overshoot is None and self.fed < n:
             self._from_prefix_cache(n - 1)
@@ -173,7 +252,7 @@ class Session:
         last = self.token_ids.pop()
         if self.fed > len(self.token_ids):
             self.token_ids.append(last)
-            self.rollback(n - 1)
+            self.rollback(n - 1, "heal")
             return self.next_logits()
         before = self.next_logits()
         self.token_ids.append(last)
@@ -183,10 +262,13 @@ class Session:
         """Take the deepest cached KV snapshot on the first `upto` tokens of the context (all
         by default), and the logits after them when cached (True: no forward needed)."""
         assert self.prefix_cache is not None
+        self._drop_ahead()
         upto = len(self.token_ids) if upto is None else upto
         hit = self.prefix_cache.lookup(self.token_ids[:upto], self.fed)
         if hit.kv is not None:
             self.stats.cached_tokens += hit.kv_length - self.fed
+            if self.recorder is not None:
+                self.recorder.cached(self.fed, hit.kv_length)
             self.cache = hit.kv
             self.fed = hit.kv_length
         if hit.logits is None:
@@ -203,8 +285,13 @@ class Session:
         assert self.prefix_cache is not None
         end = len(self.token_ids)
         multi = end - start > 1
-        self.prefix_cache.insert(self.token_ids, self.cache if multi else None,
-                                 self._known.get(end))
+        whole: KVCache | None = None
+        if multi:
+            whole = self.cache
+            if self.ahead:  # the cache runs past the context: keep only the context
+                whole = self.cache.fork()
+                whole.crop(end)
+        self.prefix_cache.insert(self.token_ids, whole, self._known.get(end))
         if not multi:
             return
         for boundary in sorted(b for b in self.boundaries if start < b < end):
@@ -227,11 +314,15 @@ class Session:
         # carried go back in as canonical tokens.
         rest = self._settle_overshoot(b"")
         if rest:
-            self._append(self.backend.encode(rest.decode("utf-8", errors="replace")))
+            ids = self.backend.encode(rest.decode("utf-8", errors="replace"))
+            self._append(ids)
+            if self.recorder is not None:
+                self.recorder.fixed(len(self.token_ids) - len(ids), ids)
 
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache, logits: torch.Tensor) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with
         them (e.g. the winning row of a select batch) and `logits` follow them."""
+        self._drop_ahead()
         assert self.fed == len(self.token_ids), "the context must be fed before it is extended"
         assert cache.length() == self.fed + len(token_ids)
         self.token_ids.extend(token_ids)
@@ -243,6 +334,7 @@ class Session:
     def sync(self) -> None:
         """Make the KV cache cover the whole context: after logits came from the prefix cache
         the KV may lag behind, and a caller about to use the cache directly needs it whole."""
+        self._drop_ahead()
         if self.fed < len(self.token_ids):
             self.forward(self.token_ids[self.fed :])
             self.fed = len(self.token_ids)
@@ -278,20 +370,25 @@ class Session:
         context, and take its last counts."""
         if self._cache is None:
             return
+        self._drop_ahead()
         self._cache.release(wait=True)
         counts = self._cache.take_counts()
         if counts is not None:
             self.count_model_call(0.0, counts[0], counts[1], calls=0)
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, length: int, reason: str = "rollback") -> None:
         """Truncate the context to its first `length` tokens, cropping the KV cache; positions
-        dropped after being computed are counted in rollback_tokens."""
+        dropped after being computed are counted in rollback_tokens. `reason` is what the trace
+        says dropped them ("stop", "heal", "rollback")."""
         if length < 0 or length > len(self.token_ids):
             raise ValueError(f"cannot roll a {len(self.token_ids)}-token context back to {length}")
+        self._drop_ahead()
         if length == len(self.token_ids):
             return
         self.fixed_tail = max(0, self.fixed_tail - (len(self.token_ids) - length))
         self.boundaries = {b for b in self.boundaries if b <= length}
+        if self.recorder is not None:
+            self.recorder.drop(length, reason)
         del self.token_ids[length:]
         if self.fed > length:
             self.stats.rollback_tokens += self.fed - length
@@ -311,7 +408,7 @@ class Session:
         vocab = self.backend.vocabulary
         removed = b"".join(vocab.token_bytes[t] or b"" for t in self.token_ids[-count:])
         if not keep_last:
-            self.rollback(len(self.token_ids) - count)
+            self.rollback(len(self.token_ids) - count, "heal")
         self.stats.healed_tokens += count
         return removed
 

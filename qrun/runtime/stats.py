@@ -25,6 +25,9 @@ class Stats:
         that text begins with exactly those bytes
     boundary_dropped: holes whose tokens past the value were taken back instead (counted in
         rollback_tokens too when they had already been fed)
+    drafted_tokens: tokens guessed by speculation and fed with a step's forward
+    accepted_tokens: drafted tokens the model then chose (each saved a forward)
+    seed: the run's seed (given, or drawn fresh): the same seed replays the run
     """
 
     context_tokens: int = 0
@@ -39,6 +42,9 @@ class Stats:
     healed_tokens: int = 0
     boundary_kept: int = 0
     boundary_dropped: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    seed: int = 0
     wall_s: float = 0.0
     model_s: float = 0.0
     mask_s: float = 0.0

@@ -18,16 +18,8 @@ NO_HOLES = ("{% system %}Be brief.{% endsystem %}{% user %}Count: "
 
 
 @pytest.fixture(scope="module")
-def folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("tiny-folder")
-    tiny.model.save_pretrained(path)
-    tiny.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_only(folder: str) -> TokenizerBackend:
-    backend = load_model(folder, weights=False)
+def tokenizer_only(tiny_folder: str) -> TokenizerBackend:
+    backend = load_model(tiny_folder, weights=False)
     assert isinstance(backend, TokenizerBackend)
     return backend
 
@@ -62,6 +54,6 @@ def test_a_hole_fails_at_its_span(
     assert (caught.value.span.line, caught.value.span.column) == (1, 4)
 
 
-def test_query_load_skips_the_weights_only_without_holes(folder: str) -> None:
-    assert isinstance(qrun.Query("Hi {{ x }}").load(folder), TokenizerBackend)
-    assert isinstance(qrun.Query("Hi {{ gen x }}").load(folder), TransformersBackend)
+def test_query_load_skips_the_weights_only_without_holes(tiny_folder: str) -> None:
+    assert isinstance(qrun.Query("Hi {{ x }}").load(tiny_folder), TokenizerBackend)
+    assert isinstance(qrun.Query("Hi {{ gen x }}").load(tiny_folder), TransformersBackend)

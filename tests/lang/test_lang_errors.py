@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from qrun.errors import (
+    BackendError,
     ConstraintError,
+    EvaluationError,
+    GenerationError,
+    InputError,
+    ModelLoadError,
+    PositionedError,
+    QrunError,
     TemplateCompileError,
     TemplateError,
     TemplateErrors,
@@ -14,6 +21,7 @@ from qrun.errors import (
     UsageError,
 )
 from qrun.lang import compile_file, compile_source
+from qrun.source import Source
 
 
 def errors_of(text: str) -> tuple[TemplateError, ...]:
@@ -54,6 +62,17 @@ CASES = [
     ("bad-unicode-escape", '{{ "\\U11111111" }}', Syntax, 1, 4, "invalid escape", ""),
     ("huge-int-literal", "{{ " + "9" * 5000 + " }}", Syntax, 1, 4, "integer literal too long",
      ""),
+    ("lone-surrogate", '{{ "a\\ud800" }}', Syntax, 1, 4, "lone surrogate U+D800", "pairs"),
+    ("lone-surrogate-stop", 'x\n{{ gen a stop="\\ud800" }}', Syntax, 2, 15, "U+D800", ""),
+    ("lone-surrogate-options", '{{ select a options=["ok", "\\udc00"] }}', Syntax, 1, 28,
+     "U+DC00", ""),
+    ("reversed-surrogates", '{{ "\\ude00\\ud83d" }}', Syntax, 1, 4, "U+DE00", ""),
+    ("raw-surrogate-in-text", "ok\n  \ud800 {{ x }}", Syntax, 2, 3, "lone surrogate U+D800",
+     ""),
+    ("unknown-keyword", "{{ max(xs, key=f) }}", Compile, 1, 4,
+     "max() has no keyword argument 'key' (it takes no keyword arguments)", ""),
+    ("unknown-keyword-filter", "{{ xs | join(glue=',') }}", Compile, 1, 4,
+     "join() has no keyword argument 'glue' (it takes sep)", ""),
     # ---- blocks -------------------------------------------------------------------------------
     ("unclosed-for", "a\n{% for x in xs %}\n{{ x }}", Syntax, 2, 1,
      "'{% for %}' at 2:1 is never closed (expected '{% endfor %}')", ""),
@@ -272,3 +291,58 @@ def test_compile_file_missing_or_not_utf8(tmp_path: object) -> None:
     bad.write_bytes(b"caf\xe9 {{ x }}")
     with pytest.raises(UsageError, match="cannot read template"):
         compile_file(bad)
+
+
+# ---- the hierarchy users catch ----------------------------------------------------------------
+
+
+def test_every_compile_error_is_a_template_error_and_no_run_time_failure_is() -> None:
+    compile_errors: list[type[QrunError]] = [TemplateSyntaxError, TemplateCompileError,
+                                             ConstraintError, TemplateErrors]
+    assert all(issubclass(cls, TemplateError) for cls in compile_errors)
+    run_time: list[type[QrunError]] = [GenerationError, EvaluationError, BackendError]
+    assert not any(issubclass(cls, TemplateError) for cls in run_time)
+    assert not issubclass(InputError, TemplateError) and issubclass(InputError, UsageError)
+    for cls in [*compile_errors, *run_time, InputError, UsageError, ModelLoadError]:
+        assert issubclass(cls, QrunError)
+    # Exit codes: 2 for template and usage errors, 1 for run-time failures.
+    exit_2: list[type[QrunError]] = [*compile_errors, InputError, UsageError, ModelLoadError]
+    assert {cls.exit_code for cls in exit_2} == {2}
+    assert {cls.exit_code for cls in run_time} == {1}
+
+
+def test_template_errors_group_is_caught_as_a_template_error() -> None:
+    with pytest.raises(TemplateError) as info:
+        compile_source("{{ gen a max_tokens=0 }}\n{{ x.__y }}", "t.tmpl")
+    group = info.value
+    assert isinstance(group, TemplateErrors) and len(group.errors) == 2
+    # The group reads as its first error, and renders all of them.
+    assert (group.span.line, group.message) == (1, group.errors[0].message)
+    assert str(group) == group.render() == "\n".join(e.render() for e in group.errors)
+    assert group.exit_code == 2
+
+
+def test_a_nested_group_is_flattened() -> None:
+    source = Source("t.tmpl", "ab")
+    one = TemplateSyntaxError("one", source.span_at(1, 1), source)
+    two = TemplateCompileError("two", source.span_at(0, 1), source)
+    group = TemplateErrors([one, TemplateErrors([two])])
+    assert [e.message for e in group.errors] == ["two", "one"]
+
+
+def test_run_time_errors_render_positions_like_template_errors() -> None:
+    source = Source("t.tmpl", "x\n{{ y }}")
+    for cls in (GenerationError, EvaluationError, InputError):
+        err = cls("bad", source.span_at(5, 1), source, ["a note"])
+        assert isinstance(err, PositionedError)
+        assert str(err) == "t.tmpl:2:4: error: bad\n  {{ y }}\n     ^\n  note: a note"
+    assert EvaluationError("e", source.span_at(0), source).exit_code == 1
+    assert InputError("e", source.span_at(0), source).exit_code == 2
+
+
+def test_an_unprintable_character_is_shown_as_a_replacement() -> None:
+    # A Python str may hold a lone surrogate; printing one would raise UnicodeEncodeError.
+    with pytest.raises(TemplateErrors) as info:
+        compile_source("ok \udc80 {{ x }}")
+    str(info.value).encode("utf-8")
+    assert "ok \ufffd {{ x }}" in str(info.value)

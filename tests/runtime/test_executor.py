@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -229,3 +230,70 @@ def test_patterns_and_schemas_from_values_are_checked_when_the_run_starts(
     assert message in info.value.message
     assert (info.value.span.line, info.value.span.column) == (1, column)
     assert counting.calls == 0  # before any model work
+
+
+def test_a_context_longer_than_the_model_takes_fails_before_any_forward(
+    tiny: TransformersBackend,
+) -> None:
+    # The tiny model takes 4096 positions; an input of ~6000 tokens fails at its
+    # interpolation, naming the length and the limit, with no forward at all.
+    counting = SteeredModel(tiny, name="counting")
+    long_text = "word " * 6000
+    with pytest.raises(qrun.GenerationError) as info:
+        qrun.Query("Read: {{ doc }}\nAnswer: {{ gen a max_tokens=3 }}").run(
+            model=counting, doc=long_text)
+    assert "4096" in info.value.message and "tokens" in info.value.message
+    assert (info.value.span.line, info.value.span.column) == (1, 7)
+    assert counting.calls == 0
+    # In a batch only that input fails.
+    results = qrun.Query("Read: {{ doc }}\nAnswer: {{ gen a max_tokens=3 }}").run_many(
+        [{"doc": "short"}, {"doc": long_text}, {"doc": "also short"}], model=tiny,
+        batch_size=3)
+    assert [type(r).__name__ for r in results] == ["Result", "GenerationError", "Result"]
+
+
+def test_generation_stops_at_the_models_maximum(tiny: TransformersBackend) -> None:
+    # A hole that would run past the maximum fails at the hole.
+    prompt = "word " * 4090
+    with pytest.raises(qrun.GenerationError, match="4096") as info:
+        qrun.Query("{{ doc }}{{ gen a max_tokens=50 }}").run(model=tiny, doc=prompt)
+    assert info.value.span.column == 10
+
+
+def test_without_a_seed_each_run_draws_one_and_reports_it(tiny: TransformersBackend) -> None:
+    query = qrun.Query("Story: {{ gen s max_tokens=8 temperature=1.0 }}")
+    first, second = query.run(model=tiny), query.run(model=tiny)
+    assert first.stats.seed != second.stats.seed
+    assert first["s"] != second["s"]
+    replayed = query.run(model=tiny, seed=first.stats.seed)
+    assert replayed["s"] == first["s"] and replayed.stats.seed == first.stats.seed
+
+
+def test_batch_items_get_seeds_derived_from_the_runs_seed(tiny: TransformersBackend) -> None:
+    query = qrun.Query("{{ word }}: {{ gen s max_tokens=6 temperature=1.0 }}")
+    rows = [{"word": "same"}] * 4
+    results = {}
+    for batch_size in (1, 3):
+        outcome = query.run_many(rows, model=tiny, seed=7, batch_size=batch_size)
+        results[batch_size] = [(r.stats.seed, r["s"]) for r in outcome
+                               if isinstance(r, qrun.Result)]
+    assert results[1] == results[3] and len(results[1]) == 4
+    assert len({seed for seed, _ in results[1]}) == 4  # one seed per item, none is 7 itself
+    assert len({text for _, text in results[1]}) > 1
+    again = query.run_many(rows, model=tiny, seed=7)
+    assert [(r.stats.seed, r["s"]) for r in again if isinstance(r, qrun.Result)] == results[1]
+
+
+def test_values_come_back_in_their_type(model: TransformersBackend) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    r = run(model, "A: {{ gen a regex=INT max_tokens=4 }}\nB: {{ gen b regex=FLOAT }}\n"
+            "C: {{ gen c regex=BOOL }}\nD: {{ gen d json=s max_tokens=12 }}\n"
+            "{% if a > -1000000 %}E: {{ d }}{% endif %}", s=schema)
+    assert isinstance(r["a"], int) and str(r["a"]) == r.holes["a"].text
+    assert isinstance(r["b"], float) and float(r.holes["b"].text) == r["b"]
+    assert r["c"] is (r.holes["c"].text == "true")
+    assert isinstance(r["d"], dict) and isinstance(r["d"]["n"], int)
+    assert r["d"] == json.loads(r.holes["d"].text)
+    # The rendered text keeps what the model wrote; a JSON value reads back as JSON.
+    assert f"A: {r.holes['a'].text}\n" in r.text
+    assert r.text.endswith("E: " + json.dumps(r["d"]))

@@ -1,0 +1,194 @@
+"""What a run did, token by token, for its trace (docs/trace.md): every token appended to the
+context or dropped from it, with its kind, the hole it belongs to and, for the model's choices,
+its log-probability. Always on (a tuple per token); with `detailed`, each sampled token also
+keeps the mask size and the top alternatives, which cost a partial sort of the logits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from qrun.backends.vocab import Vocabulary
+
+TOP_ALTERNATIVES = 5
+
+
+@dataclass(slots=True)
+class Event:
+    """One token appended to the context (kept until a `drop`); fields as in the trace."""
+
+    pos: int
+    id: int
+    kind: str
+    hole: int | None = None
+    logprob: float | None = None
+    mask_size: int | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+    option: int | None = None
+    kept: bool = True
+    dropped_by: str | None = None
+    cached: bool = False
+
+
+@dataclass(slots=True)
+class HoleEntry:
+    """One hole as the trace shows it (filled in when the hole ends)."""
+
+    name: str
+    kind: str
+    line: int
+    column: int
+    constraint: str | None = None
+    value: Any = None
+    text: str = ""
+    finish: str = ""
+    seconds: float = 0.0
+    options: list[tuple[str, float, float]] | None = None
+
+
+class Recorder:
+    """The events and holes of one run. `hole` is the hole being filled (its model tokens get
+    its index); `live[p]` is the index of the kept event at context position p."""
+
+    def __init__(self, vocab: Vocabulary, detailed: bool = False) -> None:
+        self.vocab = vocab
+        self.detailed = detailed
+        self.events: list[Event] = []
+        self.holes: list[HoleEntry] = []
+        self.hole: int | None = None
+        self.live: list[int] = []
+
+    # ---- the context ---------------------------------------------------------------------------
+
+    def fixed(self, pos: int, token_ids: Sequence[int]) -> None:
+        """Tokens of text that is not the model's choice, appended at `pos`."""
+        for k, token in enumerate(token_ids):
+            self._add(Event(pos + k, token, "fixed"))
+
+    def chosen(self, pos: int, token: int, kind: str, logprob: float | None,
+               mask_size: int | None = None, top: list[tuple[int, float]] | None = None,
+               option: int | None = None) -> None:
+        """A token of the current hole appended at `pos` ("sampled", "forced", "healed" or
+        "select")."""
+        self._add(Event(pos, token, kind, self.hole, logprob, mask_size, top or [], option))
+
+    def unchosen(self, pos: int, token: int, logprob: float | None, option: int,
+                 reason: str = "select") -> None:
+        """A token the model scored but the context never kept (a losing select option)."""
+        self.events.append(Event(pos, token, "select", self.hole, logprob, option=option,
+                                 kept=False, dropped_by=reason))
+
+    def ended(self, pos: int, token: int, logprob: float | None) -> None:
+        """The end-of-sequence token that ended the current hole (never in the context)."""
+        self.events.append(Event(pos, token, "sampled", self.hole, logprob, kept=False,
+                                 dropped_by="rollback"))
+
+    def drop(self, length: int, reason: str) -> None:
+        """Every kept token from position `length` on left the context."""
+        while len(self.live) > length:
+            event = self.events[self.live.pop()]
+            event.kept, event.dropped_by = False, reason
+
+    def cached(self, start: int, end: int) -> None:
+        """The KV of positions [start, end) came from the prefix cache."""
+        for pos in range(start, min(end, len(self.live))):
+            self.events[self.live[pos]].cached = True
+
+    def _add(self, event: Event) -> None:
+        if event.pos != len(self.live):  # a bug in a caller: positions must stay in step
+            raise AssertionError(f"trace: a token at {event.pos}, context {len(self.live)}")
+        self.live.append(len(self.events))
+        self.events.append(event)
+
+    # ---- holes ---------------------------------------------------------------------------------
+
+    def begin_hole(self, name: str, kind: str, line: int, column: int) -> None:
+        self.holes.append(HoleEntry(name, kind, line, column))
+        self.hole = len(self.holes) - 1
+
+    def end_hole(self, **fields: Any) -> None:
+        if self.hole is not None:
+            entry = self.holes[self.hole]
+            for key, value in fields.items():
+                setattr(entry, key, value)
+        self.hole = None
+
+    def alternatives(self, logits: torch.Tensor, mask: torch.Tensor | None
+                     ) -> tuple[int | None, list[tuple[int, float]]]:
+        """The mask's size and the most likely allowed tokens with their log-probabilities
+        (under the masked distribution at temperature 1), when detailed; else (None, [])."""
+        if not self.detailed:
+            return None, []
+        values = logits.detach().float().cpu().numpy()
+        if mask is not None:
+            allowed = mask.numpy()
+            values = np.where(allowed, values, -np.inf)
+            size: int | None = int(allowed.sum())
+        else:
+            size = None
+        top = np.argpartition(-values, TOP_ALTERNATIVES)[:TOP_ALTERNATIVES + 1]
+        top = top[np.argsort(-values[top])]
+        finite = values[np.isfinite(values)]
+        norm = float(finite.max() + np.log(np.exp(finite - finite.max()).sum()))
+        return size, [(int(t), float(values[t]) - norm) for t in top
+                      if math.isfinite(values[t])][:TOP_ALTERNATIVES]
+
+    # ---- out -----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """"events" and "holes" in the trace format (docs/trace.md)."""
+        spans: dict[int, list[int]] = {}
+        for i, event in enumerate(self.events):
+            if event.hole is not None:
+                spans.setdefault(event.hole, [i, i])[1] = i
+        return {"events": [self._event(e) for e in self.events],
+                "holes": [self._hole(i, h, spans.get(i)) for i, h in enumerate(self.holes)]}
+
+    def _event(self, event: Event) -> dict[str, Any]:
+        return {
+            "pos": event.pos, "id": event.id, "text": self._text(event.id), "kind": event.kind,
+            "kept": event.kept, "dropped_by": event.dropped_by, "cached": event.cached,
+            "hole": event.hole, "logprob": _finite(event.logprob),
+            "prob": None if _finite(event.logprob) is None else math.exp(event.logprob or 0.0),
+            "mask_size": event.mask_size,
+            "top": [{"id": t, "text": self._text(t), "logprob": lp} for t, lp in event.top],
+            "option": event.option,
+        }
+
+    def _hole(self, index: int, hole: HoleEntry, span: list[int] | None) -> dict[str, Any]:
+        options = None
+        if hole.options is not None:
+            options = [{"text": text, "logprob": logprob, "prob": prob}
+                       for text, logprob, prob in hole.options]
+        return {
+            "index": index, "name": hole.name, "kind": hole.kind,
+            "constraint": hole.constraint, "value": _json_safe(hole.value), "text": hole.text,
+            "finish": hole.finish or ("select" if hole.kind == "select" else "stop"),
+            "seconds": hole.seconds, "span": {"line": hole.line, "column": hole.column},
+            "first_event": span[0] if span else None, "last_event": span[1] if span else None,
+            "options": options,
+        }
+
+    def _text(self, token: int) -> str:
+        data = self.vocab.token_bytes[token] if 0 <= token < self.vocab.size else None
+        return (data or b"").decode("utf-8", errors="replace")
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _json_safe(value: Any) -> Any:
+    """A captured value with NaN/Infinity (a FLOAT value of 1e999) as null: traces are JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
