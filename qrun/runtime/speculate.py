@@ -18,6 +18,15 @@ MAX_DRAFT = 8
 one on a CPU (the weights are read once), up to a point (bench/RESULTS.md, speculation)."""
 
 
+def next_limit(accepted: int | None) -> int:
+    """How many tokens to draft after a draft of which `accepted` were taken (None: no draft
+    yet): one after a miss (a wrong guess then costs one position), growing with each hit, so
+    text the model copies gets long drafts and text it does not gets almost no extra work."""
+    if accepted is None:
+        return 2
+    return min(MAX_DRAFT, 2 * accepted + 1)
+
+
 class PromptLookup:
     """An index of the context's n-grams (MIN_NGRAM..MAX_NGRAM tokens) to the most recent
     position each started at with a token after it, kept in step with one session's token
@@ -27,6 +36,7 @@ class PromptLookup:
         self._starts: list[dict[tuple[int, ...], int]] = []
         self._indexed = 0  # n-grams ending before this position are indexed
         self._ids: list[int] = []  # the token ids indexed so far
+        self._last: tuple[int, list[int]] | None = None  # (context length, draft) last time
         self._reset()
 
     def _reset(self) -> None:
@@ -34,15 +44,33 @@ class PromptLookup:
         self._indexed = 0
         self._ids = []
 
-    def propose(self, token_ids: Sequence[int], limit: int = MAX_DRAFT) -> list[int]:
-        """Up to `limit` tokens that followed the longest earlier occurrence of the context's
-        suffix, or [] when no suffix of at least MIN_NGRAM tokens occurred before."""
+    def propose(self, token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+        """Tokens that followed the longest earlier occurrence of the context's suffix, or []
+        when no suffix of at least MIN_NGRAM tokens occurred before: `limit` of them, or by
+        default as many as the last draft's success earns (next_limit)."""
+        if limit is None:
+            limit = next_limit(self._accepted(token_ids))
         self._catch_up(token_ids)
+        draft: list[int] = []
         for n in range(min(MAX_NGRAM, len(token_ids) - 1), MIN_NGRAM - 1, -1):
             start = self._starts[n].get(tuple(token_ids[-n:]))
             if start is not None:
-                return list(token_ids[start + n : start + n + limit])
-        return []
+                draft = list(token_ids[start + n : start + n + limit])
+                break
+        self._last = (len(token_ids), draft) if draft else self._last
+        return draft
+
+    def _accepted(self, token_ids: Sequence[int]) -> int | None:
+        """How many tokens of the last draft the context now holds after where it was made."""
+        if self._last is None:
+            return None
+        at, draft = self._last
+        taken = 0
+        for guess, token in zip(draft, token_ids[at:], strict=False):
+            if guess != token:
+                break
+            taken += 1
+        return taken
 
     def _catch_up(self, token_ids: Sequence[int]) -> None:
         known = self._ids

@@ -137,3 +137,11 @@ def test_the_converted_default_model_names_its_architecture() -> None:
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in config
+
+
+def test_the_converted_tokenizer_splits_digits_as_smollm2_does(tiny: Any) -> None:
+    # The GGUF names its pre-tokenizer "smollm" (digits split first); transformers' GGUF
+    # loader wrote a plain ByteLevel one, which merged "\n\n" before a digit differently.
+    assert [tiny.decode([t]) for t in tiny.encode("a\n\n1")] == ["a", "\n\n", "1"]
+    digits = tiny.encode("12345")
+    assert len(digits) == 5 and tiny.decode(digits) == "12345"

@@ -155,3 +155,14 @@ def test_drafts_respect_the_constraint_and_the_budget(tiny: TransformersBackend)
                    ).run(model=model)
     assert r["c"].startswith("ZZ-") and len(r["c"]) == 6
     assert r.stats.drafted_tokens <= 3 * r.stats.forward_calls
+
+
+def test_draft_length_follows_the_last_drafts_success() -> None:
+    lookup = PromptLookup()
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    assert lookup.propose(text) == [3, 4]  # a first draft is short
+    # The model wrote both guessed tokens: the next draft may be longer (2 * 2 + 1).
+    assert lookup.propose([*text, 3, 4]) == [5, 6, 7, 8, 9]
+    # It wrote none of them: one token next time.
+    assert lookup.propose([*text, 3, 4, 99, 1, 2]) == [3]
+    assert lookup.propose([7, 8, 9]) == []  # no earlier occurrence of the suffix
