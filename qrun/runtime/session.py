@@ -156,9 +156,9 @@ class Session:
             self._into_prefix_cache(start)
 
     def _drop_ahead(self) -> None:
-        """Take the drafted tokens not taken out of the cache."""
+        """Take the drafted tokens not taken out of the cache (counted as drafted and not
+        accepted, not in rollback_tokens: that counts the template's own rework)."""
         if self.ahead:
-            self.stats.rollback_tokens += len(self.ahead)
             self.cache.crop(self.fed)
             self.ahead, self._ahead_logits = [], []
 

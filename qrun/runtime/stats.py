@@ -50,6 +50,14 @@ class Stats:
     mask_s: float = 0.0
     load_s: float = 0.0
 
+    @property
+    def rework_tokens(self) -> int:
+        """Positions computed that the final context does not hold: the template's rework
+        (rollback_tokens) and drafted tokens the model did not choose. A run never computes
+        more than its context and these: forward_tokens <= context_tokens + rework_tokens
+        (docs/language.md §14.2)."""
+        return self.rollback_tokens + self.drafted_tokens - self.accepted_tokens
+
     def to_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = asdict(self)
         for key in ("wall_s", "model_s", "mask_s", "load_s"):

@@ -4,7 +4,8 @@ the token is kept if the following fixed text begins with exactly those bytes, e
 back; either way the context holds the text the user reads, and the next logits are those of
 a fresh forward over the same ids.
 
-The tiny model is steered (tests/doubles.py) to write a chosen token script."""
+The tiny model is steered (tests/doubles.py) to write a chosen token script. Speculation is off:
+these tests read the last forward's exact ids (tests/runtime/test_speculation.py covers it)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_a_token_spanning_the_stop_and_the_next_text_is_kept(tiny: TransformersB
     # The model writes "Alice" then `",` (one token); the template goes on with `", "age": `.
     quote_comma = token(tiny, '",')
     backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote_comma])
-    result = qrun.Query(PREFIX + NAME_HOLE + '", "age": ' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + NAME_HOLE + '", "age": ' + NEXT_HOLE).run(
+        model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert result.holes["n"].finish == "stop"
@@ -70,7 +72,7 @@ def test_a_token_spanning_the_stop_is_rolled_back_when_the_text_differs(
 ) -> None:
     # Same hole, but the template closes the object instead: `",` cannot stay.
     backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), token(tiny, '",')])
-    result = qrun.Query(PREFIX + NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     # `",` was sampled but never fed (the hole ended on it), so no computed position is
@@ -93,7 +95,8 @@ def test_a_fed_token_before_a_two_token_stop_is_rolled_back_and_counted(
     hole = "{{ gen n stop='\"}' max_tokens=6 heal=false }}"
     script = [*tiny.encode("Alice"), token(tiny, '"'), token(tiny, "}")]
     backend = scripted(tiny, PREFIX, script)
-    result = qrun.Query(PREFIX + hole + '", "age": ' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + hole + '", "age": ' + NEXT_HOLE).run(
+        model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
@@ -111,7 +114,7 @@ def test_a_two_token_stop_is_kept_when_the_text_continues_with_it(
     hole = "{{ gen n stop='\"}' max_tokens=6 heal=false }}"
     quote, brace = token(tiny, '"'), token(tiny, "}")
     backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote, brace])
-    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert stats.boundary_kept == 1 and stats.boundary_dropped == 0
@@ -144,7 +147,8 @@ def test_a_stop_inside_a_longer_token(
     tiny: TransformersBackend, last: str, value: str, after: str, kept: bool
 ) -> None:
     backend = scripted(tiny, "Name: ", [*tiny.encode("Alice"), token(tiny, last)])
-    result = qrun.Query("Name: " + LINE_HOLE + after + NEXT_HOLE).run(model=backend)
+    result = qrun.Query("Name: " + LINE_HOLE + after + NEXT_HOLE).run(
+        model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == value
     assert result.holes["n"].finish == "stop"
@@ -172,7 +176,7 @@ def test_a_hole_that_ends_without_a_stop_has_no_boundary(tiny: TransformersBacke
     alice = tiny.encode("Alice")
     hole = "{{ gen n stop='\"' max_tokens=" + str(len(alice)) + " heal=false }}"
     backend = scripted(tiny, PREFIX, [*alice, token(tiny, '",')])
-    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + hole + '"}\n' + NEXT_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert result.holes["n"].finish == "max_tokens"
@@ -188,7 +192,7 @@ def test_an_overshoot_before_another_hole_is_rolled_back(tiny: TransformersBacke
     # No fixed text follows the stop: `",` cannot be kept (it is not part of any text).
     quote_comma = token(tiny, '",')
     backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), quote_comma])
-    result = qrun.Query(PREFIX + NAME_HOLE + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + NAME_HOLE + NEXT_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert stats.boundary_kept == 0 and stats.boundary_dropped == 1
@@ -203,7 +207,7 @@ def test_an_overshoot_at_the_end_of_the_template_is_rolled_back(
     tiny: TransformersBackend,
 ) -> None:
     backend = scripted(tiny, PREFIX, [*tiny.encode("Alice"), token(tiny, '",')])
-    result = qrun.Query(PREFIX + NAME_HOLE).run(model=backend)
+    result = qrun.Query(PREFIX + NAME_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert result.text == '{"name": "Alice'
@@ -221,7 +225,7 @@ def test_a_stop_hole_that_opens_the_template_rolls_back_only_the_overshoot(
 ) -> None:
     # The model's start token comes first.
     backend = scripted(tiny, "", [*tiny.encode("Alice"), token(tiny, '",')], start=1)
-    result = qrun.Query(NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend)
+    result = qrun.Query(NAME_HOLE + '"}\n' + NEXT_HOLE).run(model=backend, speculate=False)
     stats = result.stats
     assert result["n"] == "Alice"
     assert stats.boundary_kept == 0 and stats.boundary_dropped == 1

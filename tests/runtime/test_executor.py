@@ -147,7 +147,7 @@ def test_the_context_is_the_text_the_user_reads(model: TransformersBackend, temp
         context = model.tokenizer.decode(r.token_ids, skip_special_tokens=False)
         assert context == r.text
         assert r.stats.context_tokens == len(r.token_ids)
-        assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rollback_tokens
+        assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
 
 
 def test_a_stop_ends_a_regex_hole_only_where_the_value_matches(
