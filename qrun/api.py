@@ -20,32 +20,41 @@ if TYPE_CHECKING:
 
 
 class Query:
-    """A compiled template, ready to run many times.
+    """A compiled template, ready to run many times. A template given as text includes other
+    files (`{% include %}`) only from `include_dir`.
 
     Raises (on construction from text):
         TemplateErrors: the template does not compile (every error found, with positions).
     """
 
-    def __init__(self, template: str | Program, name: str = "<string>") -> None:
+    def __init__(self, template: str | Program, name: str = "<string>",
+                 include_dir: str | os.PathLike[str] | None = None) -> None:
         self.program: Program = (template if isinstance(template, Program)
-                                 else compile_source(template, name))
+                                 else compile_source(template, name, include_dir))
         self._models: dict[tuple[Any, ...], Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> Query:
-        """Compile a .tmpl file (errors are reported under its path).
+    def from_file(cls, path: str | os.PathLike[str],
+                  include_dir: str | os.PathLike[str] | None = None) -> Query:
+        """Compile a .tmpl file (errors are reported under its path); its includes stay inside
+        `include_dir`, by default the file's folder.
 
         Raises:
             UsageError: the file cannot be read.
             TemplateErrors: the template does not compile.
         """
-        return cls(compile_file(path))
+        return cls(compile_file(path, include_dir))
 
     @property
     def inputs(self) -> tuple[str, ...]:
         """The names a run must supply."""
         return self.program.inputs
+
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        """The names a run may supply (tested with `is defined`, or given a `default`)."""
+        return self.program.optional_inputs
 
     def run(
         self,

@@ -99,13 +99,37 @@ class If:
 
 @dataclass(frozen=True, slots=True)
 class For:
-    """`{% for target in iterable %} body {% endfor %}`; `span` is the opening tag."""
+    """`{% for target in iterable %} body {% endfor %}`; `span` is the opening tag. Several
+    `targets` (`for k, v in d.items()`) unpack each item; `target_spans` are theirs."""
 
-    target: str
+    targets: tuple[str, ...]
     iterable: Expr
     body: tuple[Node, ...]
     span: Span
-    target_span: Span
+    target_spans: tuple[Span, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """`{% break %}`: leave the innermost loop."""
+
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """`{% continue %}`: go on with the innermost loop's next item."""
+
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Include:
+    """`{% include "file.tmpl" %}`: `template` as written (the compiler requires a string
+    literal and loads the file, lang/include.py)."""
+
+    template: Expr
+    span: Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +152,7 @@ class Role:
     span: Span
 
 
-Node = Text | Interp | Gen | Select | If | For | Set | Role
+Node = Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +173,7 @@ def children(node: Node) -> Iterator[Node]:
             yield from orelse or ()
         case For(body=body) | Role(body=body):
             yield from body
-        case Text() | Interp() | Gen() | Select() | Set():
+        case Text() | Interp() | Gen() | Select() | Set() | Break() | Continue() | Include():
             pass
 
 

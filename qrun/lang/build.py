@@ -53,7 +53,7 @@ class _Frame:
 
     kind: str  # "if", "for", or a role name
     span: Span
-    target: tuple[str, Span] | None = None  # a for loop's variable
+    targets: tuple[tuple[str, Span], ...] = ()  # a for loop's variables
     iterable: ex.Expr | None = None  # a for loop's iterable
     body: list[ast.Node] = field(default_factory=list)
     arms: list[ast.IfArm] = field(default_factory=list)
@@ -211,6 +211,12 @@ class _Builder:
             self.open(body, span)
         elif kind in ("elif_tag", "else_tag"):
             self.branch(body, span)
+        elif kind == "break_tag":
+            self.add(ast.Break(span))
+        elif kind == "continue_tag":
+            self.add(ast.Continue(span))
+        elif kind == "include_tag":
+            self.add(ast.Include(self.exprs.expr(body.children[0]), span))
         else:
             self.end(_end_kind(body), span)
 
@@ -224,9 +230,9 @@ class _Builder:
         if kind == "if":
             frame.arms.append(ast.IfArm(self.exprs.expr(body.children[0]), (), span))
         elif kind == "for":
-            target, iterable = body.children
-            assert isinstance(target, Token)
-            frame.target = (str(target), self.token_span(target))
+            *targets, iterable = body.children
+            frame.targets = tuple((str(t), self.token_span(t)) for t in targets
+                                  if isinstance(t, Token))
             frame.iterable = self.exprs.expr(iterable)
         self.stack.append(frame)
 
@@ -234,8 +240,11 @@ class _Builder:
         frame = self.stack[-1]
         word = "elif" if body.data == "elif_tag" else "else"
         if frame.kind != "if":
-            notes = () if len(self.stack) == 1 else (
+            notes: tuple[str, ...] = () if len(self.stack) == 1 else (
                 f"the innermost open block is {frame.opener} at {frame.span}",)
+            if frame.kind == "for" and word == "else":
+                notes += ("a loop has no '{% else %}' in qrun: test `{% if not items %}` "
+                          "before or after it",)
             self.fail(f"'{{% {word} %}}' outside of an '{{% if %}}' block", span, notes)
             return
         if frame.orelse is not None:
@@ -281,9 +290,9 @@ class _Builder:
             orelse = tuple(frame.orelse) if frame.orelse is not None else None
             node = ast.If(tuple(frame.arms), orelse, frame.span, frame.else_span)
         elif frame.kind == "for":
-            assert frame.target is not None and frame.iterable is not None
-            node = ast.For(frame.target[0], frame.iterable, tuple(frame.body), frame.span,
-                           frame.target[1])
+            assert frame.targets and frame.iterable is not None
+            node = ast.For(tuple(n for n, _ in frame.targets), frame.iterable,
+                           tuple(frame.body), frame.span, tuple(s for _, s in frame.targets))
         else:
             node = ast.Role(frame.kind, tuple(frame.body), frame.span)
         self.add(node)
@@ -392,9 +401,9 @@ class ExprBuilder:
         data, kids = str(node.data), node.children
         if data in _LEAVES:
             return self.leaf(data, kids, span)
-        if data in ("sum", "term"):
+        if data in ("sum", "term", "concat"):
             return self.fold(kids, depth + 1)
-        if data in ("call", "filter", "slice", "dict", "attr"):
+        if data in ("call", "filter", "slice", "dict", "attr", "method", "test", "test_not"):
             return self.special(data, kids, span, depth + 1)
         sub = [self.expr(k, depth + 1) for k in kids if isinstance(k, Tree) and k.data
                not in ("comp_op", "unary_op")]
@@ -447,6 +456,13 @@ class ExprBuilder:
         if data == "filter":
             args, kwargs = self.call_args(kids[2], span, depth)
             return ex.Filter(obj, str(kids[1]), args, kwargs, span)
+        if data == "method":
+            args, kwargs = self.call_args(kids[2], span, depth)
+            return ex.Method(obj, str(kids[1]), args, kwargs, span)
+        if data in ("test", "test_not"):
+            args, kwargs = self.call_args(kids[2], span, depth)
+            args += tuple(value for _, value in kwargs)  # refused with the test's name
+            return ex.Test(obj, _test_name(kids[1]), args, data == "test_not", span)
         parts = [self.slice_part(k, depth) for k in kids[1:]]
         return ex.Slice(obj, parts[0], parts[1], parts[2] if len(parts) > 2 else None, span)
 
@@ -523,6 +539,13 @@ class ExprBuilder:
 
 _LEAVES = frozenset({"name", "number", "string", "true", "false", "none"})
 _CONSTANTS: dict[str, bool | None] = {"true": True, "false": False, "none": None}
+
+
+def _test_name(node: Item | None) -> str:
+    """`is none`, `is true` and `is false` come as keyword trees, other tests as names."""
+    if isinstance(node, Tree):
+        return str(node.data).removesuffix("_test")
+    return str(node)
 
 
 def _op_text(node: Item) -> str:

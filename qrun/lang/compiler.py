@@ -1,45 +1,51 @@
 """Stage 3: ast.Template -> ir.Program. Resolves names (inputs, captures, set and loop
-variables), lowers holes (their arguments, constraints and the front matter are checked by
-lang/args.py), and runs every static check, reporting all errors at once as TemplateErrors.
-compile_source/compile_file run the whole front end."""
+variables; which inputs are optional), lowers holes (their arguments, constraints and the front
+matter are checked by lang/args.py), expands includes (lang/include.py), and runs every static
+check, reporting all errors at once as TemplateErrors. compile_source/compile_file run the
+whole front end."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 
 from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.args import ArgChecker, pattern_name, suggest
-from qrun.lang.build import MAX_ERRORS, build_ast
-from qrun.lang.evaluate import FUNCTIONS, LOOP_FIELDS, keyword_error
-from qrun.lang.parser import parse
-from qrun.lang.text import check_encodable, decode_template, normalize_text
+from qrun.lang.build import MAX_ERRORS
+from qrun.lang.evaluate import LOOP_FIELDS
+from qrun.lang.flow import Context, Flow, guards
+from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
+from qrun.lang.include import Includes, load_template
+from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
+from qrun.lang.text import decode_template, normalize_text
 from qrun.source import Source, Span
 
+PathLike = str | os.PathLike[str]
 
-def compile_source(text: str, name: str = "<string>") -> ir.Program:
+
+def compile_source(text: str, name: str = "<string>", include_dir: PathLike | None = None
+                   ) -> ir.Program:
     """Parse, build and compile template `text` (reported under `name`). The text is
     normalized first (lang/text.py: newlines as Jinja writes them, no byte order mark).
+    `{% include %}` is refused unless `include_dir` names the folder to include from.
 
     Raises:
         TemplateErrors: every error found, in source order (a syntax error stops the parse, and
             text that cannot be encoded stops it before, so either is reported alone).
     """
     source = Source(name, normalize_text(text))
-    try:
-        unencodable = check_encodable(source)
-        if unencodable is not None:
-            raise unencodable
-        tree = parse(source)
-    except TemplateError as err:
-        raise TemplateErrors([err]) from None
-    return compile_template(build_ast(tree, source), source)
+    folder = os.fspath(include_dir) if include_dir is not None else None
+    return compile_template(load_template(source), source, Includes(folder, folder or "."))
 
 
-def compile_file(path: str | os.PathLike[str]) -> ir.Program:
-    """Compile the UTF-8 template file at `path`; errors are reported under that path.
+def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Program:
+    """Compile the UTF-8 template file at `path`; errors are reported under that path. Its
+    includes are relative to the including file, and stay inside `include_dir` (by default
+    the folder of `path`).
 
     Raises:
         UsageError: the file cannot be read, or is not UTF-8 (a UTF-16 file is named so).
@@ -51,74 +57,56 @@ def compile_file(path: str | os.PathLike[str]) -> ir.Program:
             data = handle.read()
     except OSError as err:
         raise UsageError(f"cannot read template {name}: {err}") from None
-    return compile_source(decode_template(data, name), name)
+    source = Source(name, normalize_text(decode_template(data, name)))
+    root = os.fspath(include_dir) if include_dir is not None else None
+    return compile_template(load_template(source), source, Includes.for_file(name, root))
 
 
-def compile_template(template: ast.Template, source: Source) -> ir.Program:
-    """Check `template` and lower it to the IR.
+def compile_template(template: ast.Template, source: Source, includes: Includes | None = None
+                     ) -> ir.Program:
+    """Check `template` and lower it to the IR; `includes` resolves `{% include %}` (by
+    default includes are refused).
 
     Raises:
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
     """
-    compiler = _Compiler(source, template)
+    compiler = _Compiler(source, template, includes or Includes(None))
     options, model, declared = compiler.args.front_matter(template.front_matter,
                                                           compiler.check_new_name)
     compiler.declared = declared
     try:
-        ops = compiler.body(template.body, _Flow(), _Context())
+        ops = compiler.body(template.body, Flow(), Context())
     except _TooManyErrors:
         ops = ()
     if compiler.errors:
         raise TemplateErrors(compiler.errors[:MAX_ERRORS])
-    inputs = declared if declared is not None else tuple(compiler.free)
-    spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in inputs}
-    return ir.Program(ops, inputs, declared is not None, tuple(compiler.captures), options, model,
-                      source, spans)
+    names = declared if declared is not None else tuple(compiler.free)
+    optional = tuple(n for n in names if n in compiler.safe_uses and n not in compiler.required)
+    spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in names}
+    return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
+                      tuple(compiler.captures), options, model, source, spans, optional)
 
 
 class _TooManyErrors(Exception):
     """Stops the walk once MAX_ERRORS errors are collected."""
 
 
-@dataclass
-class _Flow:
-    """What is known at one point of the template, along every path that reaches it."""
-
-    bound: set[str] = field(default_factory=set)  # captured or set on every path
-    captured: dict[str, Span] = field(default_factory=dict)  # captured on some path
-    sets: dict[str, Span] = field(default_factory=dict)  # set on some path
-
-    def copy(self) -> _Flow:
-        return _Flow(set(self.bound), dict(self.captured), dict(self.sets))
-
-    def merge(self, branches: list[_Flow]) -> None:
-        """Join point after if/elif/else: bound on every branch, captured/set on any."""
-        self.bound = set.intersection(*(b.bound for b in branches))
-        for branch in branches:
-            self.captured.update(branch.captured)
-            self.sets.update(branch.sets)
-
-
-@dataclass(frozen=True)
-class _Context:
-    """The lexical context: loop variables, whether inside a loop, the enclosing role."""
-
-    locals: frozenset[str] = frozenset()
-    in_loop: bool = False
-    role: ast.Role | None = None
-
-
 class _Compiler:
-    def __init__(self, source: Source, template: ast.Template) -> None:
+    def __init__(self, source: Source, template: ast.Template, includes: Includes) -> None:
         self.source = source
         self.errors: list[TemplateError] = []
         self.declared: tuple[str, ...] | None = None
         self.free: list[str] = []  # inputs discovered as free variables, in first-use order
         self.first_use: dict[str, Span] = {}  # where each input is first used
+        self.required: set[str] = set()  # inputs used where an undefined value is an error
+        self.safe_uses: set[str] = set()  # ... and where it is not (`is defined`, `default`)
         self.captures: list[str] = []
         self.holes = _first_spans(template.body, ast.Gen, ast.Select)  # for "captured later"
         self.sets = _first_spans(template.body, ast.Set)
         self.args = ArgChecker(source, self.errors)
+        self.includes = includes
+        self.includes.start(source)
+        self.site: Span | None = None  # the outermost include tag, inside an included file
 
     @property
     def declared_at(self) -> dict[str, Span]:
@@ -130,7 +118,7 @@ class _Compiler:
 
     # ---- statements --------------------------------------------------------------------------
 
-    def body(self, nodes: tuple[ast.Node, ...], flow: _Flow, ctx: _Context
+    def body(self, nodes: tuple[ast.Node, ...], flow: Flow, ctx: Context
              ) -> tuple[ir.Op, ...]:
         ops: list[ir.Op] = []
         for node in nodes:
@@ -141,7 +129,7 @@ class _Compiler:
                 ops.append(op)
         return _merge_text(ops)
 
-    def node(self, node: ast.Node, flow: _Flow, ctx: _Context) -> ir.Op | None:
+    def node(self, node: ast.Node, flow: Flow, ctx: Context) -> ir.Op | None:
         match node:
             case ast.Text(text=text, span=span):
                 return ir.EmitText(text, span)
@@ -162,35 +150,66 @@ class _Compiler:
                 return ir.Set(name, value, span)
             case ast.Role():
                 return self.role(node, flow, ctx)
+            case ast.Break() | ast.Continue():
+                return self.loop_control(node, flow, ctx)
+            case ast.Include():
+                return self.include(node, flow, ctx)
         return None
 
-    def if_(self, node: ast.If, flow: _Flow, ctx: _Context) -> ir.If:
+    def if_(self, node: ast.If, flow: Flow, ctx: Context) -> ir.If:
         branches: list[ir.Branch] = []
-        flows: list[_Flow] = []
+        flows: list[Flow] = []
+        known = frozenset[str]()  # defined because an earlier arm's test was false
         for arm in node.arms:
-            self.expr(arm.test, flow, ctx)
+            self.expr(arm.test, flow, ctx.knowing(known))
+            when_true, when_false = guards(arm.test)
             arm_flow = flow.copy()
-            branches.append(ir.Branch(arm.test, self.body(arm.body, arm_flow, ctx), arm.span))
+            body = self.body(arm.body, arm_flow, ctx.knowing(known | when_true))
+            branches.append(ir.Branch(arm.test, body, arm.span))
             flows.append(arm_flow)
+            known |= when_false
         else_flow = flow.copy()
-        orelse = self.body(node.orelse or (), else_flow, ctx)
+        orelse = self.body(node.orelse or (), else_flow, ctx.knowing(known))
         flow.merge([*flows, else_flow])
         return ir.If(tuple(branches), orelse, node.span)
 
-    def for_(self, node: ast.For, flow: _Flow, ctx: _Context) -> ir.For:
+    def for_(self, node: ast.For, flow: Flow, ctx: Context) -> ir.For:
         self.expr(node.iterable, flow, ctx)
-        self.check_new_name(node.target, node.target_span, "loop variable")
-        inner = replace(ctx, locals=ctx.locals | {node.target, "loop"}, in_loop=True)
+        for index, (target, span) in enumerate(zip(node.targets, node.target_spans,
+                                                   strict=True)):
+            if self.check_new_name(target, span, "loop variable") \
+                    and target in node.targets[:index]:
+                self.fail(f"loop variable '{target}' appears twice", span)
+        exits: list[Flow] = []
+        inner = replace(ctx, locals=ctx.locals | {*node.targets, "loop"}, in_loop=True,
+                        exits=exits)
         body_flow = flow.copy()
         body = self.body(node.body, body_flow, inner)
-        # Captures in the body are lists after the loop; `set`s stay local to the body.
+        # Captures in the body are lists after the loop; `set`s stay local to the body. A
+        # capture is bound after the loop when every iteration that reaches the end of the
+        # body has it (one cut short by break/continue adds no item); when none reaches the
+        # end, when every break/continue has it.
+        ends = [body_flow] if not body_flow.dead else [f for f in exits if not f.dead]
+        end_bound = set.intersection(*(f.bound for f in ends)) if ends else set()
         new_captures = {n for n in body_flow.captured if n not in flow.captured}
-        flow.bound |= body_flow.bound & new_captures
+        flow.bound |= end_bound & new_captures
         flow.captured.update(body_flow.captured)
         flow.sets.update(body_flow.sets)
-        return ir.For(node.target, node.iterable, body, node.span)
+        return ir.For(node.targets, node.iterable, body, node.span)
 
-    def role(self, node: ast.Role, flow: _Flow, ctx: _Context) -> ir.Role:
+    def loop_control(self, node: ast.Break | ast.Continue, flow: Flow, ctx: Context
+                     ) -> ir.Break | ir.Continue:
+        word = "break" if isinstance(node, ast.Break) else "continue"
+        if ctx.exits is None:
+            notes = ["an included template cannot end the loop it is included in"
+                     ] if ctx.in_loop else []
+            self.fail(f"'{{% {word} %}}' outside a loop", node.span, *notes)
+        else:
+            ctx.exits.append(flow.copy())
+        flow.dead = True
+        return ir.Break(node.span) if word == "break" else ir.Continue(node.span)
+
+    def role(self, node: ast.Role, flow: Flow, ctx: Context) -> ir.Role:
         if ctx.role is not None:
             outer = ctx.role
             self.fail(f"'{{% {node.role} %}}' inside '{{% {outer.role} %}}': roles cannot nest",
@@ -198,9 +217,55 @@ class _Compiler:
         body = self.body(node.body, flow, replace(ctx, role=node))
         return ir.Role(node.role, body, node.span)
 
+    # ---- includes ----------------------------------------------------------------------------
+
+    def include(self, node: ast.Include, flow: Flow, ctx: Context) -> ir.Include | None:
+        """The included template's body, compiled where the tag is (its captures and sets
+        count as the includer's); errors inside it get a note naming the tag."""
+        first_error = len(self.errors)
+        loaded = self.includes.load(node, self.source)
+        if isinstance(loaded, list):
+            self.errors.extend(loaded)
+            self.note_included(first_error, node.span)
+            return None
+        name, source, template = loaded
+        for table, found in ((self.holes, _first_spans(template.body, ast.Gen, ast.Select)),
+                             (self.sets, _first_spans(template.body, ast.Set))):
+            for key, span in found.items():
+                table.setdefault(key, span)
+        try:
+            with self.includes.entered(source, node.span), self.in_source(
+                    source, node.span):
+                body = self.body(template.body, flow, replace(ctx, exits=None))
+        finally:
+            self.note_included(first_error, node.span)
+        return ir.Include(name, source, body, node.span)
+
+    @contextmanager
+    def in_source(self, source: Source, tag: Span) -> Iterator[None]:
+        """Errors are reported in `source`; inputs first used there, at the outermost tag."""
+        outer, outer_site = self.source, self.site
+        self.source = self.args.source = source
+        self.site = outer_site or tag
+        try:
+            yield
+        finally:
+            self.source = self.args.source = outer
+            self.site = outer_site
+
+    def note_included(self, first_error: int, tag: Span) -> None:
+        """Errors from `first_error` on that lie in another file get a note naming the tag
+        (in self.source) that includes it."""
+        where = f"included from {self.source.name}:{tag}"
+        for index in range(first_error, len(self.errors)):
+            err = self.errors[index]
+            if err.source is not self.source:
+                self.errors[index] = type(err)(err.message, err.span, err.source,
+                                               [*err.notes, where])
+
     # ---- holes -------------------------------------------------------------------------------
 
-    def hole(self, node: ast.Gen | ast.Select, flow: _Flow, ctx: _Context
+    def hole(self, node: ast.Gen | ast.Select, flow: Flow, ctx: Context
              ) -> ir.Gen | ir.Select:
         for arg in node.args:
             if pattern_name(arg) is None:
@@ -244,7 +309,7 @@ class _Compiler:
             return False
         return True
 
-    def capture(self, name: str, span: Span, flow: _Flow, ctx: _Context) -> None:
+    def capture(self, name: str, span: Span, flow: Flow, ctx: Context) -> None:
         if not self.check_new_name(name, span, "capture"):
             return
         if name in flow.captured:
@@ -263,7 +328,7 @@ class _Compiler:
         if name not in self.captures:
             self.captures.append(name)
 
-    def assign(self, name: str, span: Span, flow: _Flow, ctx: _Context) -> None:
+    def assign(self, name: str, span: Span, flow: Flow, ctx: Context) -> None:
         if not self.check_new_name(name, span, "set variable"):
             return
         if self.is_input(name):  # a capture of the same name is reported at the capture
@@ -276,18 +341,26 @@ class _Compiler:
             return name in self.declared
         return name in self.free
 
-    def use(self, name: str, span: Span, flow: _Flow, ctx: _Context) -> None:
+    def use(self, name: str, span: Span, flow: Flow, ctx: Context, safe: bool = False
+            ) -> None:
+        """A use of `name`; `safe` when an undefined value is fine there (the operand of `is
+        defined` or of `default`), as is any use a test guards (`ctx.defined`)."""
         if name.startswith("_"):
             self.fail(f"names starting with '_' are not allowed: '{name}'", span)
             return
         if name in ctx.locals or name in flow.bound:
             return
+        safe = safe or name in ctx.defined
         if self.is_input(name):
-            self.first_use.setdefault(name, span)
+            self.input_use(name, span, safe)
             return
+        known = (flow.captured, flow.sets, self.holes, self.sets)
+        if safe and any(name in names for names in known):
+            return  # undefined until it is captured or set: `is defined` tells
         if name in flow.captured:
             self.fail(f"'{name}' is not captured on every path that reaches here", span,
-                      f"it is captured at {flow.captured[name]}")
+                      f"it is captured at {flow.captured[name]}",
+                      f"test it with `{{% if {name} is defined %}}`")
         elif name in flow.sets:
             self.fail(f"'{name}' is not set on every path that reaches here", span,
                       f"it is set at {flow.sets[name]}")
@@ -298,29 +371,62 @@ class _Compiler:
             self.fail(f"'{name}' is used before it is set", span,
                       f"it is set at {self.sets[name]}")
         elif self.declared is not None:
-            known = [*self.declared, *flow.bound, *ctx.locals]
-            self.fail(f"unknown variable '{name}'", span, *suggest(name, known),
+            known_names = [*self.declared, *flow.bound, *ctx.locals]
+            self.fail(f"unknown variable '{name}'", span, *suggest(name, known_names),
                       "declared inputs: " + (", ".join(self.declared) or "none"))
         else:
             self.free.append(name)
-            self.first_use[name] = span
+            self.input_use(name, span, safe)
+
+    def input_use(self, name: str, span: Span, safe: bool) -> None:
+        self.first_use.setdefault(name, self.site or span)
+        (self.safe_uses if safe else self.required).add(name)
 
     # ---- expressions -------------------------------------------------------------------------
 
-    def expr(self, node: ex.Expr, flow: _Flow, ctx: _Context) -> None:
-        """Check names, attributes and calls in `node` (recursively)."""
+    def expr(self, node: ex.Expr, flow: Flow, ctx: Context, safe: bool = False) -> None:
+        """Check names, attributes, calls and tests in `node` (recursively); `safe`: an
+        undefined value of `node` itself is fine (see use)."""
+        kids = list(ex.children(node))
         match node:
             case ex.Name(name=name, span=span):
-                self.use(name, span, flow, ctx)
+                self.use(name, span, flow, ctx, safe)
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
             case ex.Call(func=func, kwargs=kwargs, span=span) | ex.Filter(
                     name=func, kwargs=kwargs, span=span):
                 self.function(func, kwargs, span)
-        for child in ex.children(node):
+                if func == "default" and kids:  # default(x, ...): x may be undefined
+                    self.expr(kids.pop(0), flow, ctx, safe=True)
+            case ex.Test(name=test, args=args, span=span):
+                self.test(test, args, span)
+                self.expr(kids.pop(0), flow, ctx, safe=test in UNDEFINED_TESTS)
+            case ex.Method():
+                self.method(node)
+            case ex.Binary(op="%", left=ex.Const(value=str()), span=span):
+                self.fail("'%' does not format strings", span, STRING_FORMAT_HINT)
+            case ex.BoolOp(op=op, values=values):
+                self.bool_op(op, values, flow, ctx)
+                return
+            case ex.Cond(body=body, test=test, orelse=orelse):
+                self.expr(test, flow, ctx)
+                when_true, when_false = guards(test)
+                self.expr(body, flow, ctx.knowing(when_true))
+                self.expr(orelse, flow, ctx.knowing(when_false))
+                return
+        for child in kids:
             self.expr(child, flow, ctx)
 
-    def attr(self, obj: ex.Expr, attr: str, span: Span, ctx: _Context) -> None:
+    def bool_op(self, op: str, values: tuple[ex.Expr, ...], flow: Flow, ctx: Context
+                ) -> None:
+        """`a and b`: b is checked knowing what a's truth guarantees; `a or b`: its falsity."""
+        known = frozenset[str]()
+        for value in values:
+            self.expr(value, flow, ctx.knowing(known))
+            when_true, when_false = guards(value)
+            known |= when_true if op == "and" else when_false
+
+    def attr(self, obj: ex.Expr, attr: str, span: Span, ctx: Context) -> None:
         if attr.startswith("_"):
             self.fail(f"attributes starting with '_' are not allowed: '{attr}'", span)
         elif isinstance(obj, ex.Name) and obj.name == "loop" and "loop" in ctx.locals \
@@ -330,13 +436,32 @@ class _Compiler:
 
     def function(self, func: str, kwargs: tuple[tuple[str, ex.Expr], ...], span: Span) -> None:
         if func not in FUNCTIONS:
-            self.fail(f"unknown function '{func}'", span, *suggest(func, FUNCTIONS),
+            hint = FILTER_HINTS.get(func)
+            self.fail(f"unknown function '{func}'", span,
+                      *([hint] if hint else suggest(func, FUNCTIONS)),
                       "functions: " + ", ".join(FUNCTIONS))
             return
         for name, _ in kwargs:
             refused = keyword_error(func, name)
             if refused is not None:
                 self.fail(refused, span)
+
+    def test(self, test: str, args: tuple[ex.Expr, ...], span: Span) -> None:
+        if test not in TESTS:
+            hint = TEST_HINTS.get(test)
+            self.fail(f"unknown test '{test}'", span, *([hint] if hint else suggest(test, TESTS)),
+                      "tests: " + ", ".join(TESTS))
+        elif args:
+            self.fail(f"the test '{test}' takes no arguments", span)
+
+    def method(self, node: ex.Method) -> None:
+        if node.name not in METHODS:
+            hint = METHOD_HINTS.get(node.name)
+            self.fail(f"method calls are not supported: '.{node.name}()'", node.span,
+                      *([hint] if hint else []),
+                      "the only methods are a dict's items(), keys() and values()")
+        elif node.args or node.kwargs:
+            self.fail(f"{node.name}() takes no arguments", node.span)
 
 
 def _first_spans(nodes: tuple[ast.Node, ...], *kinds: type[ast.Gen | ast.Select | ast.Set]

@@ -2,11 +2,12 @@
 eval). Every failure is an EvaluationError at the failing node's span. Results are bounded in
 size, and every node, and work that grows with a value's size, is charged to the run's Budget
 (qrun/limits.py), so an untrusted template can neither exhaust memory nor run for long. Only
-the stdlib functions below are ever called, never a value."""
+the stdlib functions of lang/functions.py are ever called, never a value. An undefined value
+(a missing variable, key or item) is an error except where `is defined`, `is undefined` and
+`default` look at it (Jinja's StrictUndefined)."""
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,20 @@ from typing import Any, NoReturn
 
 from qrun.errors import EvaluationError
 from qrun.lang import expr as ex
+from qrun.lang.functions import (
+    CONSTANT_TIME,
+    EXTRA_COSTS,
+    FUNCTIONS,
+    MAX_SIZE,
+    METHODS,
+    PASS_THROUGH,
+    TESTS,
+    UNDEFINED_TESTS,
+    Undefined,
+    keyword_error,
+    text_of,
+    type_name,
+)
 from qrun.limits import (
     Budget,
     LimitExceeded,
@@ -25,12 +40,7 @@ from qrun.limits import (
 )
 from qrun.source import Source, Span
 
-MAX_RANGE = 100_000
-"""range() yields at most this many items."""
-MAX_SIZE = 10_000_000
-"""Strings, lists and dicts built by an operator, a literal or a stdlib function hold at most
-this many characters/items, counted through nested containers as if printed (`[[0] * 1000] *
-1000` has size 1_001_000 although it shares one inner list). Inputs are not limited."""
+
 @dataclass(frozen=True, slots=True)
 class LoopInfo:
     """What the runtime binds to `loop` inside a `for` body: iteration `index0` (0-based) of
@@ -64,103 +74,6 @@ class LoopInfo:
 LOOP_FIELDS = ("index", "index0", "first", "last", "length", "revindex", "revindex0")
 
 
-# ---- stdlib functions (docs/language.md §6): string functions take the string first ----------
-
-
-def _str_arg(value: Any, func: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{func}() expects a string, got {_type(value)}")
-    return value
-
-
-def _range(*args: Any) -> list[int]:
-    if not all(isinstance(a, int) for a in args):
-        raise TypeError("range() expects integers")
-    items = range(*args)
-    if len(items) > MAX_RANGE:
-        raise LimitExceeded(f"range() would have {len(items)} items (at most {MAX_RANGE})")
-    return list(items)
-
-
-def _join(items: Any, sep: Any = "") -> str:
-    parts = [str(item) for item in items]
-    glue = _str_arg(sep, "join")
-    if sum(map(len, parts)) + len(glue) * max(0, len(parts) - 1) > MAX_SIZE:
-        raise LimitExceeded(f"join() result would exceed {MAX_SIZE} characters")
-    return glue.join(parts)
-
-
-def _replace(value: Any, old: Any, new: Any, count: Any = -1) -> str:
-    text, before, after = (_str_arg(v, "replace") for v in (value, old, new))
-    hits = text.count(before) if before else len(text) + 1
-    if isinstance(count, int) and count >= 0:
-        hits = min(hits, count)
-    if len(text) + hits * (len(after) - len(before)) > MAX_SIZE:
-        raise LimitExceeded(f"replace() result would exceed {MAX_SIZE} characters")
-    return text.replace(before, after, count)
-
-
-def _split(value: Any, sep: Any = None, maxsplit: Any = -1) -> list[str]:
-    return _str_arg(value, "split").split(sep, maxsplit)
-
-
-def _strip(value: Any, chars: Any = None) -> str:
-    return _str_arg(value, "strip").strip(chars)
-
-
-def _round(value: Any, ndigits: Any = None) -> Any:
-    if isinstance(ndigits, int) and abs(ndigits) > 100:
-        raise LimitExceeded("round() takes at most 100 digits")
-    return round(value) if ndigits is None else round(value, ndigits)
-
-
-def _min(*args: Any) -> Any:
-    return min(*args)
-
-
-def _max(*args: Any) -> Any:
-    return max(*args)
-
-
-FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "len": len,
-    "range": _range,
-    "int": int,
-    "float": float,
-    "str": str,
-    "lower": lambda value: _str_arg(value, "lower").lower(),
-    "upper": lambda value: _str_arg(value, "upper").upper(),
-    "strip": _strip,
-    "join": _join,
-    "replace": _replace,
-    "split": _split,
-    "min": _min,
-    "max": _max,
-    "abs": abs,
-    "round": _round,
-}
-"""The only functions a template can call, as `f(x, ...)` or as a filter `x | f(...)`. min and
-max take positional arguments only: Python's `key=` would call a value."""
-KEYWORDS: dict[str, tuple[str, ...]] = {
-    "strip": ("chars",),
-    "join": ("sep",),
-    "replace": ("count",),
-    "split": ("sep", "maxsplit"),
-    "round": ("ndigits",),
-}
-"""The keyword arguments each function documents (docs/language.md); no other is accepted."""
-
-
-def keyword_error(func: str, name: str) -> str | None:
-    """Why `func(name=...)` is refused, or None when `name` is one of its keywords (shared by
-    the compile-time check in lang/compiler.py and the evaluator)."""
-    allowed = KEYWORDS.get(func, ())
-    if name in allowed:
-        return None
-    takes = ", ".join(allowed) if allowed else "no keyword arguments"
-    return f"{func}() has no keyword argument '{name}' (it takes {takes})"
-
-
 # ---- the interpreter -----------------------------------------------------------------------------
 
 
@@ -188,12 +101,6 @@ def evaluate_text(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
     """
     evaluator = _Evaluator(scope, source, budget)
     value = evaluator.eval(expr)
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
     try:
         if isinstance(value, list | tuple | Mapping):
             items, chars = measure(value)
@@ -202,11 +109,7 @@ def evaluate_text(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
                                     f"{evaluator.budget.output_left:,} characters of output "
                                     "left)", "output_chars")
             evaluator.budget.charge(size_cost(items, chars))
-            try:
-                return json.dumps(value, ensure_ascii=False)
-            except (TypeError, ValueError):
-                return str(value)
-        return str(value)
+        return text_of(value)
     except LimitExceeded as exc:
         evaluator.limit(exc, expr.span)
     except (ValueError, RecursionError) as exc:  # an int past Python's 4300-digit str() limit
@@ -227,10 +130,12 @@ class _Evaluator:
         notes = [raise_note(exc.field)] if exc.field else []
         self.fail(str(exc), span, *notes)
 
-    def eval(self, node: ex.Expr) -> Any:
+    def eval(self, node: ex.Expr, lenient: bool = False) -> Any:
+        """The value of `node`; an undefined one is an error unless `lenient` (the operand of
+        `is defined`, `is undefined` or `default`), where it comes back as an Undefined."""
         try:
             self.budget.charge(1)
-            return self.dispatch(node)
+            value = self.dispatch(node, lenient)
         except EvaluationError:
             raise
         except LimitExceeded as exc:
@@ -238,17 +143,20 @@ class _Evaluator:
         except (ArithmeticError, TypeError, ValueError, KeyError, IndexError, AttributeError,
                 RecursionError, MemoryError) as exc:
             self.fail(_message(exc), node.span)
+        if isinstance(value, Undefined) and not lenient:
+            self.fail(value.reason, node.span)
+        return value
 
-    def dispatch(self, node: ex.Expr) -> Any:
+    def dispatch(self, node: ex.Expr, lenient: bool = False) -> Any:
         match node:
             case ex.Const(value=value):
                 return value
             case ex.Name(name=name):
-                return self.name(name, node.span)
+                return self.name(name, node.span, lenient)
             case ex.Attr(obj=obj, attr=attr):
-                return self.attr(self.eval(obj), attr, node.span)
+                return self.attr(self.eval(obj), attr, node.span, lenient)
             case ex.Index(obj=obj, index=index):
-                return self.index(self.eval(obj), self.eval(index), node.span)
+                return self.index(self.eval(obj), self.eval(index), node.span, lenient)
             case ex.Slice():
                 return self.built(self.slice(node))
             case ex.ListExpr(items=items):
@@ -266,10 +174,14 @@ class _Evaluator:
             case ex.Cond(body=body, test=test, orelse=orelse):
                 return self.eval(body) if self.eval(test) else self.eval(orelse)
             case ex.Call(func=func, args=args, kwargs=kwargs):
-                return self.call(func, [self.eval(a) for a in args], kwargs, node.span)
+                return self.call(func, self.arguments(func, args), kwargs, node.span)
             case ex.Filter(value=value, name=name, args=args, kwargs=kwargs):
-                values = [self.eval(value), *(self.eval(a) for a in args)]
-                return self.call(name, values, kwargs, node.span)
+                return self.call(name, self.arguments(name, (value, *args)), kwargs, node.span)
+            case ex.Test(value=value, name=name, negated=negated):
+                tested = self.eval(value, lenient=name in UNDEFINED_TESTS)
+                return TESTS[name](tested) != negated
+            case ex.Method(obj=obj, name=name):
+                return self.method(self.eval(obj), name, node.span)
         raise TypeError(f"unknown expression node {type(node).__name__}")
 
     # ---- budget and size -------------------------------------------------------------------------
@@ -295,14 +207,14 @@ class _Evaluator:
 
     # ---- nodes -------------------------------------------------------------------------------
 
-    def name(self, name: str, span: Span) -> Any:
+    def name(self, name: str, span: Span, lenient: bool = False) -> Any:
         if name.startswith("_"):
             self.fail(f"names starting with '_' are not allowed: '{name}'", span)
         if name not in self.scope:
-            self.fail(f"undefined variable '{name}'", span)
+            return self.undefined(f"undefined variable '{name}'", span, lenient)
         return self.scope[name]
 
-    def attr(self, obj: Any, attr: str, span: Span) -> Any:
+    def attr(self, obj: Any, attr: str, span: Span, lenient: bool = False) -> Any:
         if attr.startswith("_"):
             self.fail(f"attributes starting with '_' are not allowed: '{attr}'", span)
         if isinstance(obj, LoopInfo) and attr in LOOP_FIELDS:
@@ -310,28 +222,45 @@ class _Evaluator:
         if isinstance(obj, Mapping):
             if attr not in obj:
                 keys = ", ".join(repr(k) for _, k in zip(range(10), obj, strict=False))
-                self.fail(f"key '{attr}' not found (keys: {keys or 'none'})", span)
+                return self.undefined(f"key '{attr}' not found (keys: {keys or 'none'})", span,
+                                      lenient)
             return obj[attr]
-        self.fail(f"a {_type(obj)} value has no attribute '{attr}'", span)
+        return self.undefined(f"a {type_name(obj)} value has no attribute '{attr}'", span,
+                              lenient)
 
-    def index(self, obj: Any, index: Any, span: Span) -> Any:
+    def index(self, obj: Any, index: Any, span: Span, lenient: bool = False) -> Any:
         if isinstance(obj, Mapping):
             if index not in obj:
-                self.fail(f"key {index!r} not found", span)
+                return self.undefined(f"key {index!r} not found", span, lenient)
             return obj[index]
         if not isinstance(obj, (list, tuple, str, range)):
-            self.fail(f"a {_type(obj)} value cannot be indexed", span)
+            self.fail(f"a {type_name(obj)} value cannot be indexed", span)
         if not isinstance(index, int):
-            self.fail(f"a {_type(obj)} index must be an integer, not {_type(index)}", span)
+            self.fail(f"a {type_name(obj)} index must be an integer, not {type_name(index)}",
+                      span)
         if not -len(obj) <= index < len(obj):
-            self.fail(f"index {index} out of range (length {len(obj)})", span)
+            return self.undefined(f"index {index} out of range (length {len(obj)})", span,
+                                  lenient)
         return obj[index]
+
+    def undefined(self, reason: str, span: Span, lenient: bool) -> Undefined:
+        """A missing value: an Undefined where one is allowed, else the error."""
+        if not lenient:
+            self.fail(reason, span)
+        return Undefined(reason)
+
+    def method(self, obj: Any, name: str, span: Span) -> Any:
+        """A dict's items(), keys() or values() (the compiler refuses any other method)."""
+        method = METHODS.get(name)
+        if method is None:
+            self.fail(f"method calls are not supported: '.{name}()'", span)
+        return self.built(method(obj))
 
     def slice(self, node: ex.Slice) -> Any:
         obj = self.eval(node.obj)
         parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)]
         if not isinstance(obj, (list, tuple, str, range)):
-            self.fail(f"a {_type(obj)} value cannot be sliced", node.span)
+            self.fail(f"a {type_name(obj)} value cannot be sliced", node.span)
         if any(p is not None and not isinstance(p, int) for p in parts):
             self.fail("slice bounds must be integers", node.span)
         if parts[2] == 0:
@@ -342,7 +271,7 @@ class _Evaluator:
         if op == "not":
             return not value
         if not isinstance(value, (int, float)):
-            raise TypeError(f"bad operand for unary {op}: {_type(value)}")
+            raise TypeError(f"bad operand for unary {op}: {type_name(value)}")
         return -value if op == "-" else +value
 
     def binary(self, op: str, left: Any, right: Any) -> Any:
@@ -353,8 +282,10 @@ class _Evaluator:
         elif op == "+" and isinstance(left, (str, list, tuple)):
             if _size(left) + _size(right) > MAX_SIZE:
                 raise LimitExceeded(f"result would exceed {MAX_SIZE} items")
+        elif op == "~":
+            return self.concat(left, right)
         elif op == "%" and not isinstance(left, (int, float)):
-            raise TypeError(f"'%' needs numbers, not {_type(left)} (string formatting is not "
+            raise TypeError(f"'%' needs numbers, not {type_name(left)} (string formatting is not "
                             "supported)")
         result = _ARITHMETIC[op](left, right)
         if isinstance(result, complex):
@@ -362,6 +293,16 @@ class _Evaluator:
         if isinstance(result, (str, list)):
             return self.built(result)
         return self.number(result)
+
+    def concat(self, left: Any, right: Any) -> str:
+        """`left ~ right`: both as `{{ }}` writes them (lang/functions.py text_of), joined."""
+        for value in (left, right):
+            if isinstance(value, list | tuple | Mapping):
+                if _size(value) > MAX_SIZE:
+                    raise LimitExceeded(f"result would exceed {MAX_SIZE} characters")
+                self.read(value)
+        text: str = self.built(text_of(left) + text_of(right))
+        return text
 
     def compare(self, node: ex.Compare) -> bool:
         left = self.eval(node.left)
@@ -381,6 +322,11 @@ class _Evaluator:
                 return value
         return value
 
+    def arguments(self, func: str, args: tuple[ex.Expr, ...]) -> list[Any]:
+        """A call's positional arguments; default's first may be undefined."""
+        lenient = func == "default"
+        return [self.eval(arg, lenient and index == 0) for index, arg in enumerate(args)]
+
     def call(self, func: str, args: list[Any], kwargs: tuple[tuple[str, ex.Expr], ...],
              span: Span) -> Any:
         function = FUNCTIONS.get(func)
@@ -395,15 +341,19 @@ class _Evaluator:
         if any(callable(value) for value in values):
             # Unreachable with plain inputs (lang/inputs.py); kept so no path calls a value.
             self.fail(f"a function cannot be an argument of {func}()", span)
-        if func != "len":  # len is O(1); the others' work grows with their arguments
+        if func not in CONSTANT_TIME:  # the others' work grows with their arguments
             for value in values:
                 self.read(value)
+        if func in EXTRA_COSTS:
+            self.budget.charge(EXTRA_COSTS[func](args))
         try:
             result = function(*args, **named)
         except LimitExceeded:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of a stdlib call is the user's
             self.fail(f"{func}() failed: {_message(exc)}", span)
+        if func in PASS_THROUGH:
+            return result
         if isinstance(result, (str, list)):
             return self.built(result)
         return self.number(result)
@@ -438,12 +388,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _type(value: Any) -> str:
-    return {str: "string", int: "int", float: "float", bool: "bool", list: "list",
-            dict: "dict", tuple: "tuple", type(None): "None"}.get(type(value),
-                                                                  type(value).__name__)
-
-
 def _message(exc: BaseException) -> str:
     if isinstance(exc, ZeroDivisionError):
         return "division by zero"
@@ -462,12 +406,11 @@ def _in(a: Any, b: Any) -> bool:
     return a in b
 
 
-_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {  # `~` is Evaluator.concat
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
     "//": operator.floordiv, "%": operator.mod, "**": operator.pow,
 }
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
     ">": operator.gt, ">=": operator.ge, "in": _in, "not in": _not_in,
-    "is": operator.is_, "is not": operator.is_not,
 }

@@ -85,7 +85,7 @@ class Unary:
 
 @dataclass(frozen=True, slots=True)
 class Binary:
-    """Arithmetic: op in + - * / // % **."""
+    """Arithmetic: op in + - * / // % **, or `~` (both operands as text, joined)."""
 
     op: str
     left: Expr
@@ -95,7 +95,7 @@ class Binary:
 
 @dataclass(frozen=True, slots=True)
 class Compare:
-    """A comparison chain `a < b <= c`: ops in == != < <= > >= in, "not in", is, "is not"."""
+    """A comparison chain `a < b <= c`: ops in == != < <= > >= in, "not in"."""
 
     left: Expr
     ops: tuple[str, ...]
@@ -144,9 +144,34 @@ class Filter:
     span: Span
 
 
+@dataclass(frozen=True, slots=True)
+class Test:
+    """`value is name` or `value is not name` (`negated`): one of the stdlib tests
+    (lang/functions.py TESTS), binding like a filter, as in Jinja. `args` are the parenthesised
+    arguments a Jinja test may take; no qrun test takes any (the compiler refuses them)."""
+
+    value: Expr
+    name: str
+    args: tuple[Expr, ...]
+    negated: bool
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """`obj.name(args)`: only a dict's `items()`, `keys()` and `values()` compile; any other
+    method call is refused with a hint (lang/surface.py)."""
+
+    obj: Expr
+    name: str
+    args: tuple[Expr, ...]
+    kwargs: tuple[tuple[str, Expr], ...]
+    span: Span
+
+
 Expr = (
     Const | Name | Attr | Index | Slice | ListExpr | DictExpr | Unary | Binary | Compare
-    | BoolOp | Cond | Call | Filter
+    | BoolOp | Cond | Call | Filter | Test | Method
 )
 
 
@@ -181,10 +206,14 @@ def children(node: Expr) -> Iterator[Expr]:
         case Call(args=args, kwargs=kwargs):
             yield from args
             yield from (v for _, v in kwargs)
-        case Filter(value=value, args=args, kwargs=kwargs):
+        case Filter(value=value, args=args, kwargs=kwargs) | Method(
+                obj=value, args=args, kwargs=kwargs):
             yield value
             yield from args
             yield from (v for _, v in kwargs)
+        case Test(value=value, args=args):
+            yield value
+            yield from args
 
 
 def walk(node: Expr) -> Iterator[Expr]:
@@ -234,6 +263,11 @@ def format_expr(node: Expr) -> str:
         case Filter(value=value, name=name, args=args, kwargs=kwargs):
             call = f"({_args(args, kwargs)})" if args or kwargs else ""
             return f"({format_expr(value)} | {name}{call})"
+        case Test(value=value, name=name, args=args, negated=negated):
+            called = f"{name}({_args(args, ())})" if args else name
+            return f"({format_expr(value)} is {'not ' if negated else ''}{called})"
+        case Method(obj=obj, name=name, args=args, kwargs=kwargs):
+            return f"{format_expr(obj)}.{name}({_args(args, kwargs)})"
     raise TypeError(f"unknown expression {type(node).__name__}")
 
 

@@ -123,10 +123,40 @@ class If:
 
 @dataclass(frozen=True, slots=True)
 class For:
-    """`for target in iterable`: body runs once per item with `target` and `loop` bound."""
+    """`for target in iterable`: body runs once per item with `targets` and `loop` bound (two
+    or more targets unpack each item, `for k, v in d.items()`); Break and Continue in the body
+    end the loop or the iteration."""
 
-    target: str
+    targets: tuple[str, ...]
     iterable: Expr
+    body: tuple[Op, ...]
+    span: Span
+
+    def __post_init__(self) -> None:
+        assert self.targets, "a loop binds at least one name"
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """`{% break %}`: leave the innermost loop (the compiler allows it only in a loop body)."""
+
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """`{% continue %}`: end this iteration of the innermost loop."""
+
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Include:
+    """`{% include "name" %}`: the ops of the included template, inlined where the tag is
+    (`span`); their spans point into `source`, the included file."""
+
+    name: str
+    source: Source
     body: tuple[Op, ...]
     span: Span
 
@@ -150,7 +180,7 @@ class Role:
     span: Span
 
 
-Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role
+Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +196,9 @@ class ModelChoice:
 class Program:
     """A compiled template. `inputs` are the names a run must supply (declared in front matter
     when `inputs_declared`, else the template's free variables), `input_spans` where each is
-    first used (or declared, when never used); `captures` the hole names; `options` and `model`
-    the front matter's run options and model."""
+    first used (or declared, when never used); `optional_inputs` those a run may leave out (used
+    only under `is defined` or through `default`: absent, they are undefined); `captures` the
+    hole names; `options` and `model` the front matter's run options and model."""
 
     ops: tuple[Op, ...]
     inputs: tuple[str, ...]
@@ -177,10 +208,12 @@ class Program:
     model: ModelChoice
     source: Source = field(compare=False)
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
+    optional_inputs: tuple[str, ...] = ()
 
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """The inputs the template reads, as plain data (lang/inputs.py), checked before any
-        model work; a missing one is reported where it is first used.
+        """The inputs the template reads (the optional ones that are given), as plain data
+        (lang/inputs.py), checked before any model work; a missing one is reported where it is
+        first used.
 
         Raises:
             InputError: an input is missing.
@@ -188,13 +221,16 @@ class Program:
         """
         missing = [name for name in self.inputs if name not in inputs]
         if not missing:
-            return plain_inputs({name: inputs[name] for name in self.inputs})
+            given = [*self.inputs, *(n for n in self.optional_inputs if n in inputs)]
+            return plain_inputs({name: inputs[name] for name in given})
         first = missing[0]
         span = self.input_spans.get(first) or self.source.span_at(0)
         names = ", ".join(repr(m) for m in missing)
         raise InputError(
             f"missing input{'s' if len(missing) > 1 else ''} {names}", span, self.source,
-            notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)"])
+            notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)",
+                   f"an input used only under `{{% if {first} is defined %}}` or through "
+                   f"`{first} | default(...)` is optional"])
 
     def dump(self) -> str:
         """One op per line with its source position, nested blocks indented; deterministic
@@ -212,9 +248,9 @@ def children(op: Op) -> Iterator[Op]:
             for branch in branches:
                 yield from branch.body
             yield from orelse
-        case For(body=body) | Role(body=body):
+        case For(body=body) | Role(body=body) | Include(body=body):
             yield from body
-        case EmitText() | EmitValue() | Gen() | Select() | Set():
+        case EmitText() | EmitValue() | Gen() | Select() | Set() | Break() | Continue():
             pass
 
 
@@ -223,6 +259,15 @@ def walk(ops: Iterable[Op]) -> Iterator[Op]:
     for op in ops:
         yield op
         yield from walk(children(op))
+
+
+def walk_sources(ops: Iterable[Op], source: Source) -> Iterator[tuple[Op, Source]]:
+    """As walk, with the Source each op's spans point into (`source` for `ops`, an included
+    file's for the ops of an Include)."""
+    for op in ops:
+        yield op, source
+        inner = op.source if isinstance(op, Include) else source
+        yield from walk_sources(children(op), inner)
 
 
 def exprs(op: Op) -> Iterator[Expr]:
@@ -239,7 +284,7 @@ def exprs(op: Op) -> Iterator[Expr]:
             yield from (e for e in (options, temperature, normalize) if e is not None)
         case Gen(params=params):
             yield from params.exprs()
-        case EmitText() | Role():
+        case EmitText() | Role() | Break() | Continue() | Include():
             pass
 
 
@@ -251,10 +296,10 @@ _INDENT = "  "
 def dump_program(program: Program) -> str:
     """Header lines (inputs, captures, defaults), then the ops."""
     declared = " (declared)" if program.inputs_declared else ""
-    lines = [
-        f"inputs: {', '.join(program.inputs) or '-'}{declared}",
-        f"captures: {', '.join(program.captures) or '-'}",
-    ]
+    lines = [f"inputs: {', '.join(program.inputs) or '-'}{declared}"]
+    if program.optional_inputs:
+        lines.append(f"optional: {', '.join(program.optional_inputs)}")
+    lines.append(f"captures: {', '.join(program.captures) or '-'}")
     defaults = _defaults(program)
     if defaults:
         lines.append(f"defaults: {defaults}")
@@ -295,8 +340,16 @@ def _op(op: Op, depth: int) -> list[str]:
             return [_line(depth, _select(op), op.span)]
         case If():
             return _if(op, depth)
-        case For(target=target, iterable=iterable, body=body, span=span):
-            return [_line(depth, f"for {target} in {ex.format_expr(iterable)}", span),
+        case For(targets=targets, iterable=iterable, body=body, span=span):
+            return [_line(depth, f"for {', '.join(targets)} in {ex.format_expr(iterable)}",
+                          span), *_ops(body, depth + 1)]
+        case Break(span=span):
+            return [_line(depth, "break", span)]
+        case Continue(span=span):
+            return [_line(depth, "continue", span)]
+        case Include(name=name, body=body, span=span):
+            # The body's positions are in the included file (named as written).
+            return [_line(depth, f"include {ex.literal_text(name)}", span),
                     *_ops(body, depth + 1)]
         case Set(name=name, expr=value, span=span):
             return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]

@@ -13,6 +13,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from qrun.errors import TemplateSyntaxError
+from qrun.lang.surface import TAG_HINTS, TEST_HINTS
 from qrun.source import Source
 
 # Terminals shown to users under another name; None hides one from "expected ..." lists.
@@ -37,10 +38,12 @@ _EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "(", "[", "{", "+", "-", "n
                          "False", "None"})
 # What continues an expression: only listed when nothing structural is expected.
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
-                        ".", "[", "|", "(", "in", "not", "is", "and", "or", "if"})
-_BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "set", "system",
-                   "endsystem", "user", "enduser", "assistant", "endassistant", "raw")
+                        ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
+_BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "break", "continue", "set",
+                   "include", "system", "endsystem", "user", "enduser", "assistant",
+                   "endassistant", "raw")
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
+_TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`
 _OPENERS = {"VAR_OPEN": "'}}'", "BLOCK_OPEN": "'%}'"}
 
 
@@ -86,6 +89,10 @@ def _translate(err: UnexpectedInput, source: Source) -> TemplateSyntaxError:
     if text.startswith("{#", pos):
         return TemplateSyntaxError("comment is never closed", source.span_at(pos, 2), source,
                                    ["expected '#}' to end the comment"])
+    if text[pos:pos + 1] in ("'", '"') and text[pos - 1:pos] == "f":
+        return TemplateSyntaxError(
+            "f-strings are not supported", source.span_at(pos - 1, 2), source,
+            ["join text with `~`: `'Hello, ' ~ name`"])
     if text[pos:pos + 1] in ("'", '"'):
         return TemplateSyntaxError(
             "unterminated string", source.span_at(pos, 1), source,
@@ -94,7 +101,7 @@ def _translate(err: UnexpectedInput, source: Source) -> TemplateSyntaxError:
     if opener is not None:
         return _bad_block_tag(pos, pos - len(opener.group(0)), source)
     expected = _accepted(err)
-    notes = _expected_notes(expected, err)
+    notes = [*_test_note(text, pos), *_expected_notes(expected, err)]
     found = _describe(text, pos)
     notes.extend(_opener_note(err, source, pos))
     return TemplateSyntaxError(f"unexpected {found[0]}", source.span_at(pos, found[1]),
@@ -128,10 +135,23 @@ def _bad_block_tag(pos: int, tag_start: int, source: Source) -> TemplateSyntaxEr
                                    source)
     notes = ["expected one of: " + ", ".join(f"'{k}'" for k in _BLOCK_KEYWORDS)]
     close = difflib.get_close_matches(word, _BLOCK_KEYWORDS, n=1)
-    if close:
+    if word in TAG_HINTS:
+        notes.insert(0, TAG_HINTS[word])
+    elif close:
         notes.insert(0, f"did you mean '{close[0]}'?")
     what = f"unknown tag '{word}'" if word_match else f"unexpected {_describe(source.text, pos)[0]}"
     return TemplateSyntaxError(what, span, source, notes)
+
+
+def _test_note(text: str, pos: int) -> list[str]:
+    """After `x is NAME`, an argument without parentheses (`is divisibleby 3`)."""
+    match = _TEST_BEFORE.search(text, max(0, pos - 60), pos)
+    if match is None:
+        return []
+    name = match.group(1)
+    if name in TEST_HINTS:
+        return [f"'{name}' is not a qrun test: {TEST_HINTS[name]}"]
+    return [f"the test '{name}' takes no argument"]
 
 
 def _accepted(err: UnexpectedInput) -> set[str]:

@@ -23,6 +23,7 @@ from qrun.errors import (
 from qrun.lang import ir
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
+from qrun.lang.functions import type_name
 from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
@@ -90,6 +91,7 @@ class Run:
         self.hole_lists: dict[str, list[HoleRecord]] = {}
         self.pieces: list[str] = []
         self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.source = program.source  # what the op being run points into (an included file's)
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
@@ -119,18 +121,17 @@ class Run:
     def _check_constraints(self) -> None:
         """Before any model work: every constraint that can be known now (not built from
         captures) must be one the hole filler can take."""
-        for op in ir.walk(self.program.ops):
+        for op, source in ir.walk_sources(self.program.ops, self.program.source):
             if isinstance(op, ir.Gen) and op.params.constraint is not None:
                 constraint = op.params.constraint
                 try:
-                    spec = self.constraints.spec(constraint, self.scope, self.program.source,
-                                                 self.budget)
+                    spec = self.constraints.spec(constraint, self.scope, source, self.budget)
                 except EvaluationError:
                     continue  # depends on values not known yet: checked when the hole comes
                 filler = self.engines.filler
                 refusal = filler.refuses(spec) if filler is not None else None
                 if refusal is not None:
-                    raise ConstraintError(refusal, _constraint_span(op), self.program.source)
+                    raise ConstraintError(refusal, _constraint_span(op), source)
 
     # ---- ops -------------------------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class Run:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                text = evaluate_text(op.expr, self.scope, self.program.source, self.budget)
+                text = evaluate_text(op.expr, self.scope, self.source, self.budget)
                 self._emit(text, op=op)
             case ir.Gen():
                 self._exec_gen(op)
@@ -158,6 +159,12 @@ class Run:
                 self.scope[op.name] = self._eval(op.expr)
             case ir.Role():
                 self._exec_role(op)
+            case ir.Break():
+                raise _Break
+            case ir.Continue():
+                raise _Continue
+            case ir.Include():
+                self._exec_include(op)
             case _:
                 assert_never(op)
 
@@ -170,8 +177,8 @@ class Run:
         try:
             self.session.append_text(text, special=special)
         except ContextFull as exc:
-            where = op.span if op is not None else self.program.source.span_at(0)
-            raise GenerationError(str(exc), where, self.program.source) from None
+            where = op.span if op is not None else self.source.span_at(0)
+            raise GenerationError(str(exc), where, self.source) from None
         self._show(text)
 
     def _show(self, text: str) -> None:
@@ -180,7 +187,7 @@ class Run:
             self.on_text(text)
 
     def _eval(self, expr: Expr) -> Any:
-        return evaluate(expr, self.scope, self.program.source, self.budget)
+        return evaluate(expr, self.scope, self.source, self.budget)
 
     @contextmanager
     def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
@@ -191,7 +198,7 @@ class Run:
         try:
             yield
         except (HoleFailure, BackendError, ContextFull) as exc:
-            raise GenerationError(str(exc), op.span, self.program.source) from None
+            raise GenerationError(str(exc), op.span, self.source) from None
         finally:
             self.session.pause()
 
@@ -215,7 +222,7 @@ class Run:
         sampling, generator = self._sampling(p)
         spec = None
         if p.constraint is not None:
-            spec = self.constraints.spec(p.constraint, self.scope, self.program.source,
+            spec = self.constraints.spec(p.constraint, self.scope, self.source,
                                          self.budget)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
@@ -230,7 +237,7 @@ class Run:
                 cursor = self.constraints.cursor(spec, prefix)
             except PatternError as exc:
                 raise ConstraintError(str(exc), _constraint_span(op),
-                                      self.program.source) from None
+                                      self.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
@@ -283,7 +290,7 @@ class Run:
         return value
 
     def _bad_arg(self, expr: Expr, message: str) -> EvaluationError:
-        return EvaluationError(message, expr.span, self.program.source)
+        return EvaluationError(message, expr.span, self.source)
 
     def _exec_select(self, op: ir.Select) -> None:
         options = self._eval(op.options)
@@ -300,7 +307,7 @@ class Run:
         scoring = self.engines.scoring
         if scoring is None:
             raise GenerationError(f"backend '{self.backend.name}' cannot score select options",
-                                  op.span, self.program.source)
+                                  op.span, self.source)
         with self._filling(op):
             prefix = self._heal().decode("utf-8")
             request = SelectRequest(op.name, tuple(options), temperature, normalize,
@@ -336,31 +343,78 @@ class Run:
             items = list(items)
         if not isinstance(items, list | tuple | str | range):
             raise EvaluationError(f"cannot loop over {type(items).__name__}",
-                                  op.iterable.span, self.program.source)
+                                  op.iterable.span, self.source)
         self.budget.loop(len(items), op.span)
         items = list(items)
-        saved = {k: self.scope[k] for k in (op.target, "loop") if k in self.scope}
+        names = (*op.targets, "loop")
+        saved = {k: self.scope[k] for k in names if k in self.scope}
         for index, item in enumerate(items):
             self.budget.step(op.span)
-            self.scope[op.target] = item
+            self._bind(op, item)
             self.scope["loop"] = LoopInfo(index, len(items))
-            self._exec_block(op.body)
-        for key in (op.target, "loop"):
+            try:
+                self._exec_block(op.body)
+            except _Continue:
+                continue
+            except _Break:
+                break
+        for key in names:
             self.scope.pop(key, None)
         self.scope.update(saved)
+
+    def _bind(self, op: ir.For, item: Any) -> None:
+        """Bind the loop's targets to `item`, unpacking it for two or more (Python's rules:
+        exactly as many values as names)."""
+        if len(op.targets) == 1:
+            self.scope[op.targets[0]] = item
+            return
+        if not isinstance(item, list | tuple | str):
+            raise EvaluationError(f"cannot unpack a {type_name(item)} into "
+                                  f"{len(op.targets)} names", op.span, self.source)
+        if len(item) != len(op.targets):
+            raise EvaluationError(f"cannot unpack {len(item)} values into "
+                                  f"{len(op.targets)} names", op.span, self.source)
+        self.scope.update(zip(op.targets, item, strict=True))
+
+    def _exec_include(self, op: ir.Include) -> None:
+        outer = self.source
+        self.source = self.budget.source = op.source
+        try:
+            self._exec_block(op.body)
+        finally:
+            self.source = self.budget.source = outer
 
     def _exec_role(self, op: ir.Role) -> None:
         markers = self.backend.chat_markers(op.role)
         if markers is None:
             raise TemplateCompileError(
                 f"the '{op.role}' role needs a chat template, and model '{self.backend.name}' "
-                "has none", op.span, self.program.source,
+                "has none", op.span, self.source,
                 notes=["write the turn markers as fixed text, or use a chat model"])
         before, after = markers
         self._emit(before, special=True, op=op)
-        self._exec_block(op.body)
+        try:
+            self._exec_block(op.body)
+        except _LoopControl:  # a break or continue inside the turn still ends the turn
+            self._end_role(op, after)
+            raise
+        self._end_role(op, after)
+
+    def _end_role(self, op: ir.Role, after: str) -> None:
         self.budget.step(op.span)  # output from here on is reported at the role
         self._emit(after, special=True, op=op)
+
+
+class _LoopControl(Exception):
+    """A break or continue on its way to the loop it ends (ir.For's handler)."""
+
+
+class _Break(_LoopControl):
+    pass
+
+
+class _Continue(_LoopControl):
+    pass
 
 
 def _constraint_span(op: ir.Gen) -> Span:

@@ -26,6 +26,9 @@ SEEDS = [
     '{% else %}{# nothing #}{% raw %}{{ literal }}{% endraw %}{% endif %}',
     '{{ names | join(", ") | replace("a", "b") }} {{ d["k"][1:3] }} {{ a if b else c }}'
     ' {{ len(range(3)) + -2 ** 2 // 1 % 5 }}',
+    '{% for k, v in d.items() | sort(attribute="1") %}{% if v is none %}{% continue %}{% endif %}'
+    '{{ k ~ "=" ~ v | round(1) }}{% if loop.index > n | default(3) %}{% break %}{% endif %}'
+    '{% endfor %}{% if x is defined %}{{ x | trim | title }}{% endif %}{{ xs | unique | tojson }}',
 ]
 SNIPPETS = [
     "{{", "}}", "{%", "%}", "{#", "#}", "{{-", "-}}", "{%-", "-%}", "{{ gen x }}",
@@ -34,6 +37,8 @@ SNIPPETS = [
     "{% raw %}", "{% endraw %}", "---\n", "\n---\n", "inputs: [a]\n", '"', "'", "\\", "{", "}",
     "[", "]", "(", ")", ",", ":", "=", "|", ".", "-", "**", "not ", " in ", "__class__", "_x",
     "regex=INT", "regex=EMIAL", 'regex="(a"', "json={}", "max_tokens=0", "\x00", "é", "\n",
+    "{% break %}", "{% continue %}", "{% include 'x.tmpl' %}", "{% for k, v in d.items() %}",
+    " is defined", " is not none", " ~ ", " | default(1)", ".items()", ".upper()", "{% extends",
 ]
 ALPHABET = "{}%#-=|[]()\"'.,:!<>+*/ \n\tabgenxyz_019"
 
@@ -103,7 +108,10 @@ def test_arbitrary_unicode(text: str) -> None:
 EXPR_PARTS = ["x", "y", "1", "0", "-1", "2.5", "'s'", '"t"', "[1, 2]", "{'k': 1}", "none",
               "true", "(", ")", "[", "]", "+", "-", "*", "/", "//", "%", "**", "==", "<", "in",
               "not", "and", "or", "if", "else", ".k", "[0]", "[1:]", "| upper", "| join(',')",
-              "len(", "range(", "int(", "str(", "min(", "round(", "replace(", ",", " "]
+              "len(", "range(", "int(", "str(", "min(", "round(", "replace(", ",", " ", "~",
+              "is defined", "is not none", "is number", "is divisibleby(2)", "| default(",
+              "| first", "| last", "| sort(reverse=true)", "| unique", "| tojson", "| title",
+              "| trim", ".items()", ".keys()", ".upper()", "missing"]
 
 
 @FUZZ

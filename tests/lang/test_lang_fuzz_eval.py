@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import QrunError, TemplateError, TemplateErrors, UsageError
 from qrun.lang import compile_source, ir
-from qrun.lang.evaluate import FUNCTIONS, evaluate, evaluate_text
+from qrun.lang.evaluate import evaluate, evaluate_text
+from qrun.lang.functions import FUNCTIONS, TESTS
 from qrun.lang.inputs import plain_inputs
 from qrun.limits import Budget, Limits
 from qrun.runtime.executor import RunOptions, execute
@@ -69,10 +70,14 @@ _NUMBERS = st.one_of(
 )
 _ATOMS = st.one_of(_STRINGS, _NUMBERS, st.sampled_from(
     [*NAMES, "loop", "loop.index", "true", "none", "False", "[]", "{}", "_x", "nope"]))
-_FUNCS = [*FUNCTIONS, "eval", "getattr", "sorted"]
-_KEYWORDS = ["key", "sep", "chars", "count", "ndigits", "maxsplit", "default"]
-_BINARY = ["+", "-", "*", "/", "//", "%", "**"]
-_COMPARE = ["==", "!=", "<", "<=", ">", ">=", "in", "not in", "is", "is not"]
+_FUNCS = [*FUNCTIONS, "eval", "getattr", "sorted", "map", "d"]
+_KEYWORDS = ["key", "sep", "chars", "count", "ndigits", "maxsplit", "default", "precision",
+             "method", "default_value", "boolean", "reverse", "case_sensitive", "attribute",
+             "indent"]
+_BINARY = ["+", "-", "*", "/", "//", "%", "**", "~"]
+_COMPARE = ["==", "!=", "<", "<=", ">", ">=", "in", "not in"]
+_TESTS = [*TESTS, "divisibleby(2)", "string(1)", "y"]
+_METHODS = ["items()", "keys()", "values()", "upper()", "get('k')", "items(1)"]
 
 
 def _compound(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -88,6 +93,9 @@ def _compound(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
         st.tuples(children, st.sampled_from(["and", "or"]), children).map(" ".join),
         st.tuples(children, children, children).map(lambda t: f"({t[0]} if {t[1]} else {t[2]})"),
         st.tuples(children, st.sampled_from(["k", "index", "__class__", "a"])).map(".".join),
+        st.tuples(children, st.sampled_from(["is", "is not"]), st.sampled_from(_TESTS)).map(
+            lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(children, st.sampled_from(_METHODS)).map(lambda t: f"{t[0]}.{t[1]}"),
         st.tuples(children, children).map(lambda t: f"{t[0]}[{t[1]}]"),
         st.tuples(children, children, children).map(lambda t: f"{t[0]}[{t[1]}:{t[2]}]"),
         st.tuples(st.sampled_from(_FUNCS), call_args).map(lambda t: f"{t[0]}({t[1]})"),
@@ -148,8 +156,8 @@ def _statements(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
         st.tuples(EXPRESSIONS, children).map(lambda t: f"{{% if {t[0]} %}}{t[1]}{{% endif %}}"),
         st.tuples(EXPRESSIONS, children, children).map(
             lambda t: f"{{% if {t[0]} %}}{t[1]}{{% else %}}{t[2]}{{% endif %}}"),
-        st.tuples(st.sampled_from(["i", "x", "loop"]), EXPRESSIONS, children).map(
-            lambda t: f"{{% for {t[0]} in {t[1]} %}}{t[2]}{{% endfor %}}"),
+        st.tuples(st.sampled_from(["i", "x", "loop", "k, v", "a, a"]), EXPRESSIONS,
+                  children).map(lambda t: f"{{% for {t[0]} in {t[1]} %}}{t[2]}{{% endfor %}}"),
         st.tuples(st.sampled_from(["user", "system", "assistant"]), children).map(
             lambda t: f"{{% {t[0]} %}}{t[1]}{{% end{t[0]} %}}"),
     )
@@ -161,7 +169,9 @@ _LEAF_STATEMENTS = st.one_of(
     st.tuples(st.sampled_from(["v", "w", "n"]), EXPRESSIONS).map(
         lambda t: f"{{% set {t[0]} = {t[1]} %}}"),
     st.sampled_from(["{# c #}", "{% raw %}{{ x }}{% endraw %}", "{{- x -}}", "\n{%- if x -%}"
-                     "{% endif %}", "---\nmax_tokens: 3\n---\n"]),
+                     "{% endif %}", "---\nmax_tokens: 3\n---\n", "{% break %}",
+                     "{% continue %}", "{% if x is defined %}{% break %}{% endif %}",
+                     "{% include 'other.tmpl' %}", "{{ opt | default(x) }}"]),
 )
 HOLES = st.sampled_from(['{{ gen g max_tokens=n }}', '{{ gen g regex=s }}', '{{ gen g json=d }}',
                          '{{ select c options=xs }}', '{{ gen g stop=[s, "\\ud800"] }}'])

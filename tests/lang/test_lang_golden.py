@@ -1,5 +1,6 @@
 """Golden tests: each tests/lang/golden/<case>/template.tmpl compiles to exactly ir.txt (the
-Program.dump()), or fails with exactly error.txt (the rendered TemplateErrors).
+Program.dump()), or fails with exactly error.txt (the rendered TemplateErrors). A case includes
+from its own folder.
 Rewrite the expectations with `pytest tests/lang --update-golden`."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "template.tmpl").exists(
 def _actual(case: Path) -> tuple[str, str]:
     text = (case / "template.tmpl").read_text(encoding="utf-8")
     try:
-        return "ir.txt", compile_source(text, "template.tmpl").dump()
+        return "ir.txt", compile_source(text, "template.tmpl", include_dir=case).dump()
     except TemplateErrors as err:
         return "error.txt", str(err) + "\n"
 

@@ -17,7 +17,8 @@ import qrun.lang.inputs
 from qrun.errors import EvaluationError, TemplateErrors, UsageError
 from qrun.lang import ast as ast_nodes
 from qrun.lang import build_ast, compile_source, parse
-from qrun.lang.evaluate import FUNCTIONS, KEYWORDS, evaluate
+from qrun.lang.evaluate import evaluate
+from qrun.lang.functions import FUNCTIONS, KEYWORDS
 from qrun.lang.inputs import MAX_INPUT_DEPTH, MAX_INPUT_ITEMS, plain_inputs
 from qrun.source import Source
 
@@ -194,7 +195,7 @@ def test_the_reproduction_does_not_compile() -> None:
 
 @pytest.mark.parametrize("text", [
     "max(xs, key=f)", "min(xs, key=f)", "max(xs, default=f)", "xs | join(sep=',', key=f)",
-    "round(1.5, ndigits=1, key=f)", "split('a b', key=f)", "len(xs, key=f)",
+    "round(1.5, precision=1, key=f)", "split('a b', key=f)", "len(xs, key=f)",
 ])
 def test_undocumented_keywords_are_refused_at_run_time_too(text: str) -> None:
     spy = Spy()
@@ -224,7 +225,7 @@ def test_documented_keywords_still_work() -> None:
                                                              "a-b"),
                            ("replace('aaa', 'a', 'b', count=2)", "bba"),
                            ("split('a,b,c', sep=',', maxsplit=1)", ["a", "b,c"]),
-                           ("round(2.567, ndigits=1)", 2.6)]:
+                           ("round(2.567, precision=1)", 2.6)]:
         expr, source = parse_expr(text)
         assert evaluate(expr, {}, source) == expected
 
@@ -232,4 +233,7 @@ def test_documented_keywords_still_work() -> None:
 def test_keyword_table_names_only_documented_functions() -> None:
     assert set(KEYWORDS) <= set(FUNCTIONS)
     assert KEYWORDS == {"strip": ("chars",), "join": ("sep",), "replace": ("count",),
-                        "split": ("sep", "maxsplit"), "round": ("ndigits",)}
+                        "split": ("sep", "maxsplit"), "round": ("precision", "method"),
+                        "default": ("default_value", "boolean"), "tojson": ("indent",),
+                        "trim": ("chars",), "sort": ("reverse", "case_sensitive", "attribute"),
+                        "unique": ("case_sensitive", "attribute")}

@@ -38,9 +38,13 @@ def show(nodes: tuple[ast.Node, ...], depth: int = 0) -> list[str]:
                 if orelse is not None:
                     lines.append(f"{pad}else")
                     lines.extend(show(orelse, depth + 1))
-            case ast.For(target=target, iterable=iterable, body=body):
-                lines.append(f"{pad}for {target} in {format_expr(iterable)}")
+            case ast.For(targets=targets, iterable=iterable, body=body):
+                lines.append(f"{pad}for {', '.join(targets)} in {format_expr(iterable)}")
                 lines.extend(show(body, depth + 1))
+            case ast.Break() | ast.Continue():
+                lines.append(f"{pad}{type(node).__name__.lower()}")
+            case ast.Include(template=template):
+                lines.append(f"{pad}include {format_expr(template)}")
             case ast.Set(name=name, expr=value):
                 lines.append(f"{pad}set {name} = {format_expr(value)}")
             case ast.Role(role=role, body=body):
@@ -71,6 +75,19 @@ CASES = [
     ("{% if a %}x{% elif b %}y{% else %}z{% endif %}", "if a\n  text 'x'\nif b\n  text 'y'\n"
      "else\n  text 'z'"),
     ("{% for x in xs %}{{ x }}{% endfor %}", "for x in xs\n  interp x"),
+    ("{% for k, v in d.items() %}{% break %}{% continue %}{% endfor %}",
+     "for k, v in d.items()\n  break\n  continue"),
+    ('{% include "parts/a.tmpl" %}', 'include "parts/a.tmpl"'),
+    ("{{ a ~ b ~ 1 + c * d }}", "interp (((a ~ b) ~ 1) + (c * d))"),
+    ("{{ a + b is number }}", "interp (a + (b is number))"),
+    ("{{ not x is defined and y is not none }}",
+     "interp ((not (x is defined)) and (y is not none))"),
+    ("{{ x is true or x is false }}", "interp ((x is true) or (x is false))"),
+    ("{{ xs | length is integer }}", "interp ((xs | length) is integer)"),
+    ("{{ x is divisibleby(3) }}", "interp (x is divisibleby(3))"),
+    ("{{ d.keys() }}{{ d.items()[0] }}", "interp d.keys()\ninterp d.items()[0]"),
+    ("{{ break }}{{ include }}{{ continue }}", "interp break\ninterp include\n"
+     "interp continue"),
     ("{% set y = x + 1 %}", "set y = (x + 1)"),
     ("{% user %}hi{% enduser %}", "role user\n  text 'hi'"),
     ("{% system %}s{% endsystem %}{% assistant %}a{% endassistant %}",
@@ -100,8 +117,8 @@ CASES = [
     ("{{ x | upper }}", "interp (x | upper)"),
     ('{{ x | join(", ") | upper }}', 'interp ((x | join(", ")) | upper)'),
     ('{{ "a" + x | upper }}', 'interp ("a" + (x | upper))'),
-    ("{{ len(x) }}{{ round(x, ndigits=2) }}{{ f() }}",
-     "interp len(x)\ninterp round(x, ndigits=2)\ninterp f()"),
+    ("{{ len(x) }}{{ round(x, precision=2) }}{{ f() }}",
+     "interp len(x)\ninterp round(x, precision=2)\ninterp f()"),
     ("{{ x[0] }}{{ x[1:] }}{{ x[:2] }}{{ x[::2] }}{{ x[a:b:c] }}{{ x[:] }}",
      "interp x[0]\ninterp x[1:]\ninterp x[:2]\ninterp x[::2]\ninterp x[a:b:c]\ninterp x[:]"),
     ("{{ a.b.c[0].d }}", "interp a.b.c[0].d"),

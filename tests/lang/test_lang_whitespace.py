@@ -33,7 +33,7 @@ def render(text: str, **inputs: Any) -> str:
                     body = next((b.body for b in branches
                                  if evaluate(b.condition, local, program.source)), orelse)
                     run(body, local)
-                case ir.For(target=target, iterable=iterable, body=body):
+                case ir.For(targets=(target,), iterable=iterable, body=body):
                     items = list(evaluate(iterable, local, program.source))
                     for index, item in enumerate(items):
                         run(body, {**local, target: item, "loop": LoopInfo(index, len(items))})
