@@ -28,7 +28,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo 'set(LLAMA_BUILD_COMMON OFF)' > "$work/llama-no-common.cmake"
-export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$work/llama-no-common.cmake"
+# CMAKE_ARGS from the caller come last, so they win (e.g. -DGGML_NATIVE=ON, -DGGML_CUDA=ON).
+export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$work/llama-no-common.cmake ${CMAKE_ARGS:-}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 echo "building llama-cpp-python $VERSION from source ($CMAKE_BUILD_PARALLEL_LEVEL jobs): $CMAKE_ARGS"
 "$PY" -m pip install --quiet --no-cache-dir "llama-cpp-python==$VERSION"
