@@ -2,8 +2,8 @@
 # Builds llama-cpp-python 0.3.36 (the llamacpp backend's optional extra) from its sdist into a
 # Python environment: there is no binary wheel for this machine, and a build with everything on
 # (llama.cpp's common library with its HTTP client, the multimodal library mtmd) takes 15-50 min
-# on 2 cores. Only what the bindings load is built: libllama and the ggml libraries with the CPU
-# backend. Turned off:
+# on 2 cores (issue #13). Only what the bindings load is built: libllama and the ggml libraries
+# with the CPU backend. Turned off:
 #   LLAVA_BUILD=OFF     tools/mtmd (llava/multimodal), loaded only for image chat formats;
 #   LLAMA_BUILD_COMMON  llama.cpp's common library (argument parsing, chat parsers, downloads,
 #                       cpp-httplib): the bindings never load it, but their CMakeLists.txt forces
