@@ -4,11 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.qrun-installed
 VLLM_STAMP := $(VENV)/.qrun-vllm-installed
+LLAMACPP_STAMP := $(VENV)/.qrun-llamacpp-installed
 BROWSER_STAMP := $(VENV)/.qrun-browser-installed
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup vllm chromium browser trace-screenshot demo test check bench clean
+.PHONY: setup vllm llamacpp chromium browser trace-screenshot demo test check bench clean
 
 setup: $(STAMP)
 
@@ -50,6 +51,15 @@ browser: $(BROWSER_STAMP) chromium
 trace-screenshot: $(BROWSER_STAMP) chromium
 	$(PY) scripts/trace-screenshot.py tests/trace/fixtures/review.json docs/trace.png \
 	  --chromium $(CHROMIUM)
+
+# The llamacpp backend's optional extra: llama-cpp-python 0.3.36 built from its sdist (no wheel
+# for this machine) with only libllama and ggml's CPU backend, for any AVX2 CPU, ~3 min on 2
+# cores (scripts/install-llamacpp.sh says what is left out and why).
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh
+	scripts/install-llamacpp.sh $(PY)
+	touch $(LLAMACPP_STAMP)
 
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds llama-cpp-python 0.3.36 (the llamacpp backend's optional extra) from its sdist into a
+# Python environment: there is no binary wheel for this machine, and a build with everything on
+# (llama.cpp's common library with its HTTP client, the multimodal library mtmd) takes 15-50 min
+# on 2 cores (issue #13). Only what the bindings load is built: libllama and the ggml libraries
+# with the CPU backend. Turned off:
+#   LLAVA_BUILD=OFF     tools/mtmd (llava/multimodal), loaded only for image chat formats;
+#   LLAMA_BUILD_COMMON  llama.cpp's common library (argument parsing, chat parsers, downloads,
+#                       cpp-httplib): the bindings never load it, but their CMakeLists.txt forces
+#                       it ON in the cache, so a normal variable set right after llama.cpp's own
+#                       project() call (CMake's CMAKE_PROJECT_<name>_INCLUDE hook) hides that;
+#   GGML_NATIVE=OFF     no -march=native: ggml then enables SSE4.2/AVX/AVX2/FMA/F16C/BMI2
+#                       (x86-64-v3), so the build runs on any AVX2 machine, not only on this CPU.
+# Tests, tools, examples and the server are already off when llama.cpp is a subproject.
+# Skips the build when that version is installed. pip's wheel cache is not used: its key is the
+# sdist alone, so a wheel built with other CMAKE_ARGS would be reused silently.
+# Usage: scripts/install-llamacpp.sh PYTHON   (default: .venv/bin/python)
+set -euo pipefail
+PY=${1:-.venv/bin/python}
+# pip prints a warning per package for a find-links folder some machines configure and do
+# not have; only those lines are dropped.
+exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+VERSION=0.3.36
+if "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama_cpp_python') != '$VERSION')" 2>/dev/null; then
+    echo "llama-cpp-python $VERSION is already installed"
+    exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo 'set(LLAMA_BUILD_COMMON OFF)' > "$work/llama-no-common.cmake"
+# CMAKE_ARGS from the caller come last, so they win (e.g. -DGGML_NATIVE=ON, -DGGML_CUDA=ON).
+export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$work/llama-no-common.cmake ${CMAKE_ARGS:-}"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+echo "building llama-cpp-python $VERSION from source ($CMAKE_BUILD_PARALLEL_LEVEL jobs): $CMAKE_ARGS"
+"$PY" -m pip install --quiet --no-cache-dir "llama-cpp-python==$VERSION"
+"$PY" -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())'
