@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one run per line of JSON objects; prints JSON Lines")
     parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
                                         "hub id (org/name)")
-    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
-                        help="transformers (default), or vllm: in this process, or against a "
-                             "vLLM server with --url")
+    parser.add_argument("--backend", default="transformers",
+                        choices=["transformers", "vllm", "llamacpp"],
+                        help="transformers (default); vllm: in this process, or against a "
+                             "vLLM server with --url; llamacpp: a .gguf file on llama.cpp")
     parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
                                       "(http://HOST:PORT); --model names its tokenizer")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",

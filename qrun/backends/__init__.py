@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 
 from qrun.backends.base import Backend, KVCache
-from qrun.backends.loading import DEFAULT_MODEL, ensure_converted, locate_model
+from qrun.backends.loading import DEFAULT_MODEL, ModelLocation, ensure_converted, locate_model
 from qrun.backends.prefix_cache import DEFAULT_CACHE_MB
-from qrun.errors import UsageError
+from qrun.errors import ModelLoadError, UsageError
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "llamacpp")
 
 
 def load_model(
@@ -37,6 +38,10 @@ def load_model(
     that address; the local model named then gives the tokenizer, which must be the server's,
     and each request waits at most `timeout` seconds (default 30) for the server's answer.
 
+    `backend` "llamacpp" runs a GGUF file (the default model's included) as it is on llama.cpp
+    in this process (an optional extra: `make llamacpp`), with the GGUF's own tokenizer; it
+    needs a .gguf file, not a Hugging Face folder. Device and dtype are the file's (CPU).
+
     `weights=False` loads the tokenizer alone (backends/tokenizer_only.py), whatever the
     backend: enough for a template without holes, in a fraction of the time.
 
@@ -52,10 +57,10 @@ def load_model(
         raise UsageError("a server url needs the vllm backend")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise UsageError(f"timeout must be a number of seconds > 0, got {timeout}")
-    import time
-
     started = time.perf_counter()
     location = locate_model(name_or_path)
+    if backend == "llamacpp":
+        return _load_llamacpp(location, device, dtype, cache_mb, weights, started)
     folder = str(ensure_converted(location)) if location.gguf_file else location.path
     loaded: Backend
     if not weights:
@@ -75,6 +80,27 @@ def load_model(
         from qrun.backends.transformers import load_transformers
 
         loaded = load_transformers(name_or_path, folder, device, dtype, cache_mb)
+    loaded.load_s = time.perf_counter() - started
+    return loaded
+
+
+def _load_llamacpp(location: ModelLocation, device: str | None, dtype: str | None,
+                   cache_mb: int, weights: bool, started: float) -> Backend:
+    from pathlib import Path
+
+    from qrun.backends.llamacpp import load_llamacpp
+
+    if location.gguf_file is None:
+        raise ModelLoadError(f"the llamacpp backend runs .gguf files; '{location.name}' is a "
+                             "Hugging Face model (use --backend transformers, or a .gguf file)")
+    if device not in (None, "auto", "cpu"):
+        raise UsageError(f"--device {device} was asked for, but the llamacpp backend runs on "
+                         "the CPU")
+    if dtype is not None:
+        raise UsageError("--dtype does not apply to the llamacpp backend: the GGUF file's own "
+                         "quantisation is used")
+    path = str(Path(location.path) / location.gguf_file)
+    loaded = load_llamacpp(location.name, path, cache_mb, weights)
     loaded.load_s = time.perf_counter() - started
     return loaded
 

@@ -90,6 +90,16 @@ class PrefixCache:
                 self._drop(node, kind)
             self._root.children.clear()
 
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used entry (False: nothing was held). For backends whose
+        snapshots hold something scarcer than bytes (llama.cpp's sequence ids)."""
+        with self._lock:
+            if not self._lru:
+                return False
+            node, kind = next(iter(self._lru))
+            self._drop(node, kind)
+            return True
+
     def lookup(self, token_ids: Sequence[int], after: int) -> Hit:
         """The deepest KV snapshot on `token_ids` longer than `after` positions, and the
         logits after all of `token_ids` when cached."""
