@@ -159,15 +159,15 @@ class LlamaCppBackend(BackendDefaults):
         self.dead: list[int] = []  # ids of caches that died, their cells not yet removed
         self.prefix_cache: PrefixCache | None = (
             SequencePrefixCache(cache_mb << 20, self) if cache_mb > 0 and context else None)
-        cells = context.n_ctx if context else model.n_ctx_train
-        self._max_context = min(model.n_ctx_train, cells) if model.n_ctx_train > 0 else cells
+        limits = [n for n in (model.n_ctx_train, context.n_ctx if context else 0) if n > 0]
+        self._max_context = min(limits) if limits else None
         self._markers: dict[str, tuple[str, str] | None] = {}
         self._vocabulary: Vocabulary | None = None
 
     # --- the tokenizer half ----------------------------------------------------------------
 
     @property
-    def max_context(self) -> int:
+    def max_context(self) -> int | None:
         return self._max_context
 
     @property

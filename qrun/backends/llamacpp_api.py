@@ -90,9 +90,19 @@ class Model:
         self.lib = lib
         self.vocab = lib.llama_model_get_vocab(self.ptr)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.ptr))
         self.bos = int(lib.llama_vocab_bos(self.vocab))
         self.eos = int(lib.llama_vocab_eos(self.vocab))
+        self.n_ctx_train = 0
+        self.kv_bytes_per_position = 0
+        self.description = ""
+        if vocab_only:
+            # The hyper-parameters are not loaded (they read 0, and the per-layer ones abort
+            # the process): the trained length comes from the metadata.
+            arch = self.meta("general.architecture")
+            length = self.meta(f"{arch}.context_length") if arch else None
+            self.n_ctx_train = int(length) if length and length.isdigit() else 0
+            return
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.ptr))
         # Bytes of f16 keys and values one position holds (llama_context_default_params'
         # type_k/type_v), for the prefix cache's budget.
         heads = max(1, int(lib.llama_model_n_head(self.ptr)))
