@@ -49,9 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not update bench/RESULTS.md and bench/results.json")
     p.add_argument("--render", action="store_true",
                    help="only rewrite bench/RESULTS.md from bench/results.json")
-    p.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+    p.add_argument("--backend", choices=("transformers", "vllm", "llamacpp"),
+                   default="transformers",
                    help="vllm: the workloads on the in-process vLLM backend against raw vLLM "
-                        "generate and the transformers backend (bench/vllm_suite.py)")
+                        "generate and the transformers backend (bench/vllm_suite.py); "
+                        "llamacpp: the same against raw llama.cpp (bench/llamacpp_suite.py)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="with --backend vllm: the dtype of both backends (default: qrun's)")
     p.add_argument("--profile", action="store_true",
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.backend == "vllm":
         return _main_vllm(args, progress)
+    if args.backend == "llamacpp":
+        return _main_llamacpp(args, progress)
 
     results: dict[str, Any] = {}
     backend: Any = None
@@ -149,6 +153,34 @@ def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
                   f"{row['raw']['wall_s']:.2f} s, qrun/raw {row['qrun_over_raw']:.3f} "
                   f"({'PASS' if row['overhead_pass'] else 'MISS'} {row['overhead_target']}), "
                   f"transformers/vLLM {row.get('transformers_over_vllm')}")
+    return 1 if any("error" in out.get(n, {}) for n in names) else 0
+
+
+def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
+    from bench.llamacpp_suite import run_llamacpp_suite
+
+    names = [n for n in dict.fromkeys(args.workload or WORKLOADS) if n in WORKLOADS]
+    out = run_llamacpp_suite(names, args.repeat, progress)
+    if not args.no_write:
+        merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
+            else {}
+        merged["llamacpp"] = {**merged.get("llamacpp", {}), **out}
+        RESULTS_JSON.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+        write_results(merged, HERE / "RESULTS.md")
+        progress(f"wrote {HERE / 'RESULTS.md'}")
+    if args.json:
+        print(json.dumps({"llamacpp": out}, indent=1))
+    else:
+        for name in names:
+            row = out.get(name, {})
+            if "error" in row:
+                print(f"{name}: FAILED\n{row['error']}")
+                continue
+            print(f"{name} (llamacpp {out['machine']['dtype']}): qrun {row['qrun']['wall_s']:.2f} "
+                  f"s, raw llama.cpp {row['raw']['wall_s']:.2f} s, qrun/raw "
+                  f"{row['qrun_over_raw']:.3f} ({'PASS' if row['overhead_pass'] else 'MISS'} "
+                  f"{row['overhead_target']}), transformers/llama.cpp "
+                  f"{row.get('transformers_over_llamacpp')}")
     return 1 if any("error" in out.get(n, {}) for n in names) else 0
 
 

@@ -140,6 +140,8 @@ def render(results: Mapping[str, Any]) -> str:
         lines += _speed_section(None, results["compile"])
     for key in sorted(k for k in results if k.startswith("vllm-")):
         lines += _vllm_section(key, results[key])
+    if "llamacpp" in results:
+        lines += _llamacpp_section(results["llamacpp"])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -181,6 +183,44 @@ def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
             f"{row.get('qrun_over_raw_healed_as_prompt', '—')} | "
             f"{row.get('transformers', {}).get('wall_s', float('nan')):.2f} | "
             f"{row.get('transformers_over_vllm')} | {row.get('same_text_as_transformers')} | "
+            f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
+    return lines + [""]
+
+
+def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
+    m = block.get("machine", {})
+    lines = [
+        f"## llama.cpp backend, {m.get('dtype')}", "",
+        "`python -m bench --backend llamacpp` (bench/llamacpp_suite.py): llama-cpp-python "
+        f"{m.get('llamacpp')} on the shipped GGUF ({m.get('dtype')}, loaded in "
+        f"{m.get('llamacpp_load_s')} s), {m.get('threads')} threads, commit {m.get('commit')}, "
+        f"{m.get('date')}, load average at start {m.get('load_avg')}. **raw llama.cpp** "
+        "replays qrun's final token ids through the same ctypes calls on a context of its "
+        "own: one sequence per run kept across segments, the text before each stretch of "
+        "model-chosen tokens in one decode, then one decode per chosen token (argmax read, "
+        "no masks), so qrun/raw is qrun's own overhead (target ≤ 1.10). **transformers** is "
+        "qrun on the transformers backend (its default dtype), same process. The machine is "
+        "shared: passes vary by 10-30 %.", "",
+        "| workload | qrun on llama.cpp s | raw llama.cpp s | qrun/raw | target | qrun on "
+        "transformers s | transformers/llama.cpp | generated tok/s llama.cpp | same text | "
+        "forward / context | cached |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for name in WORKLOAD_ORDER:
+        row = block.get(name)
+        if row is None:
+            continue
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error'].splitlines()[-1][:100]} "
+                         "| | | | | | | | | |")
+            continue
+        q = row["qrun"]
+        lines.append(
+            f"| {name} | {q['wall_s']:.2f} | {row['raw']['wall_s']:.2f} | "
+            f"{row['qrun_over_raw']:.3f} | {'PASS' if row['overhead_pass'] else 'MISS'} | "
+            f"{row.get('transformers', {}).get('wall_s', float('nan')):.2f} | "
+            f"{row.get('transformers_over_llamacpp')} | {q.get('generated_per_s')} | "
+            f"{row.get('same_text_as_transformers')} | "
             f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
     return lines + [""]
 

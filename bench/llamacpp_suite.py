@@ -1,0 +1,167 @@
+"""`python -m bench --backend llamacpp`: the four workloads on the llamacpp backend, against
+raw llama.cpp replaying the same token sequences and against the transformers backend, all in
+one process, one after another.
+
+- **qrun on llama.cpp**: wall time of `Query.run_many(inputs)` on
+  `load_model(backend="llamacpp")` (the shipped Q4_1 GGUF).
+- **raw llama.cpp**: qrun's final token ids replayed as a template tool on bare llama.cpp
+  would run them, through the same ctypes calls (backends/llamacpp_api.py) on a context of
+  its own: per run one sequence whose KV cache is kept across segments; for every stretch of
+  consecutive positions where the model chose the token (bench/ideal.py), the text before it
+  is fed in one decode, then each chosen token is read off the logits (argmax) and fed back,
+  one decode per token. No masks, no template machinery: qrun/raw is qrun's own overhead.
+- **qrun on transformers**: the same workload on the transformers backend (its default
+  dtype), measured first.
+
+Each after one warm-up that is not counted; the prefix caches emptied before every timed
+pass; fastest of `--repeat` passes kept."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import torch
+
+import qrun
+from bench.ideal import decisions_of
+from bench.vllm_suite import Progress, _run, stretches, time_transformers
+from bench.workloads import Workload
+
+OVERHEAD_TARGET = 0.10  # qrun on llama.cpp at most 10 % slower than raw llama.cpp
+
+
+def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
+    """Raw llama.cpp decodes for every run's stretches; returns the wall time."""
+    from qrun.backends.llamacpp_api import Batch, Context
+
+    context = Context(backend.model, 8192, 1, 2048, torch.get_num_threads())
+    try:
+        started = time.perf_counter()
+        for token_ids, decisions in runs:
+            context.seq_rm(0, -1)
+            fed = 0
+            for start, length in stretches(decisions):
+                if start > fed:
+                    batch = Batch(start - fed)
+                    batch.add(list(token_ids[fed:start]), fed, 0, 1)
+                    _decode(context, batch)
+                for position in range(start, start + length):
+                    np.argmax(context.logits(1)[0])  # the choice a greedy tool makes
+                    batch = Batch(1)
+                    batch.add([token_ids[position]], position, 0, 1)
+                    _decode(context, batch)
+                fed = start + length
+        return time.perf_counter() - started
+    finally:
+        context.close()
+
+
+def _decode(context: Any, batch: Any) -> None:
+    code = context.decode(batch)
+    if code != 0:
+        raise RuntimeError(f"llama_decode returned {code}")
+
+
+def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, Any] | None,
+                     repeat: int = 2, progress: Progress = lambda s: None) -> dict[str, Any]:
+    """qrun on llama.cpp and raw llama.cpp (alternating, fastest of `repeat` passes each)."""
+    row: dict[str, Any] = {
+        "description": workload.description,
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
+        "runs": len(workload.inputs), "repeat": repeat, "dtype": backend.dtype,
+    }
+    query = qrun.Query(workload.template(), f"<bench:{workload.name}>")
+    inputs = list(workload.inputs)
+    progress(f"{workload.name}: qrun on llama.cpp, warm-up")
+    _run(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
+    passes: list[tuple[float, list[qrun.Result]]] = []
+    raw_walls: list[float] = []
+    runs: list[tuple[list[int], list[int]]] = []
+
+    def time_qrun() -> None:
+        backend.clear_cache()
+        started = time.perf_counter()
+        results = _run(query, backend, inputs)
+        passes.append((time.perf_counter() - started, results))
+        if not runs:
+            runs[:] = [(list(r.token_ids), decisions_of(r, healed=True)) for r in results]
+            replay_raw(backend, runs[:1])  # the raw replay's own warm-up
+
+    def time_raw() -> None:
+        raw_walls.append(replay_raw(backend, runs))
+
+    for attempt in range(repeat):
+        progress(f"{workload.name}: qrun on llama.cpp and raw llama.cpp, pass "
+                 f"{attempt + 1}/{repeat}")
+        for measure in (time_qrun, time_raw) if attempt % 2 == 0 else (time_raw, time_qrun):
+            measure()
+    wall, results = min(passes, key=lambda p: p[0])
+    stats = [r.stats for r in results]
+    raw = min(raw_walls)
+    generated = sum(s.generated_tokens for s in stats)
+    row["qrun"] = {
+        "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in passes],
+        "model_s": round(sum(s.model_s for s in stats), 4),
+        "mask_s": round(sum(s.mask_s for s in stats), 4),
+        "generated_per_s": round(generated / wall, 2),
+        **{k: sum(getattr(s, k) for s in stats) for k in (
+            "context_tokens", "forward_tokens", "cached_tokens", "forward_calls",
+            "generated_tokens")},
+    }
+    row["raw"] = {"wall_s": round(raw, 4), "walls_s": [round(w, 4) for w in raw_walls],
+                  "decodes": sum(len(stretches(d)) + len(d) for _, d in runs),
+                  "generated_tokens": sum(len(d) for _, d in runs)}
+    row["qrun_over_raw"] = round(wall / raw, 3)
+    row["overhead_target"] = f"<= {1 + OVERHEAD_TARGET:g}"
+    row["overhead_pass"] = wall / raw <= 1 + OVERHEAD_TARGET
+    if transformers is not None:
+        row["transformers"] = {k: v for k, v in transformers.items() if k != "texts"}
+        row["transformers_over_llamacpp"] = round(transformers["wall_s"] / wall, 3)
+        texts = transformers["texts"]
+        row["same_text_as_transformers"] = (
+            f"{sum(a == r.text for a, r in zip(texts, results, strict=True))}/{len(results)}")
+    row["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return row
+
+
+def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) -> dict[str, Any]:
+    """Every named workload on the transformers backend, then on llama.cpp (one process)."""
+    from bench.report import machine
+    from bench.workloads import WORKLOADS
+
+    out: dict[str, Any] = {}
+    transformers_backend = qrun.load_model("smollm2")
+    progress(f"transformers backend loaded ({transformers_backend.dtype})")
+    reference: dict[str, dict[str, Any]] = {}
+    for name in names:
+        progress(f"{name}: qrun on transformers")
+        reference[name] = time_transformers(WORKLOADS[name], transformers_backend, repeat)
+        reference[name]["transformers_dtype"] = transformers_backend.dtype
+    del transformers_backend
+    backend = qrun.load_model("smollm2", backend="llamacpp")
+    progress(f"llamacpp backend loaded in {backend.load_s:.1f} s ({backend.dtype})")
+    out["machine"] = {**machine(None), "dtype": backend.dtype, "llamacpp": _version(),
+                      "llamacpp_load_s": round(backend.load_s, 2),
+                      "threads": torch.get_num_threads()}
+    for name in names:
+        try:
+            out[name] = measure_llamacpp(WORKLOADS[name], backend, reference.get(name),
+                                         repeat, progress)
+        except Exception:  # noqa: BLE001 - one failing workload must not stop the rest
+            import traceback
+
+            out[name] = {"error": traceback.format_exc()}
+    backend.close()
+    return out
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("llama_cpp_python")
