@@ -5,7 +5,7 @@ holding, and the KV cache (segments, rollback, forks, prefix cache, batches, tok
 against cold evaluations of the same ids.
 
 llama.cpp runs the 4-bit weights with 8-bit activations, and its results depend slightly on
-how tokens were batched and where their cells sit (docs/language.md §17), so logits are
+how tokens were batched and where their cells sit (docs/language.md §18, §19), so logits are
 compared with a tolerance that a wrong context exceeds many times over, never bitwise.
 
 Without llama_cpp installed these tests skip, unless QRUN_REQUIRE_LLAMACPP=1 (then they
