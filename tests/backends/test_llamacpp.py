@@ -24,14 +24,12 @@ from typing import Any
 import pytest
 import regex
 import torch
+from test_examples import EXAMPLES, INPUTS, check_values
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import GenerationError, ModelLoadError
 from qrun.stdlib.patterns import PATTERNS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_examples import EXAMPLES, INPUTS, check_values  # noqa: E402
 
 pytestmark = pytest.mark.llamacpp
 
