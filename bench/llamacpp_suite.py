@@ -6,7 +6,8 @@ one process, one after another.
   `load_model(backend="llamacpp")` (the shipped Q4_1 GGUF).
 - **raw llama.cpp**: qrun's final token ids replayed as a template tool on bare llama.cpp
   would run them, through the same ctypes calls (backends/llamacpp_api.py) on a context of
-  its own: per run one sequence whose KV cache is kept across segments; for every stretch of
+  its own: per run one sequence whose KV cache is kept across segments (and what it shares
+  with the previous run's tokens is kept too, a one-entry prefix cache); for every stretch of
   consecutive positions where the model chose the token (bench/ideal.py), the text before it
   is fed in one decode, then each chosen token is read off the logits (argmax) and fed back,
   one decode per token. No masks, no template machinery: qrun/raw is qrun's own overhead.
@@ -42,10 +43,15 @@ def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]
     context = Context(backend.model, 8192, 1, 2048, torch.get_num_threads())
     try:
         started = time.perf_counter()
+        previous: Sequence[int] = ()
         for token_ids, decisions in runs:
-            context.seq_rm(0, -1)
-            fed = 0
-            for start, length in stretches(decisions):
+            parts = stretches(decisions)
+            # What the previous run fed and this one shares stays (a one-entry prefix cache),
+            # short of the first choice's position, whose logits must be computed again.
+            fed = _common(previous, token_ids, parts[0][0] - 1 if parts else 0)
+            context.seq_rm(0, fed)
+            previous = token_ids
+            for start, length in parts:
                 if start > fed:
                     batch = Batch(start - fed)
                     batch.add(list(token_ids[fed:start]), fed, 0, 1)
@@ -59,6 +65,13 @@ def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]
         return time.perf_counter() - started
     finally:
         context.close()
+
+
+def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    while n < min(len(a), len(b), limit) and a[n] == b[n]:
+        n += 1
+    return max(0, n)
 
 
 def _decode(context: Any, batch: Any) -> None:
