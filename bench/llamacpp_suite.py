@@ -26,7 +26,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import torch
 
 import qrun
 from bench.ideal import decisions_of
@@ -38,9 +37,10 @@ OVERHEAD_TARGET = 0.10  # qrun on llama.cpp at most 10 % slower than raw llama.c
 
 def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
     """Raw llama.cpp decodes for every run's stretches; returns the wall time."""
+    from qrun.backends.llamacpp import llama_threads
     from qrun.backends.llamacpp_api import Batch, Context
 
-    context = Context(backend.model, 8192, 1, 2048, torch.get_num_threads())
+    context = Context(backend.model, 8192, 1, 2048, llama_threads())
     try:
         started = time.perf_counter()
         previous: Sequence[int] = ()
@@ -147,6 +147,7 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
     """Every named workload on the transformers backend, then on llama.cpp (one process)."""
     from bench.report import machine
     from bench.workloads import WORKLOADS
+    from qrun.backends.llamacpp import llama_threads
 
     out: dict[str, Any] = {}
     transformers_backend = qrun.load_model("smollm2")
@@ -161,7 +162,7 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
     progress(f"llamacpp backend loaded in {backend.load_s:.1f} s ({backend.dtype})")
     out["machine"] = {**machine(None), "dtype": backend.dtype, "llamacpp": _version(),
                       "llamacpp_load_s": round(backend.load_s, 2),
-                      "threads": torch.get_num_threads()}
+                      "threads": llama_threads()}
     for name in names:
         try:
             out[name] = measure_llamacpp(WORKLOADS[name], backend, reference.get(name),

@@ -16,6 +16,7 @@ cost sequence ids, not copies, and give way when ids or cells run short."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -422,6 +423,18 @@ def _groups(leaves: list[int], parents: Sequence[int]) -> list[list[int]]:
     return groups
 
 
+def llama_threads() -> int:
+    """llama.cpp's thread count: $QRUN_LLAMACPP_THREADS when set, else torch's thread count
+    with one core left to the rest of the machine. ggml synchronises its threads at every
+    graph node, so a thread that loses its core stalls all of them: on this project's shared
+    2-core machine (load average 6) examples/hello.tmpl took 1.6 s of model time with 1
+    thread and 126 s with 2."""
+    given = os.environ.get("QRUN_LLAMACPP_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
+
+
 def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True
                   ) -> LlamaCppBackend:
     """Load a GGUF file with llama.cpp: the model memory-mapped and one context for every
@@ -438,5 +451,5 @@ def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True
         # Room for one run of the model's full length and as much again for other runs and
         # cached prefixes (23 KB a position for SmolLM2: 360 MiB).
         cells = min(2 * trained, 32768)
-        context = Context(model, cells, MAX_SEQUENCES, BATCH_TOKENS, torch.get_num_threads())
+        context = Context(model, cells, MAX_SEQUENCES, BATCH_TOKENS, llama_threads())
     return LlamaCppBackend(model, context, name, cache_mb, time.perf_counter() - started)
