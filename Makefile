@@ -47,9 +47,14 @@ $(BROWSER_STAMP): $(STAMP)
 browser: $(BROWSER_STAMP) chromium
 	QRUN_CHROMIUM=$(CHROMIUM) QRUN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -m browser tests/trace
 
-# docs/trace.png, the README's picture of a run, from the trace assembled from a real run.
+# docs/trace.png, the README's picture of a run: a real run of examples/review.tmpl recorded
+# with --trace (every sampled token's alternatives and mask size), then screenshot in chromium.
+REVIEW := Our room in Lyon was quiet and the staff were lovely, but breakfast was 24 euros and the coffee was cold.
 trace-screenshot: $(BROWSER_STAMP) chromium
-	$(PY) scripts/trace-screenshot.py tests/trace/fixtures/review.json docs/trace.png \
+	mkdir -p build
+	$(VENV)/bin/qrun examples/review.tmpl -v review="$(REVIEW)" --seed 3 \
+	  --trace build/review-trace.json > /dev/null
+	$(PY) scripts/trace-screenshot.py build/review-trace.json docs/trace.png \
 	  --chromium $(CHROMIUM)
 
 # The llamacpp backend's optional extra: llama-cpp-python 0.3.36 built from its sdist (no wheel

@@ -28,6 +28,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "chat.tmpl": {"topic": "photosynthesis"},
     "list.tmpl": {"subject": "a rainy afternoon", "count": 3},
     "interview.tmpl": {"candidate": "Eight years of backend work, led a team of five."},
+    "review.tmpl": {"review": "Quiet room in Lyon, lovely staff, but breakfast was 24 euros."},
 }
 
 
@@ -48,6 +49,9 @@ def check_values(name: str, r: qrun.Result) -> None:
         assert r["paid"] in ("yes", "no")
     if name == "list.tmpl":
         assert isinstance(r["idea"], list) and len(r["idea"]) == 3
+    if name == "review.tmpl":
+        assert r["sentiment"] in ("positive", "negative", "mixed")
+        assert regex.fullmatch(r"[0-9]{1,3} (euros|EUR)", r["price"])
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")

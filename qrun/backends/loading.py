@@ -6,9 +6,11 @@ load, so a damaged or stale copy is converted again instead of failing."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -16,6 +18,7 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,6 +308,24 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars or notices on stderr while loading or converting (the CLI says what
+    it is doing itself: qrun/cli_output.py LoadingNotice); the caller's settings come back."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def _convert_gguf(location: ModelLocation, out: Path) -> None:
     # transformers cannot save_pretrained a GGUF-loaded model ("quantized with gguf and is
     # not serializable"), so config, tokenizer and weights are written separately.
@@ -313,10 +334,13 @@ def _convert_gguf(location: ModelLocation, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location.path, gguf_file=location.gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(
-            location.path, gguf_file=location.gguf_file, dtype=torch.float32
-        )
+        # transformers' GGUF reader draws its own tqdm bar, which no switch of theirs turns
+        # off (modeling_gguf_pytorch_utils.py), so stderr goes nowhere while it runs.
+        with quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(location.path, gguf_file=location.gguf_file)
+            model = AutoModelForCausalLM.from_pretrained(
+                location.path, gguf_file=location.gguf_file, dtype=torch.float32
+            )
     except ImportError as exc:
         raise ModelLoadError(f"loading a GGUF file needs the 'gguf' package: {exc}") from exc
     tokenizer.save_pretrained(out)

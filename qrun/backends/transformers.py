@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from qrun.backends.base import BatchForward, StepModel, TreeScorer
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
+from qrun.backends.loading import quiet_transformers
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.errors import ModelLoadError, UsageError
 
@@ -273,7 +273,7 @@ def load_transformers(
         raise UsageError(f"--device {device} was asked for, but torch sees no CUDA device")
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder)
             model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
@@ -328,23 +328,6 @@ def default_dtype(device: str) -> torch.dtype:
     except (AttributeError, RuntimeError):
         native = False
     return torch.bfloat16 if native else torch.float32
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No progress bars or notices on stderr while loading; the caller's settings come back."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if not bars_were_disabled:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def resolve_dtype(dtype: str | None, device: str = "cpu") -> torch.dtype:

@@ -192,7 +192,7 @@ def test_a_template_without_holes_loads_no_weights(
 SLOW = "Question: {{ question }}\nAnswer:{{ gen answer max_tokens=60 }}"
 
 
-@pytest.mark.parametrize("batch_size", ["4", "1"])
+@pytest.mark.parametrize("batch_size", [pytest.param("4", marks=pytest.mark.slow), "1"])
 def test_ctrl_c_during_inputs_keeps_printed_lines_whole(
     tmp_path: Path, tiny_folder: str, batch_size: str
 ) -> None:

@@ -86,6 +86,7 @@ def test_output_reads_back_as_inputs(
     assert back[1]["text"].startswith("Q: plain|")
 
 
+@pytest.mark.slow
 def test_inputs_from_stdin_keep_file_line_numbers(tmp_path: Path, tiny_folder: str) -> None:
     data = b'\n{"q": "one"}\n\n{"q": \xc3}\n{"q": "three"}'  # no final newline
     done = subprocess.run(

@@ -215,6 +215,7 @@ REGEXES = st.recursive(
 LABELS = ["\n{i}: ", "\n{i}:", " v{i}=", "; h{i} ", "\n({i}) [", ", "]
 REGEX_HOLES_PER_RUN = 16
 REGEX_RUNS = 70
+REGEX_RUNS_FAST = 8  # the default tier's share; the `slow` tier runs REGEX_RUNS
 
 
 @st.composite
@@ -231,16 +232,7 @@ def regex_holes(draw: st.DrawFn) -> list[tuple[str, int, int, bool]]:
     ]
 
 
-@settings(
-    max_examples=REGEX_RUNS,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
-@given(specs=regex_holes(), seed=st.integers(0, 2**16))
-def test_random_regex_holes_always_full_match(
+def check_random_regex_holes(
     models: Callable[[int], TransformersBackend], specs: list[tuple[str, int, int, bool]],
     seed: int,
 ) -> None:
@@ -254,6 +246,32 @@ def test_random_regex_holes_always_full_match(
         for i, (pattern, extra, label, heal) in enumerate(specs)
     ]
     run_holes(tiny, holes, seed, full_match)
+
+
+def regex_settings(runs: int) -> settings:
+    """Reproducible example sets (the same specs every run), however long each takes."""
+    return settings(max_examples=runs, derandomize=True, database=None, deadline=None,
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck))
+
+
+@regex_settings(REGEX_RUNS_FAST)
+@given(specs=regex_holes(), seed=st.integers(0, 2**16))
+def test_random_regex_holes_always_full_match(
+    models: Callable[[int], TransformersBackend], specs: list[tuple[str, int, int, bool]],
+    seed: int,
+) -> None:
+    check_random_regex_holes(models, specs, seed)
+
+
+@pytest.mark.slow
+@regex_settings(REGEX_RUNS)
+@given(specs=regex_holes(), seed=st.integers(0, 2**16))
+def test_many_random_regex_holes_always_full_match(
+    models: Callable[[int], TransformersBackend], specs: list[tuple[str, int, int, bool]],
+    seed: int,
+) -> None:
+    check_random_regex_holes(models, specs, seed)
 
 
 # --- stdlib patterns ---------------------------------------------------------------------
@@ -274,7 +292,8 @@ def stdlib_holes(tiny: TransformersBackend, seed: int) -> list[Hole]:
     return holes
 
 
-@pytest.mark.parametrize("seed", range(STDLIB_RUNS))
+@pytest.mark.parametrize(
+    "seed", [s if s < 2 else pytest.param(s, marks=pytest.mark.slow) for s in range(STDLIB_RUNS)])
 def test_stdlib_patterns_always_full_match(
     models: Callable[[int], TransformersBackend], seed: int
 ) -> None:

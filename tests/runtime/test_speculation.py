@@ -96,7 +96,7 @@ def test_the_default_model_quoting_a_document(smollm2: TransformersBackend) -> N
     assert on.stats.forward_calls < off.stats.forward_calls
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2, 3))])
 def test_sampled_output_is_the_same_for_the_same_seed(tiny: TransformersBackend,
                                                       seed: int) -> None:
     model = copier(tiny, boost=3.0)
@@ -121,6 +121,7 @@ def test_batched_runs_speculate_too(tiny: TransformersBackend) -> None:
     assert sum(r.stats.accepted_tokens for r in together) > 0
 
 
+@pytest.mark.slow
 def test_the_sampled_distribution_is_the_models(tiny: TransformersBackend) -> None:
     # The model copies with probability p (a boosted but not certain token); with speculation
     # the drafted copy is fed ahead, and the sampled token must still follow the model's
