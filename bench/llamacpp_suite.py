@@ -29,10 +29,19 @@ import numpy as np
 
 import qrun
 from bench.ideal import decisions_of
-from bench.vllm_suite import Progress, _run, stretches, time_transformers
+from bench.vllm_suite import Progress, stretches, time_transformers
 from bench.workloads import Workload
+from qrun.errors import QrunError
 
 OVERHEAD_TARGET = 0.10  # qrun on llama.cpp at most 10 % slower than raw llama.cpp
+
+
+def _run(query: qrun.Query, backend: Any, inputs: Sequence[Any]) -> list[qrun.Result]:
+    results = query.run_many(list(inputs), model=backend)
+    for r in results:
+        if isinstance(r, QrunError):
+            raise r
+    return [r for r in results if isinstance(r, qrun.Result)]
 
 
 def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
