@@ -111,8 +111,8 @@ def render(results: Mapping[str, Any]) -> str:
         "## Summary",
         "",
         "| workload | context | forward/context | qrun s | ideal s | naive s | qrun/ideal | "
-        "naive/qrun | targets |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "without speculation s | its /ideal | naive/qrun | targets |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name in WORKLOAD_ORDER:
         row = results.get(name)
@@ -120,7 +120,7 @@ def render(results: Mapping[str, Any]) -> str:
             continue
         if "error" in row:
             lines.append(f"| {name} | error: {row['error'].splitlines()[0][:120]} "
-                         "| | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         verdicts = ", ".join(f"{t['name']} {'PASS' if t['pass'] else 'MISS'}"
                              for t in row["targets"])
@@ -128,6 +128,7 @@ def render(results: Mapping[str, Any]) -> str:
             f"| {name} | {row['context_tokens']} | {row['forward_over_context']:.3f} | "
             f"{row['qrun']['wall_s']:.2f} | {row['ideal']['wall_s']:.2f} | "
             f"{row['naive']['wall_s']:.2f} | {row['qrun_over_ideal']:.3f} | "
+            f"{_spec(row, 'off_wall_s', '.2f')} | {_spec(row, 'off_over_ideal', '.3f')} | "
             f"{row['naive_over_qrun']:.2f} | {verdicts} |")
     lines.append("")
     for name in WORKLOAD_ORDER:
@@ -184,6 +185,11 @@ def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _spec(row: Mapping[str, Any], key: str, fmt: str) -> str:
+    value = (row.get("speculation") or {}).get(key)
+    return "—" if value is None else format(value, fmt)
+
+
 def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
     lines = [f"## {name}", ""]
     if "error" in row:
@@ -215,6 +221,10 @@ def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
         lines.append(f"| ideal, common {shared['prefix_tokens']}-token prefix once | "
                      f"{shared['wall_s']:.3f} | {shared['forward_calls']} | "
                      f"{shared['forward_tokens']} |")
+    spec = row.get("speculation")
+    if spec:
+        lines.append(f"| qrun without speculation | {spec['off_wall_s']:.3f} | "
+                     f"{spec['off_forward_calls']} | — |")
     lines += [
         f"| naive | {naive['wall_s']:.3f} | {naive['forward_calls']} | "
         f"{naive['forward_tokens']} |",
@@ -231,7 +241,11 @@ def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
         f"inside a healed prefix: {row.get('healed_tokens_resampled', '—')}; they give back "
         f"the template's own text, so the ideal feeds them as fixed text. Naive values equal "
         f"qrun's for {row['naive_values_agree']} holes; template and naive step list "
-        f"{'agree' if row['template_consistent'] else 'DISAGREE'} on the rendered text.",
+        f"{'agree' if row['template_consistent'] else 'DISAGREE'} on the rendered text."
+        + (f" Speculation: {spec['drafted_tokens']} tokens drafted, {spec['accepted_tokens']} "
+           f"accepted; forward calls {spec['off_forward_calls']} without it, "
+           f"{spec['on_forward_calls']} with it; the same text in {spec['same_text']} of "
+           f"{row['runs']} run(s)." if spec else ""),
         "",
     ]
     if len(q.get("walls_s", [])) > 1:

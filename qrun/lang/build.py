@@ -434,6 +434,13 @@ class ExprBuilder:
             return ex.Name(str(token), span)
         if data == "number":
             return ex.Const(self.number(token.value, span), span)
+        if data == "string_list":
+            start = token.start_pos or 0
+            items = []
+            for match in _STRING_ITEM.finditer(token.value):
+                item_span = self.span(start + match.start(), start + match.end())
+                items.append(ex.Const(self.string(match.group(0), item_span), item_span))
+            return ex.ListExpr(tuple(items), span)
         return ex.Const(self.string(token.value, span), span)
 
     def compound(self, data: str, kids: list[Item], sub: list[ex.Expr], span: Span) -> ex.Expr:
@@ -553,7 +560,9 @@ class ExprBuilder:
         return value
 
 
-_LEAVES = frozenset({"name", "number", "string", "true", "false", "none"})
+_LEAVES = frozenset({"name", "number", "string", "string_list", "true", "false", "none"})
+# One string literal inside a STRING_LIST token (grammar.lark).
+_STRING_ITEM = re.compile(r'"(?:[^"\\\n]|\\[^\n])*"|' + r"'(?:[^'\\\n]|\\[^\n])*'")
 _CONSTANTS: dict[str, bool | None] = {"true": True, "false": False, "none": None}
 
 
