@@ -239,9 +239,10 @@ def test_lark_with_inline_json(smol_vocab: Vocabulary) -> None:
 
 
 def test_schema_errors_are_located() -> None:
-    schema = {"properties": {"not": {"type": "string"},
-                             "b": {"items": {"uniqueItems": True, "type": "array"}},
-                             "c": {"format": "int32"}}}
+    schema: dict[str, Any] = {"properties": {"not": {"type": "string"},
+                                             "b": {"items": {"uniqueItems": True,
+                                                             "type": "array"}},
+                                             "c": {"format": "int32"}}}
     error = check_schema(schema)
     assert error is not None and error.pointer == "/properties/b/items/uniqueItems"
     assert error.reason == 'Unimplemented keys: ["uniqueItems"]'
