@@ -140,6 +140,10 @@ def render(results: Mapping[str, Any]) -> str:
         lines += _speed_section(None, results["compile"])
     for key in sorted(k for k in results if k.startswith("vllm-")):
         lines += _vllm_section(key, results[key])
+    if "json_corpus" in results:
+        from bench.llg_corpus import corpus_section
+
+        lines += corpus_section(results["json_corpus"])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"
 
