@@ -34,7 +34,7 @@ from bench.json_instances import (
 )
 from qrun.backends.vocab import Vocabulary
 from qrun.errors import ConstraintError
-from qrun.llg import JsonFormat, json_grammar
+from qrun.llg import FIXED, JsonFormat, json_grammar
 from qrun.matcher import Matcher
 from qrun.runtime.llg import LlgCache, LlgCursor, LlgIndex
 from qrun.runtime.masks import DEAD, TokenIndex
@@ -176,9 +176,9 @@ class Checker:
         report.first_mask_s = time.perf_counter() - started
         return matcher
 
-    def index(self, schema: Any) -> LlgIndex:
-        """The schema's LlgIndex (for key-order search and budgeted generations)."""
-        return self._indexes.get(json_grammar(schema, self.fmt), self.vocab)
+    def index(self, schema: Any, fmt: JsonFormat | None = None) -> LlgIndex:
+        """The schema's LlgIndex in the Matcher's layout, or in `fmt`."""
+        return self._indexes.get(json_grammar(schema, fmt or self.fmt), self.vocab)
 
     def _instances(self, matcher: Matcher, old: TokenIndex | None, schema: Any,
                    report: SchemaReport) -> None:
@@ -266,8 +266,9 @@ class Checker:
 
     def _generate(self, schema: Any, report: SchemaReport, rng: random.Random) -> None:
         """One random generation under the budget-aware mask; it must end complete and
-        valid. The budget is 64 tokens, or twice what the shortest value needs plus 16."""
-        index = self.index(schema)
+        valid. The budget is 64 tokens, or twice what the shortest value needs plus 16. In
+        a json= hole's layout (FIXED), as holes generate."""
+        index = self.index(schema, FIXED)
         cursor: LlgCursor = index.start()
         shortest = cursor.completion()
         if shortest is None:

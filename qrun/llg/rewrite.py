@@ -5,8 +5,9 @@ through (tests/constraints/test_llg_rewrite.py checks each against the `jsonsche
 validator):
 
 - `format` values llguidance does not know, or that the schema's draft does not define, are
-  dropped: `format` is an annotation (2020-12 §7.2; validators do not assert it by default).
-  Dates and date-times leave out the year 0000 (fewer values).
+  dropped: `format` is an annotation (JSON Schema Validation 2020-12, section 7.2;
+  validators do not assert it by default). Dates and date-times leave out the year 0000
+  (fewer values).
 - `not` of the forms that say "this property is absent" (`required`, `required` with
   `type: object`, `anyOf` of `required`), of `type`, and of `{}`/`true`/`false`.
 - `dependencies`, `dependentRequired` and `dependentSchemas` become `anyOf` pairs ("absent,

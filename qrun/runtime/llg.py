@@ -46,10 +46,13 @@ _MAX_REPEAT = 4
 _CHOICES = 8
 _SEARCH_NODES = 400
 _CYCLE_REPEATS = 12
-# Bytes the completion walk prefers, in order: close strings and containers first, then a
-# space (it ends a word in most grammars), then the shortest values. Any other allowed byte
-# comes after these, lowest first.
-_CLOSING_ORDER = b'"}]) 0,:nte1'
+# Bytes the completion walk prefers, in order: close strings and containers first, then the
+# shortest values. Any other allowed byte comes after these, lowest first, and whitespace
+# last: where JSON's layout is flexible a blank is allowed almost everywhere, and taking it
+# first walks blanks until the walk gives up. (Where a grammar needs a blank that competes
+# with another byte, the look-ahead weighs both.)
+_CLOSING_ORDER = b'"}])0,:nte1'
+_BLANKS = frozenset(b" \t\n\r")
 
 
 class _TokenSource(llguidance.TokenizerWrapper):
@@ -123,6 +126,10 @@ class LlgIndex:
         self._lock = threading.Lock()
         self.byte_tokens = np.array([(vocab.ids_of(bytes([b])) or (-1,))[0] for b in range(256)],
                                     dtype=np.int64)
+        # The bytes that have a single-byte token, and those tokens (the completion walk
+        # reads the mask at these ids).
+        self.spelled_bytes = np.flatnonzero(self.byte_tokens >= 0)
+        self.spelled_ids = self.byte_tokens[self.spelled_bytes]
 
     def __repr__(self) -> str:
         return f"LlgIndex({len(self.grammar)} chars, vocab={self.vocab.size})"
@@ -169,7 +176,7 @@ class LlgCursor:
     """Where one hole is inside an llguidance grammar. Mutable; fork with `copy`."""
 
     __slots__ = ("index", "matcher", "_words", "_mask_cache", "_need", "_since", "_tail",
-                 "_margin")
+                 "_margin", "_way")
 
     def __init__(self, index: LlgIndex, matcher: llguidance.LLMatcher) -> None:
         self.index = index
@@ -185,11 +192,14 @@ class LlgCursor:
         # the largest rise of the estimate seen in one step (an array of objects whose items
         # each need ten tokens more).
         self._margin = _BUDGET_MARGIN
+        # The rest of the last completion computed, while the tokens consumed since followed
+        # it (the closing tokens do): the walk from here would find it again.
+        self._way: bytes | None = None
 
     def copy(self) -> LlgCursor:
         twin = LlgCursor(self.index, self.matcher.deep_copy())
         twin._need, twin._since, twin._tail = self._need, self._since, self._tail
-        twin._margin = self._margin
+        twin._margin, twin._way = self._margin, self._way
         return twin
 
     def allowed(self, tokens_left: int | None = None) -> torch.Tensor:
@@ -230,7 +240,10 @@ class LlgCursor:
             reason = clean_reason(self.matcher.get_error())[:300]
             raise ValueError(f"token id {token_id} is not allowed: {reason}")
         self._since += 1
-        self._tail = (self._tail + (self.index.vocab.token_bytes[token_id] or b""))[-_MAX_REPEAT:]
+        data = self.index.vocab.token_bytes[token_id] or b""
+        self._tail = (self._tail + data)[-_MAX_REPEAT:]
+        way = self._way
+        self._way = way[len(data):] if way is not None and way.startswith(data) else None
 
     def consume(self, token_id: int) -> bool:
         """Consume `token_id` if allowed; False (and no change) if not."""
@@ -257,13 +270,13 @@ class LlgCursor:
         Raises:
             ValueError: more tokens than were consumed.
         """
-        self._mask_cache, self._need, self._tail = None, None, b""
+        self._mask_cache, self._need, self._tail, self._way = None, None, b"", None
         if tokens and not self.matcher.rollback(tokens):
             raise ValueError(f"cannot roll back {tokens} tokens: "
                              f"{clean_reason(self.matcher.get_error())[:300]}")
 
     def reset(self) -> None:
-        self._mask_cache, self._need, self._tail = None, None, b""
+        self._mask_cache, self._need, self._tail, self._way = None, None, b"", None
         self.matcher.reset()
 
     def forced_bytes(self) -> bytes:
@@ -315,23 +328,20 @@ class LlgCursor:
     def candidates(self) -> list[int]:
         """The bytes that may come next (single-byte tokens), preferred ones first, at most
         _CHOICES."""
-        mask = self.mask()
-        ids = self.index.byte_tokens
-        allowed = [b for b in range(256) if ids[b] >= 0 and mask[ids[b]]]
+        allowed = self._next_bytes()
         preferred = [b for b in _CLOSING_ORDER if b in allowed]
         return [*preferred, *(b for b in allowed if b not in preferred)][:_CHOICES]
 
     def cheapest_byte(self, look_ahead: bool = False) -> bytes:
         """The byte the completion walk takes next (see `completion`), b"" when none."""
-        mask = self.mask()
-        ids = self.index.byte_tokens
         recent = self._tail
         stuck = len(recent) == _MAX_REPEAT and len(set(recent)) == 1
-        allowed = [b for b in range(256) if ids[b] >= 0 and mask[ids[b]]
-                   and not (stuck and b == recent[0])]
+        allowed = [b for b in self._next_bytes() if not (stuck and b == recent[0])]
+        solid = [b for b in allowed if b not in _BLANKS]
         if look_ahead and 2 <= len(allowed) <= _CHOICES:
+            # A blank only delays what follows it: weigh the other bytes when there are any.
             best, best_size = b"", _MAX_COMPLETION + 1
-            for byte in allowed:
+            for byte in solid if len(solid) >= 2 else allowed:
                 trial = self.copy()
                 rest = (trial.completion(look_ahead=False)
                         if trial.advance_bytes(bytes([byte])) else None)
@@ -342,7 +352,13 @@ class LlgCursor:
         for byte in _CLOSING_ORDER:
             if byte in allowed:
                 return bytes([byte])
-        return bytes(allowed[:1])
+        return bytes((solid or allowed)[:1])
+
+    def _next_bytes(self) -> list[int]:
+        """The bytes whose single-byte token the mask allows, lowest first."""
+        index = self.index
+        allowed: list[int] = index.spelled_bytes[self.mask()[index.spelled_ids]].tolist()
+        return allowed
 
     def _closing_token(self, tokens_left: int) -> int | None:
         """The token to force near the end of the budget, or None to leave the mask whole.
@@ -361,7 +377,8 @@ class LlgCursor:
         window = _BUDGET_WINDOW + self._margin
         if not stale and self._need is not None and tokens_left > self._need + window:
             return None
-        completion = self.completion()
+        completion = self._way if self._way is not None else self.completion()
+        self._way = completion
         if completion is None:
             self._need = None
             return None
