@@ -40,6 +40,7 @@ KNOWN_DEVIATIONS = frozenset({
     "schemastore/Minecraft Data Pack Dimension Type",
     "schemastore/tizen_workspace",
     "schemastore/Drush site aliases",
+    "schemastore/Minecraft Data Pack Metadata",  # U+007F in a key
 })
 
 
