@@ -46,12 +46,12 @@ _MAX_REPEAT = 4
 _CHOICES = 8
 _SEARCH_NODES = 400
 _CYCLE_REPEATS = 12
-# Bytes the completion walk prefers, in order: close strings and containers first, then the
-# shortest values. Any other allowed byte comes after these, lowest first, and whitespace
-# last: where JSON's layout is flexible a blank is allowed almost everywhere, and taking it
-# first walks blanks until the walk gives up. (Where a grammar needs a blank that competes
-# with another byte, the look-ahead weighs both.)
-_CLOSING_ORDER = b'"}])0,:nte1'
+# Bytes the completion walk prefers, in order: close strings and containers first, then a
+# space (it ends a word in most grammars), then the shortest values. Any other allowed byte
+# comes after these, lowest first, blanks last. A blank is never taken right after a blank
+# when another byte may come: where JSON's layout is flexible a blank is allowed almost
+# everywhere, and the walk would take blanks until it gives up.
+_CLOSING_ORDER = b'"}]) 0,:nte1'
 _BLANKS = frozenset(b" \t\n\r")
 
 
@@ -349,8 +349,9 @@ class LlgCursor:
                     best, best_size = bytes([byte]), len(rest)
             if best:
                 return best
+        after_blank = bool(recent) and recent[-1] in _BLANKS
         for byte in _CLOSING_ORDER:
-            if byte in allowed:
+            if byte in allowed and not (after_blank and byte in _BLANKS and solid):
                 return bytes([byte])
         return bytes((solid or allowed)[:1])
 
