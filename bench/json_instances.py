@@ -131,8 +131,13 @@ class _LegacyMany:
 
 
 def _patch_hypothesis_jsonschema() -> None:
+    import importlib
+
     from hypothesis.internal.conjecture import utils
-    from hypothesis_jsonschema import _from_schema
+
+    # The module whose `cu` (hypothesis's conjecture utils) the adapter replaces: a
+    # third-party incompatibility, patched for test data only.
+    _from_schema = importlib.import_module("hypothesis_jsonschema._from_schema")
 
     if not hasattr(utils.many, "more") and getattr(_from_schema, "cu", None) is utils:
         setattr(_from_schema, "cu", SimpleNamespace(many=_LegacyMany))  # noqa: B010
