@@ -142,6 +142,10 @@ def render(results: Mapping[str, Any]) -> str:
         lines += _vllm_section(key, results[key])
     if "llamacpp" in results:
         lines += _llamacpp_section(results["llamacpp"])
+    if "json_corpus" in results:
+        from bench.llg_corpus import corpus_section
+
+        lines += corpus_section(results["json_corpus"])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"
 

@@ -30,6 +30,7 @@ _EXPORTS = {
     "compile_file": "qrun.lang",
     "compile_source": "qrun.lang",
     "Query": "qrun.api",
+    "Matcher": "qrun.matcher",
     "load_model": "qrun.backends",
     "Result": "qrun.runtime.result",
     "HoleRecord": "qrun.runtime.result",
@@ -47,6 +48,7 @@ __all__ = [
     "HoleRecord",
     "InputError",
     "Limits",
+    "Matcher",
     "ModelLoadError",
     "Program",
     "QrunError",
@@ -100,6 +102,7 @@ if TYPE_CHECKING:
     from qrun.lang import compile_file, compile_source
     from qrun.lang.ir import Program
     from qrun.limits import Limits
+    from qrun.matcher import Matcher
     from qrun.options import RunOptions
     from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
     from qrun.runtime.stats import Stats

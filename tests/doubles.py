@@ -102,7 +102,7 @@ class ScriptedServer(HFTokenizerMixin):
     capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, tiny: TransformersBackend, replies: Sequence[str],
-                 scores: dict[str, float] | None = None) -> None:
+                 scores: dict[str, float] | None = None, llguidance: bool = True) -> None:
         self.tokenizer = tiny.tokenizer
         self._vocab_size = tiny.vocab_size
         self._eos: list[int] = []
@@ -111,6 +111,7 @@ class ScriptedServer(HFTokenizerMixin):
         self.replies = list(replies)
         self.scores = scores or {}
         self.requests: list[dict[str, Any]] = []
+        self.llguidance = llguidance
 
     def hole_sampler(self) -> HoleSampler:
         return self
@@ -123,6 +124,9 @@ class ScriptedServer(HFTokenizerMixin):
         ids = self.encode(self.replies.pop(0))[:max_tokens]
         return Completion(ids, [-0.5] * len(ids), "length" if len(ids) == max_tokens else "eos",
                           len(prompt), 0)
+
+    def reads_llguidance(self) -> bool:
+        return self.llguidance
 
     def score_continuations(self, context: Sequence[int],
                             rows: Sequence[Sequence[int]]) -> ScoredRows:

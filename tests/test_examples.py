@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import regex
 
@@ -29,14 +31,32 @@ INPUTS: dict[str, dict[str, Any]] = {
     "list.tmpl": {"subject": "a rainy afternoon", "count": 3},
     "interview.tmpl": {"candidate": "Eight years of backend work, led a team of five."},
     "review.tmpl": {"review": "Quiet room in Lyon, lovely staff, but breakfast was 24 euros."},
+    "catalog.tmpl": {},
+    "query.tmpl": {},
 }
+
+
+def catalog_schema() -> Any:
+    """The JSON Schema written (as JSON) in examples/catalog.tmpl's `set`."""
+    text = (EXAMPLES / "catalog.tmpl").read_text()
+    found = regex.search(r"\{% set schema = (\{.*?\}) %\}", text, flags=regex.DOTALL)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def query_grammar() -> str:
+    """The Lark grammar of examples/query.tmpl: its lines, a list literal joined by newlines."""
+    text = (EXAMPLES / "query.tmpl").read_text()
+    found = regex.search(r"\{% set sql = (\[.*?\]) \| join", text, flags=regex.DOTALL)
+    assert found is not None
+    return "\n".join(ast.literal_eval(found.group(1)))
 
 
 def test_every_example_has_inputs_listed() -> None:
     assert sorted(INPUTS) == sorted(p.name for p in EXAMPLES.glob("*.tmpl"))
 
 
-def check_values(name: str, r: qrun.Result) -> None:
+def check_values(name: str, r: qrun.Result, model: Any) -> None:
     if name == "classify.tmpl":
         assert r["sentiment"] in ("positive", "negative", "mixed")
         record = r.holes["sentiment"]
@@ -52,6 +72,11 @@ def check_values(name: str, r: qrun.Result) -> None:
     if name == "review.tmpl":
         assert r["sentiment"] in ("positive", "negative", "mixed")
         assert regex.fullmatch(r"[0-9]{1,3} (euros|EUR)", r["price"])
+    if name == "catalog.tmpl":
+        jsonschema.validate(r["catalog"], catalog_schema())
+    if name == "query.tmpl":
+        matcher = qrun.Matcher(model, grammar=query_grammar())
+        assert matcher.consume_text(r["query"]) and matcher.accepting(), r["query"]
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")
@@ -61,7 +86,7 @@ def check_values(name: str, r: qrun.Result) -> None:
 def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
     query = qrun.Query.from_file(EXAMPLES / name)
     r = query.run(INPUTS[name], model=tiny, seed=0)
-    check_values(name, r)
+    check_values(name, r, tiny)
     assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
     assert tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
 
@@ -70,7 +95,7 @@ def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) ->
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_default_model(smollm2: TransformersBackend, name: str) -> None:
     r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=smollm2)
-    check_values(name, r)
+    check_values(name, r, smollm2)
     assert all(str(v).strip() for v in r.vars.values())
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "qrun"
 
 # Packages that must not import the runtime (they sit below it).
-BELOW_RUNTIME = ("qrun.lang", "qrun.stdlib", "qrun.regex", "qrun.backends")
+BELOW_RUNTIME = ("qrun.lang", "qrun.stdlib", "qrun.regex", "qrun.llg", "qrun.backends")
 # CPython's private regex parser: read in one module only.
 SRE_READER = "qrun.regex.syntax"
 
@@ -73,6 +73,13 @@ def test_the_regex_engine_imports_nothing_else_of_qrun() -> None:
     bad = [f"{i.source}:{i.line} imports {i.module}"
            for path in python_files("qrun/regex") for i in imports(path)
            if i.module.startswith("qrun") and not i.module.startswith("qrun.regex")]
+    assert bad == []
+
+
+def test_the_grammar_package_imports_nothing_else_of_qrun() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun/llg") for i in imports(path)
+           if i.module.startswith("qrun") and not i.module.startswith("qrun.llg")]
     assert bad == []
 
 
@@ -168,7 +175,8 @@ import qrun
 from qrun.cli import main
 query = qrun.Query("Hi {{ name }}: {{ gen x regex=INT }} {{ select s options=['a', 'b'] }}")
 program = qrun.compile_source(
-    "{% for i in range(2) %}{{ gen y json={'type': 'integer'} }}{% endfor %}")
+    "{% for i in range(2) %}{{ gen y json={'type': 'integer'} }}{% endfor %}"
+    "{{ gen z grammar='start: \\"a\\" | \\"b\\"' }}")
 assert main([sys.argv[1], "--check"]) == 0
 heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 print(",".join(heavy) or "none")
@@ -184,7 +192,7 @@ def test_compiling_and_check_load_no_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["Query", "load_model", "Result", "HoleRecord", "BackendError",
-                                  "RunOptions", "GenRecord", "SelectRecord"])
+                                  "RunOptions", "GenRecord", "SelectRecord", "Matcher"])
 def test_public_names_resolve(name: str) -> None:
     import qrun
 

@@ -99,7 +99,7 @@ def reference(smollm2: TransformersBackend) -> dict[str, qrun.Result]:
 
 def run_example(backend: Any, name: str, reference: dict[str, qrun.Result], mode: str) -> None:
     r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=backend)
-    check_values(name, r)
+    check_values(name, r, backend)
     assert r.stats.context_tokens == len(r.token_ids)
     assert backend.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
     if r.text == reference[name].text:
@@ -197,7 +197,7 @@ def test_batched_runs_equal_one_at_a_time(vllm_local: Any, vllm_remote: Any, mod
         r.vars["date"] for r in one_by_one]
     for r in together:
         assert isinstance(r, qrun.Result)
-        check_values("extract.tmpl", r)
+        check_values("extract.tmpl", r, backend)
 
 
 def test_a_constraint_the_server_cannot_read_fails_before_the_run(vllm_remote: Any) -> None:

@@ -107,9 +107,15 @@ class HoleSampler(Protocol):
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
-                 regex: str | None = None) -> Completion:
+                 regex: str | None = None, grammar: str | None = None) -> Completion:
         """Sample up to max_tokens after `prompt` (token ids), under `regex` (the server's
-        dialect) when given, ending at a stop string when one is given."""
+        dialect) or `grammar` (llguidance's Lark) when given, ending at a stop string when
+        one is given."""
+        ...
+
+    def reads_llguidance(self) -> bool:
+        """Whether the server samples `grammar` requests with llguidance (so its values
+        follow qrun's json= and grammar= holes exactly)."""
         ...
 
 

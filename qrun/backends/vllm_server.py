@@ -1,8 +1,9 @@
 """The vLLM server adapter: holes sent to an OpenAI-compatible `vllm serve` as completions on
 token-id prompts, the path past one machine. qrun cannot install its logits processor there,
 so each hole's constraint travels as a vLLM structured output (a regex in a portable form:
-see regex/portable.py), select options are scored through prompt log-probabilities, and the
-KV cache across segments is the server's prefix cache.
+see regex/portable.py; json= and grammar= holes as llguidance Lark text, to a server whose
+structured outputs run llguidance), select options are scored through prompt
+log-probabilities, and the KV cache across segments is the server's prefix cache.
 
 The server's output is not taken on trust: every token is replayed through qrun's own
 constraint cursor and stop-string logic (runtime/remote.py), so a value that breaks its
@@ -29,8 +30,19 @@ REQUEST_TIMEOUT_S = 30.0
 MAX_REPLY_BYTES = 64 << 20
 
 
+# Only llguidance reads a `%llguidance` line: a server that samples under this grammar runs
+# llguidance for grammars (vLLM's default "auto" mode sends what xgrammar refuses there, the
+# "guidance" mode everything; "xgrammar" or "outlines" refuse it).
+_PROBE_GRAMMAR = '%llguidance {}\nstart: "a"\n'
+
+
 class ServerError(BackendError):
-    """The server refused or failed a request (the message carries its own)."""
+    """The server refused or failed a request (the message carries its own); `status` is the
+    HTTP status of a refusal."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class VllmServerBackend(HFTokenizerMixin):
@@ -55,6 +67,7 @@ class VllmServerBackend(HFTokenizerMixin):
         self._vocab_size = vocab_size
         self._max_context = max_context
         self._markers: dict[str, tuple[str, str] | None] = {}
+        self._llguidance: bool | None = None
 
     @property
     def max_context(self) -> int | None:
@@ -68,7 +81,7 @@ class VllmServerBackend(HFTokenizerMixin):
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
-                 regex: str | None = None) -> Completion:
+                 regex: str | None = None, grammar: str | None = None) -> Completion:
         """Sample one hole after `prompt` (token ids).
 
         Raises:
@@ -86,6 +99,8 @@ class VllmServerBackend(HFTokenizerMixin):
             body["stop"] = list(stop)
         if regex is not None:
             body["structured_outputs"] = {"regex": regex}
+        elif grammar is not None:
+            body["structured_outputs"] = {"grammar": grammar}
         reply = self._post(body)
         choice = self._first_choice(reply)
         token_ids = self._token_ids(choice.get("token_ids"))
@@ -101,6 +116,25 @@ class VllmServerBackend(HFTokenizerMixin):
             finish = "eos"  # ended by an end-of-sequence token it did not return
         computed, cached = self._usage(reply)
         return Completion(token_ids, logprobs[: len(token_ids)], finish, computed, cached)
+
+    def reads_llguidance(self) -> bool:
+        """Whether the server's structured outputs sample grammars with llguidance: asked
+        once, with a one-token request under a grammar only llguidance reads.
+
+        Raises:
+            ServerError: the server could not be reached or failed.
+        """
+        if self._llguidance is None:
+            body = {"model": self.model_id, "prompt": self.encode("a"), "max_tokens": 1,
+                    "temperature": 0.0, "structured_outputs": {"grammar": _PROBE_GRAMMAR}}
+            try:
+                self._post(body)
+                self._llguidance = True
+            except ServerError as exc:
+                if exc.status is None or exc.status >= 500:
+                    raise
+                self._llguidance = False
+        return self._llguidance
 
     def score_continuations(
         self, context: Sequence[int], rows: Sequence[Sequence[int]]
@@ -238,7 +272,7 @@ def _request(url: str, body: dict[str, Any] | None, timeout: float) -> dict[str,
             payload = response.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise ServerError(f"the vLLM server at {url} answered {exc.code}: "
-                          f"{_server_message(exc.read(4096))}") from None
+                          f"{_server_message(exc.read(4096))}", exc.code) from None
     except TimeoutError:
         raise late from None
     except urllib.error.URLError as exc:

@@ -1,6 +1,8 @@
 """Part of stage 3 (compile_template): hole arguments and front matter. Which keys exist, the type
-checks of literal values, constraint lowering with the compile-time regex and JSON Schema checks
-(through qrun/regex, the DFA compiler the runtime uses), and typed front-matter defaults."""
+checks of literal values, constraint lowering (the engine of each hole is chosen here: qrun's
+DFA for regexes, llguidance for JSON Schemas and Lark grammars) with the compile-time checks
+through the compilers the runtime uses (qrun/regex, qrun/llg), and typed front-matter
+defaults."""
 
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ from typing import Any
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
+from qrun.lang.build import literal_offsets
+from qrun.llg import FIXED, JsonFormat, check_lark, check_schema
 from qrun.options import CHECKS, RunOptions, is_number
 from qrun.regex import PatternError, compile_dfa
 from qrun.source import Source, Span
-from qrun.stdlib.json_schema import SchemaError, schema_to_regex
 from qrun.stdlib.patterns import PATTERNS
 
-GEN_ARGS = ("max_tokens", "stop", "regex", "json", "temperature", "top_p", "top_k", "seed",
-            "heal")
+GEN_ARGS = ("max_tokens", "stop", "regex", "json", "closed", "grammar", "temperature", "top_p",
+            "top_k", "seed", "heal")
+# The arguments that constrain a hole; at most one per hole.
+CONSTRAINT_ARGS = ("regex", "json", "grammar")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
                      "dtype", "inputs")
@@ -72,19 +77,30 @@ class ArgChecker:
         check = _CHECKS.get(arg.name)
         wanted = None if value is MISSING or check is None else check(value)
         if wanted is not None:
-            error = ConstraintError if arg.name in ("regex", "json") else TemplateCompileError
+            error = ConstraintError if arg.name in CONSTRAINT_ARGS else TemplateCompileError
             self.errors.append(error(f"{arg.name} must be {wanted}, got {_show(value)}",
                                      arg.expr.span, self.source))
 
     def constraint(self, args: dict[str, ast.HoleArg]) -> ir.Constraint | None:
-        """The constraint of a gen hole; literal patterns and schemas are checked now."""
-        if "regex" in args and "json" in args:
-            later = max(args["regex"], args["json"], key=lambda a: a.span.start)
-            self.constraint_error("regex= and json= cannot both constrain one hole", later.span)
+        """The constraint of a gen hole and its engine; literal patterns, schemas and
+        grammars are checked now."""
+        given = [args[name] for name in CONSTRAINT_ARGS if name in args]
+        closed = args.get("closed")
+        if closed is not None and "json" not in args:
+            self.fail("closed= applies to json= holes only", prefix(closed.span, 6))
+        if len(given) > 1:
+            later = max(given[:2], key=lambda a: a.span.start)
+            self.constraint_error(f"{given[0].name}= and {given[1].name}= cannot both "
+                                  "constrain one hole", later.span)
             return None
         if "json" in args:
-            self.check_schema(args["json"].expr)
-            return ir.JsonSchema(args["json"].expr)
+            flag = literal(closed.expr) if closed is not None else False
+            if isinstance(flag, bool):
+                self.check_schema(args["json"].expr, JsonFormat(closed=flag))
+            return ir.JsonSchema(args["json"].expr, closed.expr if closed is not None else None)
+        if "grammar" in args:
+            self.check_grammar(args["grammar"].expr)
+            return ir.Grammar(args["grammar"].expr)
         arg = args.get("regex")
         if arg is None:
             return None
@@ -127,17 +143,40 @@ class ArgChecker:
             span = _shift(span, 1 + error.pos)
         self.constraint_error(str(error), span)
 
-    def check_schema(self, schema: ex.Expr) -> None:
-        """A literal JSON Schema is lowered now (schemas with non-literal parts at run time)."""
+    def check_schema(self, schema: ex.Expr, fmt: JsonFormat = FIXED) -> None:
+        """A literal JSON Schema is compiled now, as the runtime will (rewritten, then
+        llguidance); an error names llguidance's reason and the JSON pointer of the
+        subschema at fault. Schemas with non-literal parts are checked when a run starts."""
         value = literal(schema)
         if not isinstance(value, dict):
             return
-        try:
-            schema_to_regex(value)
-        except SchemaError as err:
-            self.constraint_error(str(err), schema.span)
-        except RecursionError:
-            self.constraint_error("JSON Schema nested too deeply", schema.span)
+        error = check_schema(value, fmt)
+        if error is not None:
+            self.constraint_error(f"JSON Schema: {error}", schema.span)
+
+    def check_grammar(self, grammar: ex.Expr) -> None:
+        """A literal Lark grammar is compiled now; an error points at its line and column
+        inside the template's string literal."""
+        if not (isinstance(grammar, ex.Const) and isinstance(grammar.value, str)):
+            return
+        error = check_lark(grammar.value)
+        if error is None:
+            return
+        span = grammar.span
+        if error.line is not None and error.column is not None:
+            span = self._grammar_span(grammar, error.line, error.column)
+        self.constraint_error(f"grammar: {error}", span)
+
+    def _grammar_span(self, grammar: ex.Const, line: int, column: int) -> Span:
+        """Where character `column` of line `line` of a grammar literal's value is written
+        in the template (escapes such as `\\n` decoded as the literal's are)."""
+        text = str(grammar.value)
+        lines = text.split("\n")
+        index = sum(len(ln) + 1 for ln in lines[: line - 1]) + column - 1
+        offsets = literal_offsets(self.source.text[grammar.span.start:grammar.span.end])
+        if not 0 <= index < len(offsets) or len(offsets) != len(text):
+            return grammar.span
+        return self.source.span_at(grammar.span.start + offsets[index], 1)
 
     # ---- front matter ------------------------------------------------------------------------
 
@@ -283,6 +322,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "normalize": lambda v: None if v in ("sum", "mean") else '"sum" or "mean"',
     "options": _want_options,
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
+    "closed": lambda v: None if isinstance(v, bool) else "true or false",
+    "grammar": lambda v: None if isinstance(v, str) and v.strip() else
+    "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
 }
 _MODEL_CHECKS: dict[str, Callable[[str], str | None]] = {

@@ -378,6 +378,22 @@ _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '
 _MAX_INT_DIGITS = 4000  # below Python's int/str conversion limit (4300)
 
 
+def literal_offsets(text: str) -> list[int]:
+    """For a quoted string literal as written (quotes included), the offset in `text` of each
+    character of its value, escapes decoded as ExprBuilder.string decodes them (an unknown
+    escape such as `\\d` stays two characters). Used to point into a literal's value."""
+    body = text[1:-1]
+    out: list[int] = []
+    pos = 0
+    for match in _ESCAPE.finditer(body):
+        out.extend(range(pos + 1, match.start() + 1))
+        kept = match.group(4) is not None and match.group(4) not in _SIMPLE_ESCAPES
+        out.extend([match.start() + 1, match.start() + 2] if kept else [match.start() + 1])
+        pos = match.end()
+    out.extend(range(pos + 1, len(body) + 1))
+    return out
+
+
 class ExprBuilder:
     """Turns expression subtrees into lang/expr.py nodes; shape errors go to `errors`."""
 

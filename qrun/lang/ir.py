@@ -31,6 +31,13 @@ class EmitValue:
     span: Span
 
 
+# The engines a hole's constraint compiles with, chosen by the compiler (qrun/lang/args.py):
+# qrun's byte DFA (qrun/regex) for regexes and named patterns, llguidance (qrun/llg) for JSON
+# Schemas and Lark grammars.
+DFA = "dfa"
+LLGUIDANCE = "llguidance"
+
+
 @dataclass(frozen=True, slots=True)
 class Regex:
     """A regex constraint: `pattern` (an expression, usually a Const str) must full-match the
@@ -38,16 +45,30 @@ class Regex:
 
     pattern: Expr
     stdlib_name: str | None = None
+    engine: str = DFA
 
 
 @dataclass(frozen=True, slots=True)
 class JsonSchema:
-    """The value must be JSON valid against the schema (an expression giving a dict)."""
+    """The value must be JSON valid against the schema (an expression giving a dict, a bool or
+    a JSON string); `closed` (an expression giving a bool) forbids properties the schema's
+    objects do not list."""
 
     schema: Expr
+    closed: Expr | None = None
+    engine: str = LLGUIDANCE
 
 
-Constraint = Regex | JsonSchema
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """The value must be a sentence of a Lark grammar in llguidance's dialect (an expression
+    giving the grammar text)."""
+
+    grammar: Expr
+    engine: str = LLGUIDANCE
+
+
+Constraint = Regex | JsonSchema | Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +93,12 @@ class GenParams:
         match self.constraint:
             case Regex(pattern=pattern):
                 yield pattern
-            case JsonSchema(schema=schema):
+            case JsonSchema(schema=schema, closed=closed):
                 yield schema
+                if closed is not None:
+                    yield closed
+            case Grammar(grammar=grammar):
+                yield grammar
             case None:
                 pass
         for value in (self.temperature, self.top_p, self.top_k, self.seed, self.heal):
@@ -387,8 +412,14 @@ def _gen(op: Gen) -> str:
             parts.append(f"regex={name}")
         case Regex(pattern=pattern):
             parts.append(f"regex={ex.format_expr(pattern)}")
-        case JsonSchema(schema=schema):
+        case JsonSchema(schema=schema, closed=closed):
             parts.append(f"json={ex.format_expr(schema)}")
+            if closed is not None:
+                parts.append(f"closed={ex.format_expr(closed)}")
+        case Grammar(grammar=grammar):
+            parts.append(f"grammar={ex.format_expr(grammar)}")
+    if params.constraint is not None:
+        parts.append(f"[{params.constraint.engine}]")
     for key in ("temperature", "top_p", "top_k", "seed", "heal"):
         value = getattr(params, key)
         if value is not None:

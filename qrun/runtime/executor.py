@@ -25,6 +25,7 @@ from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.lang.functions import type_name
 from qrun.limits import Budget
+from qrun.llg import GrammarError
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.constraints import ConstraintCompiler
@@ -235,7 +236,7 @@ class Run:
         if spec is not None:
             try:
                 cursor = self.constraints.cursor(spec, prefix)
-            except PatternError as exc:
+            except (PatternError, GrammarError) as exc:
                 raise ConstraintError(str(exc), _constraint_span(op),
                                       self.source) from None
         elif prefix:
@@ -418,5 +419,7 @@ class _Continue(_LoopControl):
 
 
 def _constraint_span(op: ir.Gen) -> Span:
-    constraint = op.params.constraint
-    return constraint.pattern.span if isinstance(constraint, ir.Regex) else op.span
+    match op.params.constraint:
+        case ir.Regex(pattern=expr) | ir.JsonSchema(schema=expr) | ir.Grammar(grammar=expr):
+            return expr.span
+    return op.span

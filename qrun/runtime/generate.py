@@ -26,6 +26,8 @@ class LocalFiller:
         return generate(session, request, on_text)
 
     def refuses(self, constraint: ConstraintSpec) -> str | None:
+        if constraint.engine != "dfa":
+            return None  # llguidance grammars were compiled when the spec was made
         try:  # compiled once: the DFA is kept for the hole's token index (compile_dfa)
             compile_dfa(constraint.pattern)
         except PatternError as exc:

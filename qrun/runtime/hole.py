@@ -20,7 +20,8 @@ from qrun.runtime.speculate import PromptLookup
 
 
 class Cursor(Protocol):
-    """A hole's constraint state (runtime/masks.py MaskCursor, runtime/healing.py HealCursor)."""
+    """A hole's constraint state (runtime/masks.py MaskCursor, runtime/llg.py LlgCursor,
+    runtime/healing.py HealCursor)."""
 
     def allowed(self, tokens_left: int) -> torch.Tensor:
         """Bool mask [V] (on the CPU) of tokens that keep a full match reachable within
@@ -59,14 +60,16 @@ class HoleFailure(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ConstraintSpec:
-    """A hole's constraint as evaluated for this run: the regex it stands for (a JSON Schema
-    already lowered), a short description for records and traces, and the type its values
-    are read as (docs/language.md §15.2): "json" (parsed JSON), "int", "float", "bool" (the
-    INT, FLOAT and BOOL patterns), or "text"."""
+    """A hole's constraint as evaluated for this run: its text for its engine (`engine`
+    "dfa": a regex for qrun's DFA; "llguidance": a Lark grammar, a JSON Schema already
+    written as one, see qrun/llg), a short description for records and traces, and the type
+    its values are read as (docs/language.md §15.2): "json" (parsed JSON), "int", "float",
+    "bool" (the INT, FLOAT and BOOL patterns), or "text"."""
 
     pattern: str
     description: str
     value_type: str = "text"
+    engine: str = "dfa"
 
 
 def typed_value(text: str, value_type: str) -> Any:

@@ -1,8 +1,10 @@
 """Filling a `gen` hole on a server that samples whole holes (vLLM's OpenAI-compatible
 server): one completion per hole on the context's token ids, its constraint sent as a regex in
-the server's dialect (regex/portable.py), and every returned token replayed through the same
-cursor, stop-string and boundary logic as a local hole (hole.py), so the value, the overshoot
-handling and the checks are qrun's own. The hole filler of backends with a HoleSampler."""
+the server's dialect (regex/portable.py) or, for json= and grammar= holes, as the same
+llguidance Lark text qrun compiles (qrun/llg; only to a server that samples it with
+llguidance), and every returned token replayed through the same cursor, stop-string and
+boundary logic as a local hole (hole.py), so the value, the overshoot handling and the checks
+are qrun's own. The hole filler of backends with a HoleSampler."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from qrun.backends.base import Completion, HoleSampler
+from qrun.llg import with_prefix
 from qrun.regex import PatternError, portable_regex
 from qrun.runtime.hole import ConstraintSpec, GenRequest, Hole, HoleFailure
 from qrun.runtime.result import GenRecord
@@ -33,6 +36,12 @@ class ServerFiller:
         return generate_remote(session, self.sampler, request, on_text)
 
     def refuses(self, constraint: ConstraintSpec) -> str | None:
+        if constraint.engine == "llguidance":
+            if self.sampler.reads_llguidance():
+                return None
+            return ("this constraint cannot be sent to the server: its structured outputs do "
+                    "not run llguidance (start vLLM with the default backend, or with "
+                    "--structured-outputs-config '{\"backend\": \"guidance\"}')")
         try:
             server_regex(constraint.pattern, b"")
         except PatternError as exc:
@@ -72,11 +81,18 @@ def generate_remote(
     session.settle()
     session.ensure_start()
     hole = Hole(session, request)
-    pattern = request.constraint.pattern if request.constraint is not None else None
-    try:
-        regex = server_regex(pattern, request.prefix)
-    except PatternError as exc:
-        raise HoleFailure(f"this constraint cannot be sent to the server: {exc}") from None
+    constraint = request.constraint
+    pattern = constraint.pattern if constraint is not None else None
+    regex: str | None = None
+    grammar: str | None = None
+    if constraint is not None and constraint.engine == "llguidance":
+        # The text the local cursor compiled: the server's llguidance reads it the same way.
+        grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"))
+    else:
+        try:
+            regex = server_regex(pattern, request.prefix)
+        except PatternError as exc:
+            raise HoleFailure(f"this constraint cannot be sent to the server: {exc}") from None
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
         if request.generator is not None else 0
     sampling = request.sampling
@@ -89,7 +105,8 @@ def generate_remote(
         else request.stop
     completion = sampler.complete(
         list(session.token_ids), limit, temperature=sampling.temperature,
-        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex)
+        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex,
+        grammar=grammar)
     session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
     finish = _replay(hole, request, completion)
     record = hole.finish(finish, f"the server's value does not complete the constraint within "

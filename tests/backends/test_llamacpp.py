@@ -219,7 +219,7 @@ def test_a_token_tree_scores_like_each_option_on_a_fork(
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_llamacpp(llama: LlamaCppBackend, name: str) -> None:
     r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=llama)
-    check_values(name, r)
+    check_values(name, r, llama)
     assert r.stats.context_tokens == len(r.token_ids)
     assert r.stats.forward_tokens > 0
 
@@ -295,7 +295,7 @@ def test_batched_runs_equal_one_at_a_time(llama: LlamaCppBackend) -> None:
     together = query.run_many(documents, model=llama, batch_size=4)
     for r in together:
         assert isinstance(r, qrun.Result)
-        check_values("extract.tmpl", r)
+        check_values("extract.tmpl", r, llama)
     assert [r.vars["date"] for r in together] == [r.vars["date"] for r in one_by_one]
 
 

@@ -1,0 +1,37 @@
+"""The grammars of json= and grammar= holes, for llguidance (a Rust Earley parser over a lazy
+lexer DFA, PyPI `llguidance`): JSON Schemas rewritten into forms it takes (rewrite.py), the
+Lark text of a schema or a grammar with qrun's options and healed prefix, and its refusals
+located in the user's schema or grammar (grammar.py). Free of torch and models, so `qrun
+--check` compiles with it; the token-level cursor is runtime/llg.py."""
+
+from qrun.llg.grammar import (
+    FIXED,
+    FLEXIBLE,
+    LIMITS,
+    GrammarError,
+    JsonFormat,
+    check_lark,
+    check_schema,
+    clean_reason,
+    json_grammar,
+    lark_grammar,
+    validate,
+    with_prefix,
+)
+from qrun.llg.rewrite import rewrite
+
+__all__ = [
+    "FIXED",
+    "FLEXIBLE",
+    "LIMITS",
+    "GrammarError",
+    "JsonFormat",
+    "check_lark",
+    "check_schema",
+    "clean_reason",
+    "json_grammar",
+    "lark_grammar",
+    "rewrite",
+    "validate",
+    "with_prefix",
+]

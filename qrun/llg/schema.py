@@ -1,0 +1,120 @@
+"""JSON Schema documents as data: every subschema with its JSON pointer, local `$ref`s resolved,
+the draft a schema declares, numbers JSON cannot carry, and the closed-object option (objects
+that list their properties forbid others). Shared by the rewrite pass (rewrite.py) and the
+error locator (grammar.py); pure Python, no llguidance."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "close_objects",
+    "draft_of",
+    "escape",
+    "non_finite",
+    "resolve",
+    "schema_positions",
+]
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas (every
+# draft's; `items` may be either form, `dependencies` maps to schemas or to name lists).
+_SCHEMA_VALUED = (
+    "not", "if", "then", "else", "items", "additionalItems", "additionalProperties",
+    "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+)
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = (
+    "properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+    "dependencies",
+)
+
+
+def schema_positions(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every subschema object in `schema` with its JSON pointer, parents first. Only keyword
+    positions are walked: a property named "not" is a name, not a keyword, and values of
+    `enum`, `const` or `default` are data."""
+    if not isinstance(schema, dict):
+        return
+    yield pointer, schema
+    for key, value in list(schema.items()):
+        at = f"{pointer}/{escape(key)}"
+        if key in _SCHEMA_VALUED and isinstance(value, dict):
+            yield from schema_positions(value, at)
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from schema_positions(item, f"{at}/{i}")
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, item in value.items():
+                yield from schema_positions(item, f"{at}/{escape(name)}")
+
+
+def escape(key: str) -> str:
+    """A name as one JSON pointer segment (RFC 6901)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def resolve(root: Any, ref: str) -> Any:
+    """The subschema a local `$ref` ("#/$defs/a", "#") points at, or None when it points
+    nowhere (or is not a local JSON pointer)."""
+    if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
+        return None
+    node = root
+    for part in ref[2:].split("/") if len(ref) > 1 else []:
+        part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def draft_of(schema: Any) -> int:
+    """The draft a schema declares in `$schema` as a number (3, 4, 6, 7, 2019, 2020);
+    2020 when it declares none or one qrun does not know (llguidance reads 2020-12)."""
+    declared = schema.get("$schema") if isinstance(schema, dict) else None
+    if isinstance(declared, str):
+        for marker, draft in (("draft-03", 3), ("draft-04", 4), ("draft-06", 6),
+                              ("draft-07", 7), ("2019-09", 2019)):
+            if marker in declared:
+                return draft
+    return 2020
+
+
+def non_finite(value: Any, pointer: str = "") -> str | None:
+    """The JSON pointer of the first number JSON cannot write (Infinity, NaN) anywhere in
+    `value`, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return pointer
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        found = non_finite(item, f"{pointer}/{escape(str(key))}")
+        if found is not None:
+            return found
+    return None
+
+
+def close_objects(schema: Any) -> Any:
+    """A copy of `schema` in which every object schema that lists its properties (in
+    `properties` or `patternProperties`) and says nothing about other ones forbids them:
+    qrun's closed-object option (docs/language.md §7.4). Members of `allOf`, and schemas
+    merged with others (`allOf`/`anyOf`/`oneOf`/`$ref` beside them), stay open: closing one
+    would forbid the properties the others add."""
+    out = copy.deepcopy(schema)
+    for pointer, sub in schema_positions(out):
+        listed = "properties" in sub or "patternProperties" in sub
+        merged = re.search(r"/allOf/\d+$", pointer) is not None or any(
+            k in sub for k in ("allOf", "anyOf", "oneOf", "$ref"))
+        if listed and not merged and "additionalProperties" not in sub:
+            sub["additionalProperties"] = False
+    return out

@@ -1,0 +1,274 @@
+"""qrun.Matcher: a hole's constraint engine without a model run (docs/language.md §16.4), for
+users who validate or test their constraints and for benchmarks. The same engines as holes:
+llguidance for JSON Schemas and Lark grammars (runtime/llg.py), qrun's DFA for regexes, named
+patterns and option lists (runtime/masks.py), over a model's own token bytes."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from qrun.backends.base import Backend
+from qrun.backends.vocab import Vocabulary
+from qrun.errors import ConstraintError, UsageError
+from qrun.lang.args import suggest
+from qrun.llg import JsonFormat, check_lark, check_schema, json_grammar
+from qrun.llg import lark_grammar as lark_text
+from qrun.regex import PatternError, escape
+from qrun.runtime.llg import LlgCache, LlgCursor, greedy_tokens
+from qrun.runtime.masks import DEAD, IndexCache, TokenIndex
+from qrun.source import Source
+from qrun.stdlib.patterns import PATTERNS
+
+__all__ = ["Matcher"]
+
+# Compiled constraints and tokenizers are shared by every Matcher of the process: a checker
+# that builds one Matcher per instance compiles each schema once.
+_GRAMMARS = LlgCache(64)
+_INDEXES = IndexCache(64)
+_MODELS: dict[str, Backend] = {}
+_MODELS_LOCK = threading.Lock()
+LAYOUTS = ("flexible", "fixed")
+
+
+class _Engine(Protocol):
+    def mask(self) -> npt.NDArray[np.bool_]: ...
+    def consume(self, token_id: int) -> bool: ...
+    def accepting(self) -> bool: ...
+    def rollback(self, tokens: int) -> None: ...
+    def reset(self) -> None: ...
+
+
+class Matcher:
+    """The constraint of a hole over a model's vocabulary, checked token by token.
+
+    `model` is a loaded model (`qrun.load_model`) or anything `load_model` takes (then only
+    its tokenizer is loaded, once per process). Exactly one constraint: `json=` a JSON Schema
+    (a dict, a bool, or its JSON text), `regex=` a pattern, `grammar=` a Lark grammar,
+    `pattern=` a named pattern ("EMAIL"), or `options=` a list of strings. `closed=True`
+    closes the schema's objects; `layout` is "flexible" (any JSON whitespace: what any
+    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`).
+
+    Raises:
+        ConstraintError: the constraint is invalid or unsupported (the message says why and,
+            for a schema, where: its JSON pointer).
+        UsageError: not exactly one constraint, or a bad option.
+        ModelLoadError: the model cannot be loaded.
+    """
+
+    def __init__(self, model: Any = "smollm2", *, json: Any = None, regex: str | None = None,
+                 grammar: str | None = None, pattern: str | None = None,
+                 options: Sequence[str] | None = None, closed: bool = False,
+                 layout: str = "flexible") -> None:
+        given = {name: value for name, value in (("json", json), ("regex", regex),
+                                                 ("grammar", grammar), ("pattern", pattern),
+                                                 ("options", options)) if value is not None}
+        if len(given) != 1:
+            raise UsageError("a Matcher takes exactly one of json=, regex=, grammar=, pattern= "
+                             f"and options= (got {', '.join(given) or 'none'})")
+        if layout not in LAYOUTS:
+            raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.vocab: Vocabulary = _vocabulary(model)
+        self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
+        (kind, value), = given.items()
+        fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed)
+        self._engine = self._build(kind, value, fmt)
+        self._consumed = 0
+        self._ended = False
+
+    @property
+    def vocab_size(self) -> int:
+        """The length of `allowed()`: the model's vocabulary size."""
+        return self.vocab.size
+
+    def allowed(self) -> npt.NDArray[np.bool_]:
+        """A fresh bool array over the vocabulary: the tokens that keep the text a prefix of
+        a valid value, EOS where the text so far is complete; all False after EOS."""
+        if self._ended:
+            return np.zeros(self.vocab.size, dtype=np.bool_)
+        return self._engine.mask().copy()
+
+    def consume(self, token_id: int) -> bool:
+        """Take `token_id` if `allowed()` has it; False and no change if not."""
+        if self._ended or not 0 <= token_id < self.vocab.size:
+            return False
+        if token_id in self.eos_token_ids:
+            if not self._engine.accepting():
+                return False
+            self._ended = True
+        elif not self._engine.consume(token_id):
+            return False
+        self._consumed += 1
+        return True
+
+    def consume_text(self, text: str | bytes) -> bool:
+        """Take `text` as tokens (any tokenization of it gives the same answer: masks are
+        byte-level); False and no change when some of it is not allowed."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        tokens = greedy_tokens(self.vocab, data)
+        if tokens is None:
+            return False
+        for done, token in enumerate(tokens):
+            if not self.consume(token):
+                self.rollback(done)
+                return False
+        return True
+
+    def accepting(self) -> bool:
+        """Whether the text so far is a complete value."""
+        return self._ended or self._engine.accepting()
+
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` tokens consumed (EOS counts as one).
+
+        Raises:
+            ValueError: more tokens than were consumed, or a negative count.
+        """
+        if not 0 <= tokens <= self._consumed:
+            raise ValueError(f"cannot roll back {tokens} tokens: {self._consumed} consumed")
+        if tokens and self._ended:
+            self._ended = False
+            self._consumed -= 1
+            tokens -= 1
+        self._engine.rollback(tokens)
+        self._consumed -= tokens
+
+    def reset(self) -> None:
+        """Back to the start of the constraint."""
+        self._engine.reset()
+        self._consumed = 0
+        self._ended = False
+
+    def _build(self, kind: str, value: Any, fmt: JsonFormat) -> _Engine:
+        if kind == "json":
+            return self._json(value, fmt)
+        if kind == "grammar":
+            if not isinstance(value, str) or not value.strip():
+                raise UsageError("grammar= takes a Lark grammar (a non-empty string)")
+            error = check_lark(value)
+            if error is not None:
+                source = Source("<grammar>", value)
+                where = source.span_at(0, len(value))
+                if error.line is not None and error.column is not None:
+                    starts = source.line_starts()
+                    line = min(error.line, len(starts))
+                    where = source.span_at(starts[line - 1] + error.column - 1, 1)
+                raise ConstraintError(f"grammar: {error}", where, source)
+            return _LlgEngine(_GRAMMARS.get(lark_text(value), self.vocab).start())
+        if kind == "pattern":
+            if value not in PATTERNS:
+                raise ConstraintError(f"unknown pattern '{value}'", *_whole(str(value)),
+                                      notes=[*suggest(str(value), PATTERNS),
+                                             "patterns: " + ", ".join(sorted(PATTERNS))])
+            return self._regex(PATTERNS[value])
+        if kind == "options":
+            if (isinstance(value, str) or not value
+                    or not all(isinstance(o, str) and o for o in value)):
+                raise UsageError("options= takes a non-empty list of non-empty strings")
+            return self._regex("(?:" + "|".join(escape(o) for o in value) + ")")
+        if not isinstance(value, str):
+            raise UsageError("regex= takes a pattern string")
+        return self._regex(value)
+
+    def _json(self, schema: Any, fmt: JsonFormat) -> _Engine:
+        if isinstance(schema, str | bytes):
+            import json
+
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise ConstraintError(f"the JSON Schema is not valid JSON: {exc}",
+                                      *_whole(str(schema))) from None
+        error = check_schema(schema, fmt)
+        if error is not None:
+            raise ConstraintError(f"JSON Schema: {error}", *_whole(repr(schema)[:2000]))
+        return _LlgEngine(_GRAMMARS.get(json_grammar(schema, fmt), self.vocab).start())
+
+    def _regex(self, pattern: str) -> _Engine:
+        try:
+            return _DfaEngine(_INDEXES.get(pattern, self.vocab))
+        except PatternError as exc:
+            source = Source("<regex>", pattern)
+            where = (source.span_at(exc.pos, 1) if exc.pos is not None
+                     else source.span_at(0, len(pattern)))
+            raise ConstraintError(str(exc), where, source) from None
+
+
+class _LlgEngine:
+    """llguidance's matcher behind a cursor (rollback is its own)."""
+
+    def __init__(self, cursor: LlgCursor) -> None:
+        self.cursor = cursor
+
+    def mask(self) -> npt.NDArray[np.bool_]:
+        return self.cursor.mask()
+
+    def consume(self, token_id: int) -> bool:
+        return self.cursor.consume(token_id)
+
+    def accepting(self) -> bool:
+        return self.cursor.can_end()
+
+    def rollback(self, tokens: int) -> None:
+        self.cursor.rollback(tokens)
+
+    def reset(self) -> None:
+        self.cursor.reset()
+
+
+class _DfaEngine:
+    """A DFA state with the states before it (a DFA cannot go back by itself)."""
+
+    def __init__(self, index: TokenIndex) -> None:
+        self.index = index
+        self.states = [index.start_state]
+
+    def mask(self) -> npt.NDArray[np.bool_]:
+        mask: npt.NDArray[np.bool_] = self.index.allowed(self.states[-1]).numpy()
+        return mask
+
+    def consume(self, token_id: int) -> bool:
+        state = self.index.advance(self.states[-1], token_id)
+        if state == DEAD:
+            return False
+        self.states.append(state)
+        return True
+
+    def accepting(self) -> bool:
+        return self.index.is_accepting(self.states[-1])
+
+    def rollback(self, tokens: int) -> None:
+        if tokens:
+            del self.states[-tokens:]
+
+    def reset(self) -> None:
+        del self.states[1:]
+
+
+def _whole(text: str) -> tuple[Any, Source]:
+    source = Source("<constraint>", text)
+    return source.span_at(0, len(text)), source
+
+
+def _vocabulary(model: Any) -> Vocabulary:
+    """The vocabulary of a loaded model, or of the tokenizer of a model name or path (loaded
+    once per process)."""
+    if isinstance(model, str | os.PathLike):
+        name = os.fspath(model)
+        with _MODELS_LOCK:
+            backend = _MODELS.get(name)
+            if backend is None:
+                from qrun.backends import load_model
+
+                backend = _MODELS[name] = load_model(name, weights=False)
+        return backend.vocabulary
+    vocab = getattr(model, "vocabulary", None)
+    if not isinstance(vocab, Vocabulary):
+        raise UsageError(f"model must be a loaded model or a model name, got "
+                         f"{type(model).__name__}")
+    return vocab

@@ -1,0 +1,291 @@
+"""LlgIndex / LlgCursor (runtime/llg.py) and the grammar text (qrun/llg/grammar.py) on the real
+SmolLM2 vocabulary and a byte vocabulary: masks agree with what llguidance consumes, any
+tokenization of a valid text is accepted, EOS only where complete, special tokens never,
+healed prefixes, layouts and closed objects, fast-forward bytes, budgets that close the
+value, rollback and copies, and errors located in the schema or the Lark text."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from qrun.backends.vocab import Vocabulary
+from qrun.llg import (
+    FLEXIBLE,
+    JsonFormat,
+    check_lark,
+    check_schema,
+    json_grammar,
+    lark_grammar,
+    with_prefix,
+)
+from qrun.llg.grammar import GrammarError
+from qrun.runtime.generate import generate
+from qrun.runtime.hole import GenRequest
+from qrun.runtime.llg import LlgCursor, LlgIndex, greedy_tokens
+from qrun.runtime.sampler import SamplingParams
+from qrun.runtime.session import Session
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["name", "age"],
+}
+TREE = {
+    "$defs": {"node": {"type": "object", "required": ["value"], "additionalProperties": False,
+                       "properties": {"value": {"type": "integer"},
+                                      "kids": {"type": "array",
+                                               "items": {"$ref": "#/$defs/node"}}}}},
+    "$ref": "#/$defs/node",
+}
+ARITHMETIC = ('start: expr\nexpr: term (("+" | "-") term)*\nterm: factor (("*" | "/") factor)*\n'
+              'factor: NUMBER | "(" expr ")"\nNUMBER: /[0-9]+/\n')
+
+
+@pytest.fixture(scope="module")
+def person(smol_vocab: Vocabulary) -> LlgIndex:
+    return LlgIndex(json_grammar(PERSON), smol_vocab)
+
+
+def walk(index: LlgIndex, tokens: list[int]) -> LlgCursor | None:
+    """Feed tokens, each checked against the mask; None when one is refused."""
+    cursor = index.start()
+    for token in tokens:
+        if not cursor.allowed()[token]:
+            return None
+        cursor.advance(token)
+    return cursor
+
+
+def random_tokens(vocab: Vocabulary, data: bytes, rng: random.Random) -> list[int]:
+    out, pos = [], 0
+    while pos < len(data):
+        sizes = [n for n in range(1, min(8, len(data) - pos) + 1)
+                 if vocab.is_token(data[pos:pos + n])]
+        size = rng.choice(sizes)
+        out.append(vocab.ids_of(data[pos:pos + size])[0])
+        pos += size
+    return out
+
+
+@pytest.mark.parametrize("text", [b"", b'{"name": "Al', b'{"name": "Al", "age": 4',
+                                  b'{"name": "x", "age": 1, "tags": ['])
+def test_the_mask_is_what_llguidance_consumes(person: LlgIndex, smol_vocab: Vocabulary,
+                                              text: bytes) -> None:
+    cursor = person.start()
+    assert cursor.advance_bytes(text)
+    mask = cursor.allowed()
+    ordinary = [t for t, data in enumerate(smol_vocab.token_bytes) if data is not None]
+    sample = random.Random(len(text)).sample(ordinary, 2000) + mask.nonzero().flatten().tolist()
+    for token in sample:
+        assert bool(mask[token]) == (cursor.matcher.validate_tokens([token]) == 1), token
+
+
+def test_every_tokenization_of_a_valid_text_is_accepted(
+        person: LlgIndex, smol_vocab: Vocabulary, smol_tokenizer: Any) -> None:
+    text = '{"name": "Zoë Ødegaard", "age": 37, "tags": ["a b", "ç"], "extra": {"x": [1, 2.5e3]}}'
+    jsonschema.validate(json.loads(text), PERSON)
+    rng = random.Random(7)
+    tokenizations = [smol_tokenizer.encode(text)] + [
+        random_tokens(smol_vocab, text.encode(), rng) for _ in range(5)]
+    for tokens in tokenizations:
+        cursor = walk(person, tokens)
+        assert cursor is not None and cursor.can_end(), tokens
+
+
+@pytest.mark.parametrize("text", [
+    b'{"name": "x"}', b'{"age": 1, "name": "x"}', b'{"name": 1, "age": 1}',
+    b'{"name": "x", "age": -1}', b'{"name": "x", "age": 1, "tags": [1]}',
+    b'{"name": "0123456789abc", "age": 1}', b'{"name":"x","age":1}', b' {"name": "x", "age": 1}',
+])
+def test_invalid_texts_and_other_layouts_are_refused(person: LlgIndex, text: bytes) -> None:
+    assert not person.accepts(text)
+
+
+def test_eos_only_where_the_value_is_complete(person: LlgIndex, smol_vocab: Vocabulary) -> None:
+    eos = smol_vocab.eos_token_ids[0]
+    cursor = person.start()
+    cursor.advance_bytes(b'{"name": "x", "age": 1')
+    assert not cursor.allowed()[eos] and not cursor.can_end() and cursor.can_continue()
+    cursor.advance_bytes(b"}")
+    mask = cursor.allowed()
+    assert cursor.can_end() and mask.nonzero().flatten().tolist() == [eos]
+    assert not cursor.can_continue()
+
+
+def test_special_tokens_are_never_allowed(smol_vocab: Vocabulary) -> None:
+    special = [t for t, data in enumerate(smol_vocab.token_bytes) if data is None
+               and t not in smol_vocab.eos_token_ids]
+    index = LlgIndex(lark_grammar(f"start: <[{special[0]}]> | \"a\""), smol_vocab)
+    cursor = index.start()
+    assert not cursor.allowed()[special].any()
+    assert not cursor.consume(special[0])
+    with pytest.raises(ValueError):
+        cursor.advance(special[0])
+
+
+def test_a_vocabulary_without_eos_gets_one_of_its_own(byte_vocab: Vocabulary) -> None:
+    plain = Vocabulary.from_token_bytes(list(byte_vocab.token_bytes[:264]), [])
+    cursor = LlgIndex(lark_grammar('start: "ab"'), plain).start()
+    assert cursor.allowed().shape == (264,)
+    assert cursor.advance_bytes(b"ab") and cursor.can_end()
+    assert not cursor.allowed().any()  # complete, and no EOS id to allow
+
+
+def test_additional_properties_are_allowed_unless_closed(smol_vocab: Vocabulary) -> None:
+    text = b'{"name": "x", "age": 1, "nick": "y"}'
+    assert LlgIndex(json_grammar(PERSON), smol_vocab).accepts(text)
+    closed = LlgIndex(json_grammar(PERSON, JsonFormat(closed=True)), smol_vocab)
+    assert not closed.accepts(text) and closed.accepts(b'{"name": "x", "age": 1}')
+    # An object the schema does not describe stays open: `{"type": "object"}` is any object.
+    loose = LlgIndex(json_grammar({"type": "object"}, JsonFormat(closed=True)), smol_vocab)
+    assert loose.accepts(b'{"q": [1]}')
+
+
+def test_the_flexible_layout_takes_any_serialization(smol_vocab: Vocabulary) -> None:
+    value = {"name": "x", "age": 1, "tags": ["a", "b"]}
+    flexible = LlgIndex(json_grammar(PERSON, FLEXIBLE), smol_vocab)
+    for text in (json.dumps(value), json.dumps(value, separators=(",", ":")),
+                 json.dumps(value, indent=2), json.dumps(value, indent="\t")):
+        assert flexible.accepts(text.encode()), text
+    assert not flexible.accepts(b' {"name": "x", "age": 1}')  # nothing before the value
+
+
+def test_recursive_schema(smol_vocab: Vocabulary) -> None:
+    tree = LlgIndex(json_grammar(TREE), smol_vocab)
+    assert tree.accepts(b'{"value": 1, "kids": [{"value": 2, "kids": [{"value": 3}]}]}')
+    assert not tree.accepts(b'{"value": 1, "kids": [{"value": 2, "other": 3}]}')
+
+
+def test_a_healed_prefix_comes_first(smol_vocab: Vocabulary, smol_tokenizer: Any) -> None:
+    healed = LlgIndex(with_prefix(json_grammar(PERSON), " "), smol_vocab)
+    assert healed.accepts(b' {"name": "x", "age": 1}')
+    assert not healed.accepts(b'{"name": "x", "age": 1}')
+    tokens = smol_tokenizer.encode(' {"name": "x", "age": 1}')
+    assert smol_vocab.token_bytes[tokens[0]] == b' {"'  # spans the prefix and the value
+    cursor = walk(healed, tokens)
+    assert cursor is not None and cursor.can_end()
+    arithmetic = LlgIndex(with_prefix(lark_grammar(ARITHMETIC), '= "\\'), smol_vocab)
+    assert arithmetic.accepts(b'= "\\(1+2)*3') and not arithmetic.accepts(b"(1+2)*3")
+
+
+def test_forced_bytes_and_the_shortest_completion(person: LlgIndex) -> None:
+    cursor = person.start()
+    assert cursor.forced_bytes() == b'{"name": "'
+    cursor.advance_bytes(b'{"name": "Al')
+    assert cursor.forced_bytes() == b""
+    assert cursor.completion() == b'", "age": 0}'
+    before = cursor.allowed()
+    cursor.forced_bytes()
+    assert torch.equal(before, cursor.allowed())
+    # Where a choice decides the length, the shorter one is taken (an enum's 3, property b).
+    enum = LlgIndex(json_grammar({"enum": ["alpha", "beta", 3]}), person.vocab).start()
+    assert enum.completion() == b"3"
+    sql = LlgIndex(lark_grammar('start: "SELECT " cols " FROM " NAME\ncols: "*" | NAME ("," '
+                                'NAME)*\nNAME: /[a-z]+/'), person.vocab).start()
+    completion = sql.completion()
+    assert completion is not None and len(completion) <= len(b"SELECT * FROM n")
+
+
+@pytest.mark.parametrize("max_tokens", [6, 10, 16])
+def test_budgets_close_the_value(smol_vocab: Vocabulary, max_tokens: int) -> None:
+    tree = LlgIndex(json_grammar(TREE), smol_vocab)
+    eos = set(smol_vocab.eos_token_ids)
+    for seed in range(4):
+        rng = random.Random(seed)
+        cursor, out = tree.start(), bytearray()
+        for step in range(max_tokens):
+            token = rng.choice(cursor.allowed(max_tokens - step).nonzero().flatten().tolist())
+            if token in eos:
+                break
+            cursor.advance(token)
+            out += smol_vocab.token_bytes[token] or b""
+            if not cursor.can_continue():
+                break
+        assert cursor.can_end(), (seed, bytes(out))
+        jsonschema.validate(json.loads(out), TREE)
+
+
+def test_rollback_reset_and_copies_are_independent(person: LlgIndex) -> None:
+    cursor = person.start()
+    cursor.advance_bytes(b'{"name": "x"')
+    twin = cursor.copy()
+    assert twin.advance_bytes(b', "age": 1}')
+    assert twin.can_end() and not cursor.can_end()
+    twin.rollback(1)
+    assert not twin.can_end()
+    close = greedy_tokens(person.vocab, b"}")
+    assert close is not None and twin.consume(close[0])
+    twin.reset()
+    assert twin.forced_bytes() == b'{"name": "'
+    assert not cursor.advance_bytes(b"]") and cursor.advance_bytes(b",")
+    assert cursor.accepts(b'{"name": "x", "age": 1}') and not cursor.accepts(b'{"name": "x"}')
+
+
+def test_lark_with_inline_json(smol_vocab: Vocabulary) -> None:
+    grammar = 'start: "items: " item ("; " item)*\nitem: %json ' + json.dumps(PERSON)
+    index = LlgIndex(lark_grammar(grammar), smol_vocab)
+    assert index.accepts(b'items: {"name":"a","age":1}; {"name": "b", "age": 2}')
+    assert not index.accepts(b'items: {"name":"a"}')
+
+
+def test_schema_errors_are_located() -> None:
+    schema: dict[str, Any] = {"properties": {"not": {"type": "string"},
+                                             "b": {"items": {"uniqueItems": True,
+                                                             "type": "array"}},
+                                             "c": {"format": "int32"}}}
+    error = check_schema(schema)
+    assert error is not None and error.pointer == "/properties/b/items/uniqueItems"
+    assert error.reason == 'Unimplemented keys: ["uniqueItems"]'
+    schema = {"anyOf": [{"oneOf": [{"type": "integer"}, {"type": "string"}]},
+                        {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]}]}
+    error = check_schema(schema)
+    assert error is not None and error.pointer == "/anyOf/1/oneOf"
+    assert check_schema({"id": "x", "x-foo": 1, "example": 3, "type": "string"}) is None
+    error = check_schema({"items": [{"minimum": float("nan")}]})
+    assert error is not None and error.pointer == "/items/0/minimum"
+
+
+def test_lark_errors_have_positions(smol_vocab: Vocabulary) -> None:
+    error = check_lark("start: expr\nexpr: NUMBER | foo\nNUMBER: /[0-9]+/\n")
+    assert error is not None and (error.line, error.reason) == (2, 'unknown name: "foo"')
+    with pytest.raises(GrammarError):
+        LlgIndex(lark_grammar("start: /(?<=a)b/"), smol_vocab)
+    assert check_lark(ARITHMETIC) is None
+
+
+def _generate(backend: Any, index: LlgIndex, seed: int, max_tokens: int,
+              stop: tuple[str, ...] = (), prefix: bytes = b"") -> Any:
+    session = Session(backend, backend)
+    session.append_text("A record:")
+    request = GenRequest("x", max_tokens, stop, SamplingParams(temperature=1.0),
+                         torch.Generator().manual_seed(seed), cursor=index.start(),
+                         prefix=prefix)
+    return generate(session, request)
+
+
+@pytest.mark.parametrize("schema", [PERSON, TREE], ids=["person", "tree"])
+def test_generate_fills_a_hole_with_valid_json(tiny: Any, schema: dict[str, Any]) -> None:
+    # The executor's own hole loop (masks, fast-forward, budget, EOS) with an LlgCursor.
+    index = LlgIndex(json_grammar(schema), tiny.vocabulary)
+    for seed in range(4):
+        record = _generate(tiny, index, seed, max_tokens=40)
+        jsonschema.validate(json.loads(record.value), schema)
+        assert record.finish in ("eos", "match") and any(record.forced)
+
+
+def test_generate_with_a_healed_prefix_and_a_stop_string(tiny: Any) -> None:
+    index = LlgIndex(with_prefix(json_grammar(PERSON), " "), tiny.vocabulary)
+    for seed in range(3):
+        record = _generate(tiny, index, seed, max_tokens=40, stop=("}",), prefix=b" ")
+        value = record.value + "}" if record.finish == "stop" else record.value
+        jsonschema.validate(json.loads(value), PERSON)
