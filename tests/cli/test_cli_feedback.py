@@ -203,10 +203,13 @@ def test_ctrl_c_during_inputs_keeps_printed_lines_whole(
          "--model", tiny_folder, "--batch-size", batch_size, "--fields", "vars"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None
-    first = proc.stdout.readline()  # runs are under way
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        first = proc.stdout.readline()  # runs are under way
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a failed test leaves no run going through 3,000 lines
     printed = rows((first + out).decode("utf-8"))
     assert proc.returncode == 130, err.decode()
     assert err.decode().strip() == "qrun: interrupted"  # no traceback, nothing else
