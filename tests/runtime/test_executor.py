@@ -218,8 +218,8 @@ def test_a_missing_input_is_reported_where_it_is_first_used(
     ('{% set p = "(a)\\\\1" %}{{ gen a regex=p }}', {}, "backreferences", 38),
     ("{{ gen b regex=q }}", {"q": "[0-9"}, "invalid regex", 16),
     ("{{ gen b regex=q }}", {"q": 7}, "regex must be a string", 16),
-    ("{{ gen c json=s }}", {"s": {"type": "strnig"}}, "unsupported type", 15),
-    ('{{ gen d json={"type": t} }}', {"t": "strnig"}, "unsupported type", 15),
+    ("{{ gen c json=s }}", {"s": {"type": "strnig"}}, "Invalid type: strnig (at /type)", 15),
+    ('{{ gen d json={"type": t} }}', {"t": "strnig"}, "Invalid type: strnig (at /type)", 15),
 ])
 def test_patterns_and_schemas_from_values_are_checked_when_the_run_starts(
     tiny: TransformersBackend, template: str, inputs: dict[str, Any], message: str, column: int,

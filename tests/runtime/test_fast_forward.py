@@ -27,6 +27,9 @@ PERSON: dict[str, Any] = {
         "role": {"enum": ["admin", "user", "guest"]},
     },
     "required": ["name", "age", "email_verified", "role"],
+    # Closed: keys the schema does not list are allowed by default (docs/language.md §7.4),
+    # and a random model would add some; these tests are about the listed keys being forced.
+    "additionalProperties": False,
 }
 
 
