@@ -22,26 +22,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 import qrun
 from bench.ideal import decisions_of
-from bench.vllm_suite import Progress, stretches, time_transformers
+from bench.vllm_suite import Progress, row_header, run_all, stretches, time_transformers
 from bench.workloads import Workload
-from qrun.errors import QrunError
 
 OVERHEAD_TARGET = 0.10  # qrun on llama.cpp at most 10 % slower than raw llama.cpp
-
-
-def _run(query: qrun.Query, backend: Any, inputs: Sequence[Any]) -> list[qrun.Result]:
-    results = query.run_many(list(inputs), model=backend)
-    for r in results:
-        if isinstance(r, QrunError):
-            raise r
-    return [r for r in results if isinstance(r, qrun.Result)]
 
 
 def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
@@ -92,16 +82,11 @@ def _decode(context: Any, batch: Any) -> None:
 def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, Any] | None,
                      repeat: int = 2, progress: Progress = lambda s: None) -> dict[str, Any]:
     """qrun on llama.cpp and raw llama.cpp (alternating, fastest of `repeat` passes each)."""
-    row: dict[str, Any] = {
-        "description": workload.description,
-        "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
-        "runs": len(workload.inputs), "repeat": repeat, "dtype": backend.dtype,
-    }
+    row = row_header(workload, backend, repeat)
     query = qrun.Query(workload.template(), f"<bench:{workload.name}>")
     inputs = list(workload.inputs)
     progress(f"{workload.name}: qrun on llama.cpp, warm-up")
-    _run(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
+    run_all(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
     passes: list[tuple[float, list[qrun.Result]]] = []
     raw_walls: list[float] = []
     runs: list[tuple[list[int], list[int]]] = []
@@ -109,7 +94,7 @@ def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, A
     def time_qrun() -> None:
         backend.clear_cache()
         started = time.perf_counter()
-        results = _run(query, backend, inputs)
+        results = run_all(query, backend, inputs)
         passes.append((time.perf_counter() - started, results))
         if not runs:
             runs[:] = [(list(r.token_ids), decisions_of(r, healed=True)) for r in results]

@@ -35,7 +35,9 @@ OVERHEAD_TARGET = 0.10  # qrun on vLLM at most 10 % slower than raw vLLM
 Progress = Callable[[str], None]
 
 
-def _run(query: qrun.Query, backend: Any, inputs: Sequence[Mapping[str, Any]]) -> list[qrun.Result]:
+def run_all(query: qrun.Query, backend: Any,
+            inputs: Sequence[Mapping[str, Any]]) -> list[qrun.Result]:
+    """`query.run_many(inputs)` on `backend`, raising the first run's error."""
     results = query.run_many(list(inputs), model=backend)
     for r in results:
         if isinstance(r, QrunError):
@@ -43,16 +45,26 @@ def _run(query: qrun.Query, backend: Any, inputs: Sequence[Mapping[str, Any]]) -
     return [r for r in results if isinstance(r, qrun.Result)]
 
 
+def row_header(workload: Workload, backend: Any, repeat: int) -> dict[str, Any]:
+    """The first keys of a backend suite's row: what ran, when, under what load."""
+    return {
+        "description": workload.description,
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
+        "runs": len(workload.inputs), "repeat": repeat, "dtype": backend.dtype,
+    }
+
+
 def time_transformers(workload: Workload, backend: Any, repeat: int) -> dict[str, Any]:
     """qrun's wall time on the transformers backend (fastest of `repeat` passes)."""
     query = qrun.Query(workload.template(), f"<bench:{workload.name}>")
     inputs = list(workload.inputs)
-    _run(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
+    run_all(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
     walls = []
     for _ in range(repeat):
         backend.clear_cache()
         started = time.perf_counter()
-        results = _run(query, backend, inputs)
+        results = run_all(query, backend, inputs)
         walls.append(time.perf_counter() - started)
     return {"wall_s": round(min(walls), 4), "walls_s": [round(w, 4) for w in walls],
             "texts": [r.text for r in results]}
@@ -92,16 +104,11 @@ def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]
 def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, Any] | None,
                  repeat: int = 2, progress: Progress = lambda s: None) -> dict[str, Any]:
     """qrun on vLLM and raw vLLM (alternating, fastest of `repeat` passes each)."""
-    row: dict[str, Any] = {
-        "description": workload.description,
-        "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
-        "runs": len(workload.inputs), "repeat": repeat, "dtype": backend.dtype,
-    }
+    row = row_header(workload, backend, repeat)
     query = qrun.Query(workload.template(), f"<bench:{workload.name}>")
     inputs = list(workload.inputs)
     progress(f"{workload.name}: qrun on vLLM, warm-up")
-    _run(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
+    run_all(query, backend, inputs[: workload.warmup_inputs or len(inputs)])
     qrun_passes: list[tuple[float, list[qrun.Result]]] = []
     raw_walls: list[float] = []
     unhealed_walls: list[float] = []
@@ -111,7 +118,7 @@ def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, An
     def time_qrun() -> None:
         backend.clear_cache()
         started = time.perf_counter()
-        results = _run(query, backend, inputs)
+        results = run_all(query, backend, inputs)
         qrun_passes.append((time.perf_counter() - started, results))
         if not runs:
             runs[:] = [(list(r.token_ids), decisions_of(r, healed=True)) for r in results]
