@@ -128,6 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _store_suite(key: str, out: dict[str, Any], progress: Any) -> None:
+    """A backend suite's rows merged into results.json under `key`, then RESULTS.md."""
+    merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
+        else {}
+    merged[key] = {**merged.get(key, {}), **out}
+    RESULTS_JSON.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+    write_results(merged, HERE / "RESULTS.md")
+    progress(f"wrote {HERE / 'RESULTS.md'}")
+
+
 def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
     from bench.vllm_suite import run_vllm_suite
 
@@ -135,12 +145,7 @@ def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
     out = run_vllm_suite(names, args.dtype, args.repeat, progress)
     key = f"vllm-{out['machine']['dtype']}"
     if not args.no_write:
-        merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
-            else {}
-        merged[key] = {**merged.get(key, {}), **out}
-        RESULTS_JSON.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-        write_results(merged, HERE / "RESULTS.md")
-        progress(f"wrote {HERE / 'RESULTS.md'}")
+        _store_suite(key, out, progress)
     if args.json:
         print(json.dumps({key: out}, indent=1))
     else:
@@ -162,12 +167,7 @@ def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
     names = [n for n in dict.fromkeys(args.workload or WORKLOADS) if n in WORKLOADS]
     out = run_llamacpp_suite(names, args.repeat, progress)
     if not args.no_write:
-        merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
-            else {}
-        merged["llamacpp"] = {**merged.get("llamacpp", {}), **out}
-        RESULTS_JSON.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-        write_results(merged, HERE / "RESULTS.md")
-        progress(f"wrote {HERE / 'RESULTS.md'}")
+        _store_suite("llamacpp", out, progress)
     if args.json:
         print(json.dumps({"llamacpp": out}, indent=1))
     else:
