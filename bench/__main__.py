@@ -103,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     if backend is not None:
         from bench.naive import NaiveRunner
 
-        naive = NaiveRunner(backend)
+        plain = _plain_twin(backend, args.model, progress)
+        naive = NaiveRunner(plain)
         for name in names:
             started = time.perf_counter()
             try:
-                results[name] = _run_one(name, backend, naive, args, progress)
+                results[name] = _run_one(name, backend, plain, naive, args, progress)
             except Exception:  # noqa: BLE001 - one failing workload must not stop the rest
                 results[name] = {"error": traceback.format_exc(), "measured_at": _now()}
             progress(f"{name}: done in {time.perf_counter() - started:.1f} s"
@@ -184,21 +185,46 @@ def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
     return 1 if any("error" in out.get(n, {}) for n in names) else 0
 
 
-def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,
+def _plain_twin(backend: Any, model: str, progress: Any) -> Any:
+    """The loaded model as plain transformers runs it, which is what the ideal, the naive
+    baseline and the speed options are defined on (bench/README.md): the backend itself,
+    unless qrun packed its linear layers (qrun/backends/packed_linear.py); then the same
+    weights loaded a second time without packing."""
+    from qrun.backends.packed_linear import PackedLinear
+
+    if not any(isinstance(m, PackedLinear) for m in backend.model.modules()):
+        return backend
+    import qrun
+
+    before = os.environ.get("QRUN_PACKED_LINEAR")
+    os.environ["QRUN_PACKED_LINEAR"] = "0"
+    try:
+        plain = qrun.load_model(model)
+    finally:
+        if before is None:
+            del os.environ["QRUN_PACKED_LINEAR"]
+        else:
+            os.environ["QRUN_PACKED_LINEAR"] = before
+    progress("loaded the same model without packed layers, for the ideal and the naive runs")
+    return plain
+
+
+def _run_one(name: str, backend: Any, plain: Any, naive: Any, args: argparse.Namespace,
              progress: Any) -> dict[str, Any]:
     if name == "speed":
-        from bench.speed import probe_tokens, run_speed
+        from bench.speed import PACKED, probe_tokens, run_speed
 
         before = [round(x, 2) for x in os.getloadavg()]
-        models = {backend.dtype: backend.model}
+        models = {plain.dtype: plain.model, PACKED: backend.model}
 
         def load(dtype: str) -> Any:
             # A converted copy of the loaded weights: the same as loading with that dtype.
             if dtype not in models:
-                models[dtype] = copy.deepcopy(backend.model).to(getattr(torch, dtype))
+                models[dtype] = copy.deepcopy(plain.model).to(getattr(torch, dtype))
             return models[dtype]
 
-        out = run_speed(load, probe_tokens(backend), lambda s: progress(f"speed: {s}"))
+        out = run_speed(load, probe_tokens(backend), lambda s: progress(f"speed: {s}"),
+                        packed=plain is not backend)
         from qrun.backends.transformers import default_dtype
 
         out.update(measured_at=_now(), load_avg_before=before,
@@ -216,7 +242,7 @@ def _run_one(name: str, backend: Any, naive: Any, args: argparse.Namespace,
 
     return measure_workload(WORKLOADS[name], backend, naive, repeat=args.repeat,
                             naive_repeat=args.naive_repeat, progress=progress,
-                            profile=args.profile)
+                            profile=args.profile, plain_model=plain.model)
 
 
 def _merge(results: dict[str, Any]) -> dict[str, Any]:

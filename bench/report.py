@@ -261,6 +261,10 @@ def _workload_section(name: str, row: Mapping[str, Any]) -> list[str]:
         f"| ideal | {ideal['wall_s']:.3f} | {ideal['forward_calls']} | "
         f"{ideal['forward_tokens']} |",
     ]
+    own = row.get("ideal_own_layers")
+    if own:
+        lines.append(f"| ideal on qrun's packed layers | {own['wall_s']:.3f} | "
+                     f"{ideal['forward_calls']} | {ideal['forward_tokens']} |")
     shared = row.get("ideal_shared_prefix")
     if shared:
         lines.append(f"| ideal, common {shared['prefix_tokens']}-token prefix once | "

@@ -88,9 +88,14 @@ def measure(
     }
 
 
-def _configs(all_threads: int, run_threads: int) -> list[dict[str, Any]]:
-    """dtype x {all cores, 1 thread}; then grad modes and the static cache at the thread count
-    the workloads ran with."""
+PACKED = "float32 packed"
+"""The pseudo-dtype of qrun's own model: float32 with oneDNN-packed linear layers
+(qrun/backends/packed_linear.py)."""
+
+
+def _configs(all_threads: int, run_threads: int, packed: bool = False) -> list[dict[str, Any]]:
+    """dtype x {all cores, 1 thread} (qrun's packed float32 layers too, with `packed`); then
+    grad modes and the static cache at the thread count the workloads ran with."""
     base = {"dtype": "float32", "threads": all_threads, "grad": "inference_mode",
             "cache": "dynamic"}
     here = {**base, "threads": run_threads}
@@ -103,6 +108,8 @@ def _configs(all_threads: int, run_threads: int) -> list[dict[str, Any]]:
         {**here, "grad": "none (autograd on)"},
         {**here, "cache": "static"},
     ]
+    if packed:
+        configs[2:2] = [{**base, "dtype": PACKED}, {**base, "dtype": PACKED, "threads": 1}]
     unique: list[dict[str, Any]] = []
     for config in configs:
         if config not in unique:
@@ -112,15 +119,15 @@ def _configs(all_threads: int, run_threads: int) -> list[dict[str, Any]]:
 
 def run_speed(
     load: Callable[[str], Any], token_ids: Sequence[int],
-    progress: Callable[[str], None] = lambda s: None,
+    progress: Callable[[str], None] = lambda s: None, packed: bool = False,
 ) -> dict[str, Any]:
-    """Measure every configuration; `load(dtype)` gives the model in that dtype. Errors are
-    recorded per configuration, not raised."""
+    """Measure every configuration; `load(dtype)` gives the model in that dtype (or, for
+    PACKED, qrun's packed model). Errors are recorded per configuration, not raised."""
     threads = os.cpu_count() or torch.get_num_threads()
     run_threads = torch.get_num_threads()
     models: dict[str, Any] = {}
     rows = []
-    for config in _configs(threads, run_threads):
+    for config in _configs(threads, run_threads, packed):
         row: dict[str, Any] = dict(config)
         try:
             if config["dtype"] not in models:
@@ -188,6 +195,7 @@ def _compile_child(threads: int) -> None:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(threads)
+    os.environ["QRUN_PACKED_LINEAR"] = "0"  # compile plain transformers' layers
     backend: Any = qrun.load_model("smollm2")
     model = backend.model
     ids = probe_tokens(backend)

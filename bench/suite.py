@@ -71,10 +71,18 @@ def _run_qrun(
 def measure_workload(
     workload: Workload, backend: Any, naive: NaiveRunner, repeat: int = 2,
     naive_repeat: int = 1, progress: Progress = lambda s: None, profile: bool = False,
+    plain_model: Any = None,
 ) -> dict[str, Any]:
-    """Measure one workload: `repeat` passes of qrun and the two ideal replays (alternating
+    """Measure one workload: `repeat` passes of qrun and the ideal replays (alternating
     their order), then `naive_repeat` naive passes; the fastest pass of each is kept. Raises
-    whatever fails (the caller records it)."""
+    whatever fails (the caller records it).
+
+    The ideal replays `plain_model`: the backend's weights as plain transformers runs them
+    (default: the backend's own model). When qrun runs a model of its own making (packed
+    linear layers, qrun/backends/packed_linear.py), the ideal is also replayed on that model,
+    so the report can tell what the layers bring from what the runtime brings."""
+    plain_model = backend.model if plain_model is None else plain_model
+    own_layers = plain_model is not backend.model
     row: dict[str, Any] = {
         "description": workload.description,
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
@@ -105,7 +113,9 @@ def measure_workload(
             row["healed_tokens_resampled"] = sum(healed_resampled(r) for r in results)
             progress(f"{workload.name}: ideal warm-up")
             ids, dec = runs[0]
-            replay(backend.model, ids, dec[:3])
+            replay(plain_model, ids, dec[:3])
+            if own_layers:
+                replay(backend.model, ids, dec[:3])
 
     plain_passes: list[tuple[float, list[qrun.Result]]] = []
 
@@ -117,8 +127,13 @@ def measure_workload(
 
     def time_ideal() -> None:
         nonlocal ideal
-        ideal = replay_runs(backend.model, runs)
+        ideal = replay_runs(plain_model, runs)
         ideal_walls.append(ideal.wall_s)
+
+    own_walls: list[float] = []
+
+    def time_own_layers() -> None:  # the ideal on qrun's own model (packed layers)
+        own_walls.append(replay_runs(backend.model, runs).wall_s)
 
     # Several runs (batch): also the ideal that computes their common prefix once.
     shared_walls: list[float] = []
@@ -126,7 +141,7 @@ def measure_workload(
 
     def time_shared() -> None:
         nonlocal shared, shared_prefix
-        shared, shared_prefix = replay_shared_prefix(backend.model, runs)
+        shared, shared_prefix = replay_shared_prefix(plain_model, runs)
         shared_walls.append(shared.wall_s)
 
     for attempt in range(repeat):
@@ -135,6 +150,8 @@ def measure_workload(
         order: tuple[Callable[[], None], ...] = (time_qrun, time_ideal, time_plain)
         if len(inputs) > 1:
             order += (time_shared,)
+        if own_layers:
+            order += (time_own_layers,)
         for measure in order if attempt % 2 == 0 else reversed(order):
             measure()
 
@@ -184,6 +201,9 @@ def measure_workload(
     }
     row["ideal"] = {**ideal.to_dict(), "wall_s": round(min(ideal_walls), 4),
                     "walls_s": [round(w, 4) for w in ideal_walls]}
+    if own_walls:
+        row["ideal_own_layers"] = {"wall_s": round(min(own_walls), 4),
+                                   "walls_s": [round(w, 4) for w in own_walls]}
     row["naive"] = {
         "wall_s": round(min(naive_walls), 4),
         "walls_s": [round(w, 4) for w in naive_walls],

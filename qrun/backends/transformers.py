@@ -13,6 +13,7 @@ import torch
 from qrun.backends.base import BatchForward, StepModel, TreeScorer
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
 from qrun.backends.loading import quiet_transformers
+from qrun.backends.packed_linear import can_pack, pack_linear_layers
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.errors import ModelLoadError, UsageError
 
@@ -83,7 +84,8 @@ class TransformersBackend(HFTokenizerMixin):
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        # out_features: the head may be a PackedLinear (qrun/backends/packed_linear.py).
+        return int(self.model.get_output_embeddings().out_features)
 
     @property
     def max_context(self) -> int | None:
@@ -281,6 +283,8 @@ def load_transformers(
             raise ModelLoadError(f"cannot load model '{name}': {exc}") from exc
     model.to(device)
     model.eval()
+    if can_pack(model):
+        pack_linear_layers(model)
     cache = PrefixCache(cache_mb << 20) if cache_mb > 0 else None
     return TransformersBackend(model, tokenizer, name, time.perf_counter() - started, cache)
 

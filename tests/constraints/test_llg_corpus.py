@@ -127,6 +127,10 @@ def test_the_example_schema_token_by_token(smol_vocab: Vocabulary, smol_tokenize
 
 
 @pytest.mark.slow
+# The old engine's time limit is a SIGALRM (bench/llg_check.py _limited); when it fires inside
+# a gc callback Python reports the exception as unraisable and the alarm fires again a second
+# later, so the limit holds; the report is not a failure of the code under test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_slice_of_the_corpus(smol_vocab: Vocabulary, smol_tokenizer: Any) -> None:
     # Every 16th schema in corpus order (41 of 644; 19 compile with 1.7.6 and qrun's
     # rewrite): a few minutes, so CI runs it; the whole corpus is the test below.
