@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _store_suite(key: str, out: dict[str, Any], progress: Any) -> None:
+def store_suite(key: str, out: dict[str, Any], progress: Any) -> None:
     """A backend suite's rows merged into results.json under `key`, then RESULTS.md."""
     merged = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() \
         else {}
@@ -146,7 +146,7 @@ def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
     out = run_vllm_suite(names, args.dtype, args.repeat, progress)
     key = f"vllm-{out['machine']['dtype']}"
     if not args.no_write:
-        _store_suite(key, out, progress)
+        store_suite(key, out, progress)
     if args.json:
         print(json.dumps({key: out}, indent=1))
     else:
@@ -168,7 +168,10 @@ def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
     names = [n for n in dict.fromkeys(args.workload or WORKLOADS) if n in WORKLOADS]
     out = run_llamacpp_suite(names, args.repeat, progress)
     if not args.no_write:
-        _store_suite("llamacpp", out, progress)
+        # A run with the default thread count, and one per other count (QRUN_LLAMACPP_THREADS):
+        # which is faster depends on how busy the machine is (docs/language.md §18).
+        given = os.environ.get("QRUN_LLAMACPP_THREADS")
+        store_suite(f"llamacpp-{given}threads" if given else "llamacpp", out, progress)
     if args.json:
         print(json.dumps({"llamacpp": out}, indent=1))
     else:

@@ -140,8 +140,10 @@ def render(results: Mapping[str, Any]) -> str:
         lines += _speed_section(None, results["compile"])
     for key in sorted(k for k in results if k.startswith("vllm-")):
         lines += _vllm_section(key, results[key])
-    if "llamacpp" in results:
-        lines += _llamacpp_section(results["llamacpp"])
+    for key in sorted(k for k in results if k.startswith("llamacpp")):
+        lines += _llamacpp_section(results[key])
+    if any(k.startswith("ttft-") for k in results):
+        lines += _ttft_section({k: v for k, v in results.items() if k.startswith("ttft-")})
     if "json_corpus" in results:
         from bench.llg_corpus import corpus_section
 
@@ -194,8 +196,9 @@ def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
 def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
     m = block.get("machine", {})
     lines = [
-        f"## llama.cpp backend, {m.get('dtype')}", "",
-        "`python -m bench --backend llamacpp` (bench/llamacpp_suite.py): llama-cpp-python "
+        f"## llama.cpp backend, {m.get('dtype')}, {m.get('threads')} thread(s)", "",
+        "`python -m bench --backend llamacpp` (bench/llamacpp_suite.py; "
+        "`QRUN_LLAMACPP_THREADS=N` for another thread count): llama-cpp-python "
         f"{m.get('llamacpp')} on the shipped GGUF ({m.get('dtype')}, loaded in "
         f"{m.get('llamacpp_load_s')} s), {m.get('threads')} threads, commit {m.get('commit')}, "
         f"{m.get('date')}, load average at start {m.get('load_avg')}. **raw llama.cpp** "
@@ -227,6 +230,28 @@ def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
             f"{row.get('transformers_over_llamacpp')} | {q.get('generated_per_s')} | "
             f"{row.get('same_text_as_transformers')} | "
             f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
+    return lines + [""]
+
+
+def _ttft_section(blocks: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    lines = [
+        "## Time to first token", "",
+        "`python -m bench.ttft --runs 5 --backend B --write` (bench/ttft.py): a fresh `qrun "
+        "examples/hello.tmpl` process per run, the model cache warm; seconds from process start "
+        "to the fixed text before the first hole, to its first generated character, and to "
+        "exit (medians).", "",
+        "| backend | runs | fixed text s | first token s | exit s | load average | measured |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for key in sorted(blocks):
+        block = blocks[key]
+        m = block["median"]
+        name = block["backend"] + ("" if block.get("packed_linear", True) or
+                                   block["backend"] != "transformers" else
+                                   " (QRUN_PACKED_LINEAR=0)")
+        lines.append(f"| {name} | {block['runs']} | {m['fixed_text_s']:.2f} | "
+                     f"{m['first_token_s']:.2f} | {m['exit_s']:.2f} | {m['load_avg']:.2f} | "
+                     f"{block['measured_at']} |")
     return lines + [""]
 
 

@@ -2,13 +2,16 @@
 generated character of `qrun examples/hello.tmpl` on stdout, the model cache warm.
 
     .venv/bin/python -m bench.ttft [--runs 5] [--backend transformers|llamacpp] [--json]
+                                   [--write]
 
 Each run starts a fresh `qrun` process (the console script's interpreter, `python -m qrun.cli`)
 and reads its stdout unbuffered: the CLI prints fixed text as soon as it is known and each
 hole's text as it is sampled (qrun/cli_output.py), so the first byte after the fixed text that
 precedes the first hole ("City: ") is the first generated token. Also reported: when that fixed
 text appeared (before the model loads, since hello.tmpl starts with text), and the whole run.
-One warm-up run first converts the model if the cache is cold (not counted)."""
+One warm-up run first converts the model if the cache is cold (not counted). `--write` stores
+the medians in bench/results.json (key `ttft-BACKEND`, with `-plain` when QRUN_PACKED_LINEAR=0)
+and rewrites bench/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -53,11 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--backend", default="transformers")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", action="store_true",
+                        help="store the medians in bench/results.json and rewrite RESULTS.md")
     args = parser.parse_args(argv)
     one_run(args.backend)  # warm-up: converts the model on a cold cache, fills the page cache
     runs = [one_run(args.backend) for _ in range(args.runs)]
     summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     summary["load_avg"] = os.getloadavg()[0]
+    if args.write:
+        from bench.__main__ import store_suite
+
+        plain = os.environ.get("QRUN_PACKED_LINEAR", "1").strip() == "0"
+        key = f"ttft-{args.backend}" + ("-plain" if plain else "")
+        store_suite(key, {"backend": args.backend, "runs": len(runs), "median": summary,
+                           "packed_linear": not plain,
+                           "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                     lambda message: print(message, file=sys.stderr))
     if args.json:
         print(json.dumps({"backend": args.backend, "runs": runs, "median": summary}))
     else:

@@ -424,15 +424,21 @@ def _groups(leaves: list[int], parents: Sequence[int]) -> list[list[int]]:
 
 
 def llama_threads() -> int:
-    """llama.cpp's thread count: $QRUN_LLAMACPP_THREADS when set, else torch's thread count
-    with one core left to the rest of the machine. ggml synchronises its threads at every
-    graph node, so a thread that loses its core stalls all of them: on this project's shared
-    2-core machine (load average 6) examples/hello.tmpl took 1.6 s of model time with 1
-    thread and 126 s with 2."""
+    """llama.cpp's thread count: $QRUN_LLAMACPP_THREADS when set; else torch's thread count
+    (one per core), but no more than the cores the machine's load average over the last
+    minute leaves free (rounded), and at least one. ggml synchronises its threads at every graph
+    node, so a thread that loses its core stalls all of them. Measured on this project's
+    2-core machine: with no other work on it, 2 threads ran the bench's rpg and regex
+    workloads 1.5x and 1.9x faster than 1 (bench/RESULTS.md); busy (load average 6),
+    examples/hello.tmpl took 1.6 s of model time with 1 thread and 126 s with 2. The load
+    average is read once, when the model loads."""
     given = os.environ.get("QRUN_LLAMACPP_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
-    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
+    cores = os.cpu_count() or 1
+    wanted = max(1, min(torch.get_num_threads(), cores))
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(wanted, round(cores - busy)))
 
 
 def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True
