@@ -4,6 +4,7 @@ adapter over a HF model (transformers, vLLM) shares it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any
@@ -14,6 +15,13 @@ from qrun.errors import ModelLoadError
 
 # A text no chat template would contain, used to cut a rendered message into its markers.
 _SENTINEL = "\x00QRUN-CONTENT\x00"
+
+# transformers' fast tokenizers implement `split_special_tokens` by setting a flag on the one
+# Rust tokenizer they wrap, then encoding: two threads encoding at once (the runs of a batch,
+# qrun/runtime/batch.py) could each encode under the other's flag, so a user's "<|im_end|>"
+# became the control token, or a template's chat marker became text. Encoding under one lock
+# makes setting the flag and encoding one step (tests/backends/test_tokenizer_threads.py).
+_ENCODE_LOCK = threading.Lock()
 
 
 class HFTokenizerMixin(BackendDefaults):
@@ -54,8 +62,9 @@ class HFTokenizerMixin(BackendDefaults):
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
         # split_special_tokens: "<|im_end|>" typed by a user is text, never the control token.
-        return list(self.tokenizer.encode(text, add_special_tokens=False,
-                                          split_special_tokens=not special))
+        with _ENCODE_LOCK:
+            return list(self.tokenizer.encode(text, add_special_tokens=False,
+                                              split_special_tokens=not special))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))

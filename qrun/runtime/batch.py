@@ -30,6 +30,7 @@ class _Request:
     """A forward waiting for the next batch, or a tree forward that runs alone."""
 
     tree: bool
+    order: int  # the run's index: a batch's rows are put in this order
     args: tuple[Any, ...]
     done: bool = False
     result: Any = None
@@ -50,8 +51,8 @@ class ForwardScheduler:
     cond: threading.Condition = field(default_factory=threading.Condition)
     submitted: int = 0
 
-    def submit(self, tree: bool, *args: Any) -> Any:
-        request = _Request(tree, args)
+    def submit(self, tree: bool, order: int, *args: Any) -> Any:
+        request = _Request(tree, order, args)
         with self.cond:
             self.submitted += 1
             self.pending.append(request)
@@ -89,6 +90,10 @@ class ForwardScheduler:
                 self.cond.notify_all()
 
     def _run(self, requests: list[_Request]) -> None:
+        # Requests arrive in whatever order the worker threads got to them; the rows of a
+        # batched forward go in run order, so the float rounding of every row (and with it
+        # a greedy choice between near-equal logits) is the same from one call to the next.
+        requests = sorted(requests, key=lambda r: r.order)
         forwards = [r for r in requests if not r.tree]
         if forwards:
             self.batches += 1
@@ -121,9 +126,10 @@ class ScheduledModel:
     """The backend's step model (and tree scorer) as one batched run sees it: forwards go
     through the scheduler, everything else is the model's own."""
 
-    def __init__(self, scheduler: ForwardScheduler) -> None:
+    def __init__(self, scheduler: ForwardScheduler, order: int) -> None:
         self._scheduler = scheduler
         self._model = scheduler.model
+        self._order = order
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -135,14 +141,15 @@ class ScheduledModel:
     def forward(
         self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
     ) -> torch.Tensor:
-        result: torch.Tensor = self._scheduler.submit(False, list(token_ids), cache, logits_for)
+        result: torch.Tensor = self._scheduler.submit(False, self._order, list(token_ids), cache,
+                                                      logits_for)
         return result
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
     ) -> tuple[torch.Tensor, KVCache]:
         result: tuple[torch.Tensor, KVCache] = self._scheduler.submit(
-            True, token_ids, parents, cache)
+            True, self._order, token_ids, parents, cache)
         return result
 
     def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
@@ -186,7 +193,7 @@ def run_batched(
     def one(index: int) -> Outcome:
         try:
             if scheduler is not None:
-                scheduled = ScheduledModel(scheduler)
+                scheduled = ScheduledModel(scheduler, index)
                 tree = scheduled if scheduler.tree_scorer is not None else None
                 engines = choose_engines(backend, scheduled, tree)
             else:
