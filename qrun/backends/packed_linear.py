@@ -12,7 +12,8 @@ tokens 120 / 211 / 222 ms plain, 116 / 157 / 160 ms packed; a 400-token prefill 
 
 The packed layers replace the model's `nn.Linear` modules in place and the original weights
 are freed, so this costs no memory, except for an output layer tied to the input embedding,
-whose weight the embedding still holds (SmolLM2: 113 MB more, on ~540 MB). `QRUN_PACKED_LINEAR=0` keeps torch's own layers (to compare, or to rule this out)."""
+whose weight the embedding still holds (SmolLM2: 113 MB more, on ~540 MB).
+`QRUN_PACKED_LINEAR=0` keeps torch's own layers (to compare, or to rule this out)."""
 
 from __future__ import annotations
 
