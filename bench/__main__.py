@@ -147,19 +147,7 @@ def _main_vllm(args: argparse.Namespace, progress: Any) -> int:
     key = f"vllm-{out['machine']['dtype']}"
     if not args.no_write:
         store_suite(key, out, progress)
-    if args.json:
-        print(json.dumps({key: out}, indent=1))
-    else:
-        for name in names:
-            row = out.get(name, {})
-            if "error" in row:
-                print(f"{name}: FAILED\n{row['error']}")
-                continue
-            print(f"{name} ({key}): qrun {row['qrun']['wall_s']:.2f} s, raw vLLM "
-                  f"{row['raw']['wall_s']:.2f} s, qrun/raw {row['qrun_over_raw']:.3f} "
-                  f"({'PASS' if row['overhead_pass'] else 'MISS'} {row['overhead_target']}), "
-                  f"transformers/vLLM {row.get('transformers_over_vllm')}")
-    return 1 if any("error" in out.get(n, {}) for n in names) else 0
+    return _print_suite(args, names, out, key, key, "vLLM", "vllm")
 
 
 def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
@@ -172,19 +160,27 @@ def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
         # which is faster depends on how busy the machine is (docs/language.md §18).
         given = os.environ.get("QRUN_LLAMACPP_THREADS")
         store_suite(f"llamacpp-{given}threads" if given else "llamacpp", out, progress)
+    return _print_suite(args, names, out, "llamacpp", f"llamacpp {out['machine']['dtype']}",
+                        "llama.cpp", "llamacpp")
+
+
+def _print_suite(args: argparse.Namespace, names: list[str], out: dict[str, Any],
+                 json_key: str, label: str, engine: str, ratio: str) -> int:
+    """A backend suite's results: as JSON under `json_key`, or a line per workload (qrun
+    against raw `engine`, and transformers against it: `transformers_over_{ratio}`); exit 1
+    when a workload failed."""
     if args.json:
-        print(json.dumps({"llamacpp": out}, indent=1))
+        print(json.dumps({json_key: out}, indent=1))
     else:
         for name in names:
             row = out.get(name, {})
             if "error" in row:
                 print(f"{name}: FAILED\n{row['error']}")
                 continue
-            print(f"{name} (llamacpp {out['machine']['dtype']}): qrun {row['qrun']['wall_s']:.2f} "
-                  f"s, raw llama.cpp {row['raw']['wall_s']:.2f} s, qrun/raw "
-                  f"{row['qrun_over_raw']:.3f} ({'PASS' if row['overhead_pass'] else 'MISS'} "
-                  f"{row['overhead_target']}), transformers/llama.cpp "
-                  f"{row.get('transformers_over_llamacpp')}")
+            print(f"{name} ({label}): qrun {row['qrun']['wall_s']:.2f} s, raw {engine} "
+                  f"{row['raw']['wall_s']:.2f} s, qrun/raw {row['qrun_over_raw']:.3f} "
+                  f"({'PASS' if row['overhead_pass'] else 'MISS'} {row['overhead_target']}), "
+                  f"transformers/{engine} {row.get(f'transformers_over_{ratio}')}")
     return 1 if any("error" in out.get(n, {}) for n in names) else 0
 
 

@@ -19,7 +19,6 @@ pass; fastest of `--repeat` passes kept."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,10 +27,16 @@ import numpy as np
 
 import qrun
 from bench.ideal import decisions_of
-from bench.vllm_suite import Progress, row_header, run_all, stretches, time_transformers
+from bench.vllm_suite import (
+    Progress,
+    compare,
+    qrun_figures,
+    row_header,
+    run_all,
+    stretches,
+    time_transformers,
+)
 from bench.workloads import Workload
-
-OVERHEAD_TARGET = 0.10  # qrun on llama.cpp at most 10 % slower than raw llama.cpp
 
 
 def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
@@ -109,32 +114,13 @@ def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, A
         for measure in (time_qrun, time_raw) if attempt % 2 == 0 else (time_raw, time_qrun):
             measure()
     wall, results = min(passes, key=lambda p: p[0])
-    stats = [r.stats for r in results]
     raw = min(raw_walls)
-    generated = sum(s.generated_tokens for s in stats)
-    row["qrun"] = {
-        "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in passes],
-        "model_s": round(sum(s.model_s for s in stats), 4),
-        "mask_s": round(sum(s.mask_s for s in stats), 4),
-        "generated_per_s": round(generated / wall, 2),
-        **{k: sum(getattr(s, k) for s in stats) for k in (
-            "context_tokens", "forward_tokens", "cached_tokens", "forward_calls",
-            "generated_tokens")},
-    }
+    row["qrun"] = qrun_figures(wall, results, [w for w, _ in passes])
+    row["qrun"]["generated_per_s"] = round(row["qrun"]["generated_tokens"] / wall, 2)
     row["raw"] = {"wall_s": round(raw, 4), "walls_s": [round(w, 4) for w in raw_walls],
                   "decodes": sum(len(stretches(d)) + len(d) for _, d in runs),
                   "generated_tokens": sum(len(d) for _, d in runs)}
-    row["qrun_over_raw"] = round(wall / raw, 3)
-    row["overhead_target"] = f"<= {1 + OVERHEAD_TARGET:g}"
-    row["overhead_pass"] = wall / raw <= 1 + OVERHEAD_TARGET
-    if transformers is not None:
-        row["transformers"] = {k: v for k, v in transformers.items() if k != "texts"}
-        row["transformers_over_llamacpp"] = round(transformers["wall_s"] / wall, 3)
-        texts = transformers["texts"]
-        row["same_text_as_transformers"] = (
-            f"{sum(a == r.text for a, r in zip(texts, results, strict=True))}/{len(results)}")
-    row["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-    return row
+    return compare(row, wall, raw, results, transformers, "llamacpp")
 
 
 def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) -> dict[str, Any]:

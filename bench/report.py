@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -114,22 +114,18 @@ def render(results: Mapping[str, Any]) -> str:
         "without speculation s | its /ideal | naive/qrun | targets |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for name in WORKLOAD_ORDER:
-        row = results.get(name)
-        if row is None:
-            continue
-        if "error" in row:
-            lines.append(f"| {name} | error: {row['error'].splitlines()[0][:120]} "
-                         "| | | | | | | | | |")
-            continue
+
+    def summary_line(name: str, row: Mapping[str, Any]) -> str:
         verdicts = ", ".join(f"{t['name']} {'PASS' if t['pass'] else 'MISS'}"
                              for t in row["targets"])
-        lines.append(
+        return (
             f"| {name} | {row['context_tokens']} | {row['forward_over_context']:.3f} | "
             f"{row['qrun']['wall_s']:.2f} | {row['ideal']['wall_s']:.2f} | "
             f"{row['naive']['wall_s']:.2f} | {row['qrun_over_ideal']:.3f} | "
             f"{_spec(row, 'off_wall_s', '.2f')} | {_spec(row, 'off_over_ideal', '.3f')} | "
             f"{row['naive_over_qrun']:.2f} | {verdicts} |")
+
+    lines += _table_rows(results, 11, summary_line, first_error_line=True)
     lines.append("")
     for name in WORKLOAD_ORDER:
         if name in results:
@@ -172,17 +168,11 @@ def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
         "context | cached |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
     ]
-    for name in WORKLOAD_ORDER:
-        row = block.get(name)
-        if row is None:
-            continue
-        if "error" in row:
-            lines.append(f"| {name} | error: {row['error'].splitlines()[-1][:100]} "
-                         "| | | | | | | | | | |")
-            continue
+
+    def line(name: str, row: Mapping[str, Any]) -> str:
         q = row["qrun"]
         unhealed = row.get("raw_healed_as_prompt", {})
-        lines.append(
+        return (
             f"| {name} | {q['wall_s']:.2f} | {row['raw']['wall_s']:.2f} | "
             f"{row['qrun_over_raw']:.3f} | {'PASS' if row['overhead_pass'] else 'MISS'} | "
             f"{unhealed.get('wall_s', float('nan')):.2f} | "
@@ -190,7 +180,8 @@ def _vllm_section(key: str, block: Mapping[str, Any]) -> list[str]:
             f"{row.get('transformers', {}).get('wall_s', float('nan')):.2f} | "
             f"{row.get('transformers_over_vllm')} | {row.get('same_text_as_transformers')} | "
             f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
-    return lines + [""]
+
+    return lines + _table_rows(block, 12, line) + [""]
 
 
 def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
@@ -214,23 +205,38 @@ def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
         "forward / context | cached |",
         "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|",
     ]
-    for name in WORKLOAD_ORDER:
-        row = block.get(name)
-        if row is None:
-            continue
-        if "error" in row:
-            lines.append(f"| {name} | error: {row['error'].splitlines()[-1][:100]} "
-                         "| | | | | | | | | |")
-            continue
+
+    def line(name: str, row: Mapping[str, Any]) -> str:
         q = row["qrun"]
-        lines.append(
+        return (
             f"| {name} | {q['wall_s']:.2f} | {row['raw']['wall_s']:.2f} | "
             f"{row['qrun_over_raw']:.3f} | {'PASS' if row['overhead_pass'] else 'MISS'} | "
             f"{row.get('transformers', {}).get('wall_s', float('nan')):.2f} | "
             f"{row.get('transformers_over_llamacpp')} | {q.get('generated_per_s')} | "
             f"{row.get('same_text_as_transformers')} | "
             f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
-    return lines + [""]
+
+    return lines + _table_rows(block, 11, line) + [""]
+
+
+def _table_rows(block: Mapping[str, Any], columns: int,
+                line: Callable[[str, Mapping[str, Any]], str],
+                first_error_line: bool = False) -> list[str]:
+    """One table line per workload in `block`, in WORKLOAD_ORDER: `line(name, row)`, or for a
+    workload that failed, its error (its first line, else its last: the exception) in the
+    second of `columns` columns."""
+    lines = []
+    for name in WORKLOAD_ORDER:
+        row = block.get(name)
+        if row is None:
+            continue
+        if "error" in row:
+            error = (row["error"].splitlines()[0][:120] if first_error_line
+                     else row["error"].splitlines()[-1][:100])
+            lines.append(f"| {name} | error: {error} " + "|" + " |" * (columns - 2))
+            continue
+        lines.append(line(name, row))
+    return lines
 
 
 def _ttft_section(blocks: Mapping[str, Mapping[str, Any]]) -> list[str]:

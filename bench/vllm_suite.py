@@ -70,6 +70,38 @@ def time_transformers(workload: Workload, backend: Any, repeat: int) -> dict[str
             "texts": [r.text for r in results]}
 
 
+def qrun_figures(wall: float, results: Sequence[qrun.Result], walls: Sequence[float]
+                 ) -> dict[str, Any]:
+    """A backend suite's "qrun" row: the fastest pass's wall time and summed stats
+    (`results`), and every pass's wall time."""
+    stats = [r.stats for r in results]
+    return {
+        "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w in walls],
+        "model_s": round(sum(s.model_s for s in stats), 4),
+        "mask_s": round(sum(s.mask_s for s in stats), 4),
+        **{k: sum(getattr(s, k) for s in stats) for k in (
+            "context_tokens", "forward_tokens", "cached_tokens", "forward_calls",
+            "generated_tokens")},
+    }
+
+
+def compare(row: dict[str, Any], wall: float, raw: float, results: Sequence[qrun.Result],
+            transformers: Mapping[str, Any] | None, backend: str) -> dict[str, Any]:
+    """The end of a backend suite's row: qrun against the raw replay (OVERHEAD_TARGET) and
+    against qrun on transformers (`transformers_over_BACKEND`, same text), load after."""
+    row["qrun_over_raw"] = round(wall / raw, 3)
+    row["overhead_target"] = f"<= {1 + OVERHEAD_TARGET:g}"
+    row["overhead_pass"] = wall / raw <= 1 + OVERHEAD_TARGET
+    if transformers is not None:
+        row["transformers"] = {k: v for k, v in transformers.items() if k != "texts"}
+        row[f"transformers_over_{backend}"] = round(transformers["wall_s"] / wall, 3)
+        texts = transformers["texts"]
+        row["same_text_as_transformers"] = (
+            f"{sum(a == r.text for a, r in zip(texts, results, strict=True))}/{len(results)}")
+    row["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return row
+
+
 def stretches(decisions: Sequence[int]) -> list[tuple[int, int]]:
     """Maximal runs of consecutive decision positions, as (start, length)."""
     out: list[tuple[int, int]] = []
@@ -136,16 +168,8 @@ def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, An
         for measure in (time_qrun, time_raw) if attempt % 2 == 0 else (time_raw, time_qrun):
             measure()
     wall, results = min(qrun_passes, key=lambda p: p[0])
-    stats = [r.stats for r in results]
     raw = min(raw_walls)
-    row["qrun"] = {
-        "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in qrun_passes],
-        "model_s": round(sum(s.model_s for s in stats), 4),
-        "mask_s": round(sum(s.mask_s for s in stats), 4),
-        **{k: sum(getattr(s, k) for s in stats) for k in (
-            "context_tokens", "forward_tokens", "cached_tokens", "forward_calls",
-            "generated_tokens")},
-    }
+    row["qrun"] = qrun_figures(wall, results, [w for w, _ in qrun_passes])
     row["raw"] = {"wall_s": round(raw, 4), "walls_s": [round(w, 4) for w in raw_walls],
                   "requests": sum(len(stretches(d)) for _, d in runs),
                   "generated_tokens": sum(len(d) for _, d in runs)}
@@ -155,17 +179,7 @@ def measure_vllm(workload: Workload, backend: Any, transformers: Mapping[str, An
         "requests": sum(len(stretches(d)) for _, d in unhealed),
         "generated_tokens": sum(len(d) for _, d in unhealed)}
     row["qrun_over_raw_healed_as_prompt"] = round(wall / min(unhealed_walls), 3)
-    row["qrun_over_raw"] = round(wall / raw, 3)
-    row["overhead_target"] = f"<= {1 + OVERHEAD_TARGET:g}"
-    row["overhead_pass"] = wall / raw <= 1 + OVERHEAD_TARGET
-    if transformers is not None:
-        row["transformers"] = {k: v for k, v in transformers.items() if k != "texts"}
-        row["transformers_over_vllm"] = round(transformers["wall_s"] / wall, 3)
-        texts = transformers["texts"]
-        row["same_text_as_transformers"] = (
-            f"{sum(a == r.text for a, r in zip(texts, results, strict=True))}/{len(results)}")
-    row["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-    return row
+    return compare(row, wall, raw, results, transformers, "vllm")
 
 
 def run_vllm_suite(names: Sequence[str], dtype: str | None, repeat: int,
