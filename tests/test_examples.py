@@ -56,6 +56,36 @@ def test_every_example_has_inputs_listed() -> None:
     assert sorted(INPUTS) == sorted(p.name for p in EXAMPLES.glob("*.tmpl"))
 
 
+# Every constraint kind in one template, for the backend tiers (vLLM local and server,
+# llama.cpp). A filled-in record first: a server does not steer a value to end within
+# max_tokens (only qrun's own masks know the budget), so the model is shown what short values
+# look like.
+CONSTRAINED = (
+    'Name: Ada Byron\nBorn: 1815-12-10\nMail: ada@example.org\nProfile: {"age": 36, '
+    '"city": "London"}\nCode: "ADA18"\nMood: calm.\n\n'
+    'Name: {{ gen name stop="\\n" max_tokens=8 }}\n'
+    "Born: {{ gen born regex=DATE }}\n"
+    "Mail: {{ gen mail regex=EMAIL max_tokens=24 }}\n"
+    'Profile: {{ gen profile json={"type": "object", "properties": {"age": {"type": '
+    '"integer"}, "city": {"type": "string", "maxLength": 12}}, "required": ["age", "city"]} '
+    "max_tokens=40 }}\n"
+    'Code: "{{ gen code regex="[A-Z]{3}[0-9]{2}" stop="\\"" }}"\n'
+    "Mood: {{ select mood options=['happy', 'sad', 'calm'] }}."
+)
+
+
+def check_constrained(r: qrun.Result) -> None:
+    """Every hole of CONSTRAINED holds its constraint, and the text ends as the template does."""
+    assert "\n" not in r["name"]
+    assert regex.fullmatch(PATTERNS["DATE"], r["born"], flags=regex.ASCII)
+    assert regex.fullmatch(PATTERNS["EMAIL"], r["mail"], flags=regex.ASCII)
+    profile = r["profile"]
+    assert isinstance(profile["age"], int) and len(profile["city"]) <= 12
+    assert regex.fullmatch(r"[A-Z]{3}[0-9]{2}", r["code"])
+    assert r["mood"] in ("happy", "sad", "calm")
+    assert r.text.endswith(f'Code: "{r["code"]}"\nMood: {r["mood"]}.')
+
+
 def check_values(name: str, r: qrun.Result, model: Any) -> None:
     if name == "classify.tmpl":
         assert r["sentiment"] in ("positive", "negative", "mixed")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import regex
-from test_examples import EXAMPLES, INPUTS, check_values
+from test_examples import CONSTRAINED, EXAMPLES, INPUTS, check_constrained, check_values
 
 import qrun
 from qrun.backends.loading import ensure_converted, locate_model
@@ -128,34 +128,10 @@ def test_greedy_outputs_agree_with_transformers() -> None:
     assert len(AGREEMENT["server"]) >= len(INPUTS) - 1
 
 
-# A filled-in record first: a server does not steer a value to end within max_tokens (only
-# qrun's own masks know the budget), so the model is shown what short values look like.
-CONSTRAINED = (
-    'Name: Ada Byron\nBorn: 1815-12-10\nMail: ada@example.org\nProfile: {"age": 36, '
-    '"city": "London"}\nCode: "ADA18"\nMood: calm.\n\n'
-    'Name: {{ gen name stop="\\n" max_tokens=8 }}\n'
-    "Born: {{ gen born regex=DATE }}\n"
-    "Mail: {{ gen mail regex=EMAIL max_tokens=24 }}\n"
-    'Profile: {{ gen profile json={"type": "object", "properties": {"age": {"type": '
-    '"integer"}, "city": {"type": "string", "maxLength": 12}}, "required": ["age", "city"]} '
-    "max_tokens=40 }}\n"
-    'Code: "{{ gen code regex="[A-Z]{3}[0-9]{2}" stop="\\"" }}"\n'
-    "Mood: {{ select mood options=['happy', 'sad', 'calm'] }}."
-)
-
-
 @pytest.mark.parametrize("mode", ["local", "server"])
 def test_every_constraint_holds(vllm_local: Any, vllm_remote: Any, mode: str) -> None:
     backend = vllm_local if mode == "local" else vllm_remote
-    r = qrun.Query(CONSTRAINED).run(model=backend)
-    assert "\n" not in r["name"]
-    assert regex.fullmatch(PATTERNS["DATE"], r["born"], flags=regex.ASCII)
-    assert regex.fullmatch(PATTERNS["EMAIL"], r["mail"], flags=regex.ASCII)
-    profile = r["profile"]
-    assert isinstance(profile["age"], int) and len(profile["city"]) <= 12
-    assert regex.fullmatch(r"[A-Z]{3}[0-9]{2}", r["code"])
-    assert r["mood"] in ("happy", "sad", "calm")
-    assert r.text.endswith(f'Code: "{r["code"]}"\nMood: {r["mood"]}.')
+    check_constrained(qrun.Query(CONSTRAINED).run(model=backend))
 
 
 @pytest.mark.parametrize("mode", ["local", "server"])

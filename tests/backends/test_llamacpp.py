@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import regex
 import torch
-from test_examples import EXAMPLES, INPUTS, check_values
+from test_examples import CONSTRAINED, EXAMPLES, INPUTS, check_constrained, check_values
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import GenerationError, ModelLoadError
-from qrun.stdlib.patterns import PATTERNS
 
 pytestmark = pytest.mark.llamacpp
 
@@ -224,30 +222,9 @@ def test_example_runs_on_llamacpp(llama: LlamaCppBackend, name: str) -> None:
     assert r.stats.forward_tokens > 0
 
 
-CONSTRAINED = (
-    'Name: Ada Byron\nBorn: 1815-12-10\nMail: ada@example.org\nProfile: {"age": 36, '
-    '"city": "London"}\nCode: "ADA18"\nMood: calm.\n\n'
-    'Name: {{ gen name stop="\\n" max_tokens=8 }}\n'
-    "Born: {{ gen born regex=DATE }}\n"
-    "Mail: {{ gen mail regex=EMAIL max_tokens=24 }}\n"
-    'Profile: {{ gen profile json={"type": "object", "properties": {"age": {"type": '
-    '"integer"}, "city": {"type": "string", "maxLength": 12}}, "required": ["age", "city"]} '
-    "max_tokens=40 }}\n"
-    'Code: "{{ gen code regex="[A-Z]{3}[0-9]{2}" stop="\\"" }}"\n'
-    "Mood: {{ select mood options=['happy', 'sad', 'calm'] }}."
-)
-
-
 def test_every_constraint_holds(llama: LlamaCppBackend) -> None:
     r = qrun.Query(CONSTRAINED).run(model=llama)
-    assert "\n" not in r["name"]
-    assert regex.fullmatch(PATTERNS["DATE"], r["born"], flags=regex.ASCII)
-    assert regex.fullmatch(PATTERNS["EMAIL"], r["mail"], flags=regex.ASCII)
-    profile = r["profile"]
-    assert isinstance(profile["age"], int) and len(profile["city"]) <= 12
-    assert regex.fullmatch(r"[A-Z]{3}[0-9]{2}", r["code"])
-    assert r["mood"] in ("happy", "sad", "calm")
-    assert r.text.endswith(f'Code: "{r["code"]}"\nMood: {r["mood"]}.')
+    check_constrained(r)
     assert r.holes["name"].finish == "stop"
 
 
