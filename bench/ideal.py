@@ -6,7 +6,8 @@ Where the decisions are is read from the run's own hole records (`decisions_of`)
 where its tokens begin in the context (`start`), which were forced and which lie inside a
 token-healing prefix. Decisions:
 - a sampled, kept token that carries value bytes;
-- the end of a hole by EOS (the model had to be asked after the hole's last token);
+- the end of a hole by EOS, or by the model beginning the text after it (finish `boundary`:
+  the model had to be asked after the hole's last token; that token is the text's);
 - a `select`: one decision at its first token, its winner fed with the text after it.
 Tokens forced by a constraint (fast-forward) are fixed text, and so is a token re-sampled
 inside a token-healing prefix (its bytes lie inside the text healing took back): it gives back
@@ -28,7 +29,8 @@ import qrun
 
 def decisions_of(result: qrun.Result, healed: bool = False) -> list[int]:
     """Sorted context positions before which the model decided something in `result`: a kept
-    token or the end of a hole by EOS (a position may equal len(token_ids)). With `healed`,
+    token or the end of a hole by EOS or at the next text (a position may equal
+    len(token_ids)). With `healed`,
     tokens re-sampled inside a healed prefix count too."""
     ids = result.token_ids
     decided: set[int] = set()
@@ -42,7 +44,7 @@ def decisions_of(result: qrun.Result, healed: bool = False) -> list[int]:
             inside_prefix = i < record.prefix_tokens
             if not record.forced[i] and (healed or not inside_prefix):
                 decided.add(record.start + i)
-        if record.finish == "eos" and kept == len(record.token_ids):
+        if record.finish in ("eos", "boundary") and kept == len(record.token_ids):
             decided.add(record.start + kept)
     return sorted(p for p in decided if p <= len(ids))
 

@@ -108,13 +108,20 @@ def lark_grammar(text: str) -> str:
     return f"{text}\n{HEADER}"
 
 
-def with_prefix(grammar: str, prefix: str) -> str:
+def with_prefix(grammar: str, prefix: str, follow: str = "") -> str:
     """`grammar` (json_grammar or lark_grammar text) after the literal `prefix` (the healed
-    text a hole must produce first). The grammar becomes a nested `%lark { ... }` block, so
-    its own `start` rule and names stay as written."""
-    if not prefix:
+    text a hole must produce first), and optionally followed by any beginning of the literal
+    `follow` (the text after a hole, which may end it: a server's grammar). The grammar
+    becomes a nested `%lark { ... }` block, so its own `start` rule and names stay as
+    written."""
+    if not prefix and not follow:
         return grammar
-    return (f"{HEADER}start: {json.dumps(prefix, ensure_ascii=False)} %lark {{\n{grammar}\n}}\n")
+    head = json.dumps(prefix, ensure_ascii=False) + " " if prefix else ""
+    tail = ""
+    if follow:
+        tail = " " + "".join("(" + json.dumps(c, ensure_ascii=False) + " " for c in follow)
+        tail += ")?" * len(follow)
+    return f"{HEADER}start: {head}%lark {{\n{grammar}\n}}{tail}\n"
 
 
 def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None) -> str | None:

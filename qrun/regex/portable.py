@@ -25,9 +25,10 @@ class PortableError(PatternError):
 # again at the hole, for every run of a batch: the rewrite is pure, so it is kept, as the DFA
 # is (dfa.compile_dfa).
 @functools.lru_cache(maxsize=256)
-def portable_regex(pattern: str, prefix: str = "") -> str:
+def portable_regex(pattern: str, prefix: str = "", follow: str = "") -> str:
     """`pattern` rewritten with qrun's meaning explicit (see the module docstring), after the
-    literal text `prefix` when one is given (the healed text).
+    literal text `prefix` when one is given (the healed text), and optionally followed by any
+    beginning of the literal text `follow` (the text after a hole, which may end it).
 
     Raises:
         PatternError: the pattern is invalid or unsupported (as for a token mask).
@@ -43,7 +44,14 @@ def portable_regex(pattern: str, prefix: str = "") -> str:
     elif items and items[-1] == Anchor("dollar"):
         items, tail = items[:-1], "(?:\\n)?"  # Python's $: the end, or before a last \n
     body = "".join(_node(item) for item in items) + tail
+    if follow:
+        body = "(?:" + body + ")" + _optional_prefixes(follow)
     return escape(prefix) + ("(?:" + body + ")" if prefix else body)
+
+
+def _optional_prefixes(text: str) -> str:
+    """A regex matching any beginning of `text`, the empty one included."""
+    return "".join("(?:" + _char(ord(c)) for c in text) + ")?" * len(text)
 
 
 def escape(text: str) -> str:

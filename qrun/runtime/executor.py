@@ -136,12 +136,14 @@ class Run:
 
     # ---- ops -------------------------------------------------------------------------------------
 
-    def _exec_block(self, ops: Sequence[ir.Op]) -> None:
-        for op in ops:
+    def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
+        """Run `ops`; `after` is the template text known to follow the block (a chat turn's
+        closing marker, the text after an `if`), or None."""
+        for index, op in enumerate(ops):
             self.budget.step(op.span)
-            self._exec(op)
+            self._exec(op, _text_after(ops, index, after))
 
-    def _exec(self, op: ir.Op) -> None:
+    def _exec(self, op: ir.Op, after: str | None = None) -> None:
         match op:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
@@ -149,11 +151,11 @@ class Run:
                 text = evaluate_text(op.expr, self.scope, self.source, self.budget)
                 self._emit(text, op=op)
             case ir.Gen():
-                self._exec_gen(op)
+                self._exec_gen(op, after)
             case ir.Select():
                 self._exec_select(op)
             case ir.If():
-                self._exec_if(op)
+                self._exec_if(op, after)
             case ir.For():
                 self._exec_for(op)
             case ir.Set():
@@ -165,7 +167,7 @@ class Run:
             case ir.Continue():
                 raise _Continue
             case ir.Include():
-                self._exec_include(op)
+                self._exec_include(op, after)
             case _:
                 assert_never(op)
 
@@ -203,20 +205,20 @@ class Run:
         finally:
             self.session.pause()
 
-    def _exec_gen(self, op: ir.Gen) -> None:
+    def _exec_gen(self, op: ir.Gen, after: str | None = None) -> None:
         filler = self.engines.filler
         if filler is None:
             raise GenerationError(f"model '{self.backend.name}' was loaded without weights (a "
                                   "tokenizer only), so it cannot fill holes", op.span,
                                   self.program.source)
         with self._filling(op):
-            request = self._gen_request(op)
+            request = self._gen_request(op, after)
             record = filler.fill(self.session, request, self._show)
         self.recorder.end_hole(constraint=record.constraint, value=record.value,
                                text=record.text, finish=record.finish, seconds=record.seconds)
         self._capture(op.name, record, op.in_loop)
 
-    def _gen_request(self, op: ir.Gen) -> GenRequest:
+    def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params
         max_tokens = self._arg(p.max_tokens, "max_tokens", self.options.max_tokens)
         stop = self._stop(p.stop, op.span)
@@ -241,8 +243,12 @@ class Run:
                                       self.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
+        # A constrained hole may end where the template's next text begins
+        # (docs/language.md §14.5); an unconstrained one writes such text as its value.
+        follow = after if spec is not None else None
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
-                          healed_in_context=bool(prefix) and in_context, drafter=self.drafter)
+                          healed_in_context=bool(prefix) and in_context, drafter=self.drafter,
+                          follow=follow)
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
@@ -331,12 +337,12 @@ class Run:
             self.vars[name] = self.scope[name] = record.value
             self.holes[name] = record
 
-    def _exec_if(self, op: ir.If) -> None:
+    def _exec_if(self, op: ir.If, after: str | None) -> None:
         for branch in op.branches:
             if self._eval(branch.condition):
-                self._exec_block(branch.body)
+                self._exec_block(branch.body, after)
                 return
-        self._exec_block(op.orelse)
+        self._exec_block(op.orelse, after)
 
     def _exec_for(self, op: ir.For) -> None:
         items = self._eval(op.iterable)
@@ -377,11 +383,11 @@ class Run:
                                   f"{len(op.targets)} names", op.span, self.source)
         self.scope.update(zip(op.targets, item, strict=True))
 
-    def _exec_include(self, op: ir.Include) -> None:
+    def _exec_include(self, op: ir.Include, after: str | None) -> None:
         outer = self.source
         self.source = self.budget.source = op.source
         try:
-            self._exec_block(op.body)
+            self._exec_block(op.body, after)
         finally:
             self.source = self.budget.source = outer
 
@@ -395,7 +401,7 @@ class Run:
         before, after = markers
         self._emit(before, special=True, op=op)
         try:
-            self._exec_block(op.body)
+            self._exec_block(op.body, after)
         except _LoopControl:  # a break or continue inside the turn still ends the turn
             self._end_role(op, after)
             raise
@@ -416,6 +422,17 @@ class _Break(_LoopControl):
 
 class _Continue(_LoopControl):
     pass
+
+
+def _text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | None:
+    """The template text that is sure to come next after `ops[index]` runs: the next op's when
+    it is fixed text (past `set`s, which emit nothing), `after` when the block ends first, None
+    where it depends on the run (a value, a loop's next round, another hole)."""
+    for op in ops[index + 1 :]:
+        if isinstance(op, ir.Set):
+            continue
+        return op.text if isinstance(op, ir.EmitText) and op.text else None
+    return after
 
 
 def _constraint_span(op: ir.Gen) -> Span:

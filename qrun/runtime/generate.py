@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from qrun.regex import PatternError, compile_dfa
-from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFailure
+from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import sample
 from qrun.runtime.session import Session
@@ -55,11 +55,12 @@ def generate(
     cursor = request.cursor
     streamed = len(request.prefix)
     finish = "max_tokens"
+    boundary = follow_of(session, request.follow).tokens
     while hole.value_tokens < request.max_tokens:
         stop_at = _fast_forward(hole, request.max_tokens - hole.value_tokens)
         tokens_left = request.max_tokens - hole.value_tokens  # forced tokens count too
         if stop_at is None and tokens_left > 0:
-            mask = _mask(session, hole, tokens_left)
+            mask, ends = _with_boundary(hole, _mask(session, hole, tokens_left), boundary)
             only = _only_token(mask)
             if only is not None and only not in eos:
                 # One legal token (inside a healed prefix, or a forced byte the text-level
@@ -81,6 +82,10 @@ def generate(
                 session.stats.generated_tokens += 1
                 mask_size, top = (recorder.alternatives(logits, mask) if recorder is not None
                                   else (None, None))
+                if token in ends:
+                    hole.end_at_boundary(token, logprob, b"", mask_size, top)
+                    finish = "boundary"
+                    break
                 stop_at = hole.take(token, logprob, False, mask_size, top)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
@@ -117,6 +122,22 @@ def _draft(hole: Hole, drafter: PromptLookup, tokens_left: int) -> None:
             trial.advance(token)
     if draft:
         session.lookahead(draft)
+
+
+def _with_boundary(hole: Hole, mask: torch.Tensor | None, boundary: tuple[int, ...]
+                   ) -> tuple[torch.Tensor | None, frozenset[int]]:
+    """`mask` with, where the value so far is a full match, the tokens that begin the
+    following text and that the constraint does not allow as value text also allowed: the
+    model writing one of them ends the hole there (docs/language.md §14.5). Returns the mask
+    and those tokens."""
+    cursor = hole.request.cursor
+    if mask is None or not boundary or cursor is None or hole.in_prefix() or not cursor.can_end():
+        return mask, frozenset()
+    ends = frozenset(t for t in boundary if not bool(mask[t]))
+    if ends:
+        mask = mask.clone()  # masks are shared by the index's cache
+        mask[list(ends)] = True
+    return mask, ends
 
 
 def _only_token(mask: torch.Tensor | None) -> int | None:

@@ -110,6 +110,48 @@ class GenRequest:
     healed_in_context: bool = False
     # Drafts tokens to check with each step's forward (speculation); None: off.
     drafter: PromptLookup | None = None
+    # The template text sure to follow the hole, or None: a constrained hole may end where
+    # the model begins it (docs/language.md §14.5).
+    follow: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """How the template text after a hole begins, as the model could write it.
+
+    plain: its first bytes before any control token (at most the longest token's length);
+        b"" when it begins with a control token
+    tokens: the tokens that begin it: every ordinary token whose bytes start `plain`, or the
+        control token it begins with; EOS never (it ends a hole already)
+    """
+
+    plain: bytes = b""
+    tokens: tuple[int, ...] = ()
+
+
+def follow_of(session: Session, text: str | None) -> Follow:
+    """The Follow of `text`, the template text sure to follow a hole (None: unknown)."""
+    if not text:
+        return Follow()
+    backend = session.backend
+    vocab = backend.vocabulary
+    # Only the first bytes matter: a prefix with room for a whole marker is tokenized.
+    ids = backend.encode(text[:256], special=True)
+    eos = backend.eos_token_ids
+    if not ids:
+        return Follow()
+    if vocab.token_bytes[ids[0]] is None:
+        return Follow(b"", () if ids[0] in eos else (ids[0],))
+    plain = bytearray()
+    for token in ids:
+        data = vocab.token_bytes[token]
+        if data is None or len(plain) >= vocab.max_token_len:
+            break
+        plain += data
+    del plain[vocab.max_token_len :]
+    tokens = tuple(token for cut in range(1, len(plain) + 1)
+                   for token in vocab.ids_of(bytes(plain[:cut])) if token not in eos)
+    return Follow(bytes(plain), tokens)
 
 
 class HoleFiller(Protocol):
@@ -199,6 +241,30 @@ class Hole:
             # is a full match; elsewhere it is ordinary text the constraint allowed.
             start = found + 1
 
+    def end_at_boundary(self, token: int, logprob: float | None, value_bytes: bytes = b"",
+                        mask_size: int | None = None,
+                        top: list[tuple[int, float]] | None = None) -> None:
+        """End the value at `token`, a token the model chose that begins the text following
+        the hole, after `value_bytes` of value when it also carries the value's last bytes (a
+        server's "2\\n"; checked by the caller). It stays provisionally, like a stop's
+        overshoot, and is kept when that text is appended (Session.overshoot). A token with no
+        value bytes is not one of the hole's tokens in its record (the trace shows it as the
+        hole's choice)."""
+        session = self.session
+        assert not self.speculative, "a hole cannot end inside its healed prefix"
+        session.append_tokens([token])
+        position = len(session.token_ids) - 1
+        if session.recorder is not None:
+            session.recorder.chosen(position, token, "sampled", logprob, mask_size, top)
+        if value_bytes:
+            self.record.token_ids.append(token)
+            self.record.logprobs.append(logprob)
+            self.record.forced.append(False)
+            self.text += value_bytes
+            self.ends.append(len(self.text))
+        session.overshoot = Overshoot(start=position, value_bytes=value_bytes,
+                                      token_bytes=self.vocab.token_bytes[token])
+
     def _matches_before(self, offset: int) -> bool:
         cursor = self.request.cursor
         return cursor is None or cursor.accepts(bytes(self.text[:offset]))
@@ -220,14 +286,16 @@ class Hole:
         return bytes(self.text[len(self.request.prefix) :]).decode("utf-8", errors="replace")
 
     def finish(self, finish: str, incomplete: str) -> GenRecord:
-        """The record of the hole ending for `finish` ("stop", "eos", "max_tokens", "match").
+        """The record of the hole ending for `finish` ("stop", "eos", "max_tokens", "match",
+        "boundary").
 
         Raises:
             HoleFailure: the hole has a constraint its value does not fully match (a stop was
                 only taken where the value before it matched); `incomplete` says why.
         """
         cursor = self.request.cursor
-        if cursor is not None and finish != "stop" and not cursor.can_end():
+        # A stop or a boundary ends a value only where it is a full match (checked there).
+        if cursor is not None and finish not in ("stop", "boundary") and not cursor.can_end():
             raise HoleFailure(f"hole '{self.request.name}' {incomplete} ({finish}); value so "
                               f"far: {self.value()!r}")
         record = self.record

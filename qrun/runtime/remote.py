@@ -16,7 +16,7 @@ import torch
 from qrun.backends.base import Completion, HoleSampler
 from qrun.llg import with_prefix
 from qrun.regex import PatternError, portable_regex
-from qrun.runtime.hole import ConstraintSpec, GenRequest, Hole, HoleFailure
+from qrun.runtime.hole import ConstraintSpec, GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.session import Session
 
@@ -49,16 +49,23 @@ class ServerFiller:
         return None
 
 
-def server_regex(pattern: str | None, prefix: bytes) -> str | None:
-    """The hole's constraint (healed prefix first) as a regex a server reads the way qrun does;
-    None for an unconstrained hole with nothing healed.
+def server_regex(pattern: str | None, prefix: bytes, follow: bytes = b"") -> str | None:
+    """The hole's constraint (healed prefix first) as a regex a server reads the way qrun does,
+    then any beginning of `follow` (where the template's next text may end the hole); None for
+    an unconstrained hole with nothing healed.
 
     Raises:
         PatternError: the pattern has no faithful form in the server's dialect.
     """
     if pattern is None and not prefix:
         return None
-    return portable_regex("[\\s\\S]*" if pattern is None else pattern, prefix.decode("utf-8"))
+    return portable_regex("[\\s\\S]*" if pattern is None else pattern, prefix.decode("utf-8"),
+                          _whole_chars(follow))
+
+
+def _whole_chars(data: bytes) -> str:
+    """`data` decoded, less a last character it cuts (the beginning of a text)."""
+    return data.decode("utf-8", errors="ignore") if data else ""
 
 
 def generate_remote(
@@ -85,12 +92,16 @@ def generate_remote(
     pattern = constraint.pattern if constraint is not None else None
     regex: str | None = None
     grammar: str | None = None
+    # The server may also write the beginning of the text after the hole, where the value is
+    # complete; the replay ends the hole at it as a local run does (docs/language.md §14.5).
+    follow = follow_of(session, request.follow).plain
     if constraint is not None and constraint.engine == "llguidance":
         # The text the local cursor compiled: the server's llguidance reads it the same way.
-        grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"))
+        grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"),
+                              _whole_chars(follow))
     else:
         try:
-            regex = server_regex(pattern, request.prefix)
+            regex = server_regex(pattern, request.prefix, follow)
         except PatternError as exc:
             raise HoleFailure(f"this constraint cannot be sent to the server: {exc}") from None
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
@@ -108,7 +119,7 @@ def generate_remote(
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex,
         grammar=grammar)
     session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
-    finish = _replay(hole, request, completion)
+    finish = _replay(hole, request, completion, follow)
     record = hole.finish(finish, f"the server's value does not complete the constraint within "
                                  f"{request.max_tokens} token(s)")
     if on_text is not None and record.text:
@@ -127,21 +138,28 @@ def overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
     return False
 
 
-def _replay(hole: Hole, request: GenRequest, completion: Completion) -> str:
+def _replay(hole: Hole, request: GenRequest, completion: Completion, follow: bytes) -> str:
     """Take the server's tokens into the hole one by one, checking each against the cursor;
-    returns the finish reason."""
+    returns the finish reason. A token the constraint does not allow may begin `follow`, the
+    text after the hole, where the value before it is complete: the hole ends there."""
     logprobs = completion.logprobs
     cursor = request.cursor
     for k, token in enumerate(completion.token_ids):
         if hole.value_tokens >= request.max_tokens:
             return "max_tokens"  # the rest ran past the budget: a local run stops here too
+        logprob = logprobs[k] if k < len(logprobs) else None
         if cursor is not None and not bool(cursor.allowed(_UNBOUNDED)[token]):
+            value_bytes = _value_before_follow(hole, token, follow)
+            if value_bytes is not None:
+                hole.session.stats.generated_tokens += 1
+                hole.end_at_boundary(token, logprob, value_bytes)
+                return "boundary"
             raise HoleFailure(
                 f"hole '{request.name}': the server's token {k + 1} "
                 f"({hole.vocab.token_bytes[token]!r}) breaks the constraint; value so far: "
                 f"{hole.value()!r}")
         hole.session.stats.generated_tokens += 1
-        stop_at = hole.take(token, logprobs[k] if k < len(logprobs) else None, forced=False)
+        stop_at = hole.take(token, logprob, forced=False)
         if stop_at is not None:
             hole.cut_at_stop(stop_at)
             return "stop"
@@ -150,3 +168,17 @@ def _replay(hole: Hole, request: GenRequest, completion: Completion) -> str:
     # Ended without a stop string qrun found: by EOS, by the token limit, or by a stop the
     # server matched where qrun's rule does not (inside the healed text): the value ends here.
     return "max_tokens" if completion.finish == "length" else "eos"
+
+
+def _value_before_follow(hole: Hole, token: int, follow: bytes) -> bytes | None:
+    """The bytes of `token` that end the value when the rest of them begin `follow` and the
+    value with them is a full match (the longest such, since value text comes first), or
+    None when the token does not end the hole so."""
+    data = hole.vocab.token_bytes[token]
+    cursor = hole.request.cursor
+    if not data or not follow or cursor is None or hole.in_prefix():
+        return None
+    for cut in range(len(data) - 1, -1, -1):
+        if follow.startswith(data[cut:]) and cursor.accepts(bytes(hole.text) + data[:cut]):
+            return data[:cut]
+    return None

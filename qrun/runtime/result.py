@@ -19,7 +19,8 @@ class HoleRecord:
     """What one hole produced: its value and text, and per token its id, log-probability (None
     where the token was forced: no choice was made) and whether it was forced. `start` is the
     context position where the hole's tokens begin (its first model decision). `finish` is
-    "stop", "eos", "max_tokens", "match" (constraint complete) or "select"."""
+    "stop", "eos", "max_tokens", "match" (constraint complete), "boundary" (the model began the
+    text after the hole) or "select"."""
 
     name: str
     value: Any

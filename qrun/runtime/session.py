@@ -25,17 +25,19 @@ class ContextFull(Exception):
 @dataclass(frozen=True, slots=True)
 class Overshoot:
     """Tokens at the end of the context that a hole sampled past its end (they hold a stop
-    string and maybe more), kept provisionally: if the next fixed text begins with exactly
-    their bytes they stay — the model already wrote that text — else they are rolled back.
+    string and maybe more, or begin the text after the hole), kept provisionally: if the next
+    fixed text begins with exactly their bytes they stay — the model already wrote that text —
+    else they are rolled back.
 
     start: index in token_ids of the first such token
     value_bytes: bytes of the hole's value inside those tokens (e.g. "." of a ".\\n" token)
-    token_bytes: all bytes of token_ids[start:]
+    token_bytes: all bytes of token_ids[start:]; None for one control token (a chat marker
+        the model wrote where the template's next text begins with it)
     """
 
     start: int
     value_bytes: bytes
-    token_bytes: bytes
+    token_bytes: bytes | None
 
 
 class Session:
@@ -95,11 +97,15 @@ class Session:
         (the template's own text, chat markers) can it contain control tokens. A pending
         overshoot is settled first (kept when the text begins with it)."""
         data = text.encode("utf-8")
+        ids: list[int] | None = None
         if self.overshoot is not None:
-            data = self._settle_overshoot(data)
-        if not data:
+            data, ids = self._settle_overshoot(data, special)
+        if ids is None:
+            if not data:
+                return []
+            ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
+        if not ids:
             return []
-        ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
         self.boundaries.add(len(self.token_ids))
         self._append(ids)
         if self.recorder is not None:
@@ -171,19 +177,52 @@ class Session:
                 f"than model '{self.backend.name}' takes ({limit})")
         self.token_ids.extend(token_ids)
 
-    def _settle_overshoot(self, text: bytes) -> bytes:
+    def _settle_overshoot(self, text: bytes, special: bool = False
+                          ) -> tuple[bytes, list[int] | None]:
         """Keep the overshoot tokens if the context must read value_bytes + text and they spell
-        its beginning; otherwise roll them back. Returns the bytes still to append."""
+        its beginning; otherwise roll them back. Returns the bytes still to append, or (when
+        the text was tokenized here) their token ids. With `special` the text may hold control
+        tokens: a control token overshoot is kept only where the text begins with that very
+        token, and ordinary tokens only where they do not reach into one (`<|` before
+        `<|im_end|>` is not the marker)."""
         assert self.overshoot is not None
         over, self.overshoot = self.overshoot, None
         wanted = over.value_bytes + text
-        if wanted.startswith(over.token_bytes):
-            self.stats.boundary_kept += 1
-            self.fixed_tail = 0
-            return wanted[len(over.token_bytes) :]
+        kept = self.token_ids[over.start :]
+        ids: list[int] | None = None
+        if over.token_bytes is None:
+            if not over.value_bytes and special:
+                ids = self.backend.encode(text.decode("utf-8", errors="replace"), special=True)
+            if ids is not None and ids[: len(kept)] == kept:
+                self._keep_overshoot()
+                return b"", ids[len(kept) :]
+        elif wanted.startswith(over.token_bytes) and (
+                not special or self._plain_length(text, len(over.token_bytes))
+                >= len(over.token_bytes) - len(over.value_bytes)):
+            self._keep_overshoot()
+            return wanted[len(over.token_bytes) :], None
         self.stats.boundary_dropped += 1
         self.rollback(over.start, "stop")
-        return wanted
+        return wanted, None
+
+    def _keep_overshoot(self) -> None:
+        self.stats.boundary_kept += 1
+        self.fixed_tail = 0
+
+    def _plain_length(self, text: bytes, wanted: int) -> int:
+        """How many bytes `text` holds before its first control token, as the template's text
+        is tokenized (special tokens recognised); only the first `wanted` bytes matter, so a
+        prefix with room for a whole marker after them is tokenized."""
+        head = text[: wanted + 256]
+        ids = self.backend.encode(head.decode("utf-8", errors="ignore"), special=True)
+        token_bytes = self.backend.vocabulary.token_bytes
+        length = 0
+        for token in ids:
+            data = token_bytes[token]
+            if data is None:
+                return length
+            length += len(data)
+        return len(text)
 
     def has_logits(self) -> bool:
         """Whether the logits after the whole context are known (next_logits needs no
@@ -312,7 +351,7 @@ class Session:
         # No fixed text follows the hole (the template ends, or another hole comes next): the
         # overshoot cannot match empty text, so it is rolled back and the value's bytes it
         # carried go back in as canonical tokens.
-        rest = self._settle_overshoot(b"")
+        rest, _ = self._settle_overshoot(b"")
         if rest:
             ids = self.backend.encode(rest.decode("utf-8", errors="replace"))
             self._append(ids)

@@ -22,7 +22,8 @@ class Stats:
     forced_tokens: tokens appended without sampling because a constraint allowed only them
     healed_tokens: fixed-text tokens taken back before a hole by token healing
     boundary_kept: holes whose last token ran into the next fixed text and was kept, because
-        that text begins with exactly those bytes
+        that text begins with exactly those bytes (a constrained hole that ended by beginning
+        that text counts here too)
     boundary_dropped: holes whose tokens past the value were taken back instead (counted in
         rollback_tokens too when they had already been fed)
     drafted_tokens: tokens guessed by speculation and fed with a step's forward

@@ -36,7 +36,7 @@ from qrun.runtime.masks import EAGER_MAX_STATES, IndexCache
 from qrun.runtime.result import HoleRecord
 from qrun.stdlib.patterns import PATTERNS
 
-FINISHES = {"eos", "match", "max_tokens", "stop"}
+FINISHES = {"eos", "match", "max_tokens", "stop", "boundary"}
 # One index cache for the file: the feasibility bounds below use the runtime's own indexes.
 _INDEXES = IndexCache(max_entries=512)
 
