@@ -13,14 +13,21 @@ one process, one after another.
   one decode per token. No masks, no template machinery: qrun/raw is qrun's own overhead.
 - **qrun on transformers**: the same workload on the transformers backend (its default
   dtype), measured first.
+- **guidance on llama.cpp** (when QRUN_BENCH_GUIDANCE_PYTHON names a Python with guidance, e.g.
+  the one scripts/guidance-venv.sh makes): the same workload as guidance programs on the same
+  GGUF file and thread count, in that Python (bench/guidance_runner.py), measured last.
 
 Each after one warm-up that is not counted; the prefix caches emptied before every timed
 pass; fastest of `--repeat` passes kept."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,7 +159,76 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
 
             out[name] = {"error": traceback.format_exc()}
     backend.close()
+    python = os.environ.get("QRUN_BENCH_GUIDANCE_PYTHON")
+    if python:
+        measured = [n for n in names if "error" not in out[n]]
+        progress(f"guidance on llama.cpp ({python}): {', '.join(measured)}")
+        for name, row in measure_guidance(python, measured, repeat,
+                                          out["machine"]["threads"]).items():
+            out[name]["guidance"] = row
+            if "wall_s" in row:
+                out[name]["qrun_over_guidance"] = round(out[name]["qrun"]["wall_s"]
+                                                        / row["wall_s"], 3)
     return out
+
+
+def measure_guidance(python: str, names: Sequence[str], repeat: int, threads: int
+                     ) -> dict[str, dict[str, Any]]:
+    """The workloads as guidance programs on llama.cpp, run by bench/guidance_runner.py in
+    `python` (guidance's own environment); per workload its figures, or its error."""
+    from bench.workloads import WORKLOADS
+    from qrun.backends.loading import locate_model
+
+    location = locate_model("smollm2")
+    programs = {name: [_steps_json(WORKLOADS[name].steps(inputs))
+                       for inputs in WORKLOADS[name].inputs] for name in names}
+    job = {"gguf": str(Path(location.path) / str(location.gguf_file)), "threads": threads,
+           "repeat": repeat, "n_ctx": 4096, "programs": programs}
+    runner = Path(__file__).with_name("guidance_runner.py")
+    done = subprocess.run([python, str(runner)], input=json.dumps(job), capture_output=True,
+                          text=True, check=False)
+    version = _guidance_version(python)
+    if done.returncode != 0:
+        return {name: {"error": done.stderr[-3000:], "version": version} for name in names}
+    results: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    for name, row in results.items():
+        row["version"] = version
+        if "values" in row:
+            row["constrained_values_valid"] = _valid(WORKLOADS[name], row["values"])
+    return results
+
+
+def _valid(workload: Workload, values: dict[str, Any]) -> str:
+    """How many of the first run's regex-constrained values fully match their regex (qrun's
+    always do), as "k/n"."""
+    import regex
+
+    holes = [s for s in workload.steps(workload.inputs[0])
+             if getattr(s, "pattern", None) is not None]
+    good = sum(1 for s in holes if isinstance(values.get(s.name), str)
+               and regex.fullmatch(s.pattern, values[s.name], flags=regex.ASCII) is not None)
+    return f"{good}/{len(holes)}"
+
+
+def _steps_json(steps: Sequence[Any]) -> list[dict[str, Any]]:
+    from bench.workloads import Gen, Text
+
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        if isinstance(step, Text):
+            out.append({"text": step.text})
+        elif isinstance(step, Gen):
+            out.append({"gen": step.name, "regex": step.pattern, "stop": list(step.stop),
+                        "max_tokens": step.max_tokens})
+        else:
+            out.append({"select": step.name, "options": list(step.options)})
+    return out
+
+
+def _guidance_version(python: str) -> str:
+    done = subprocess.run([python, "-c", "import guidance; print(guidance.__version__)"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
 
 
 def _version() -> str:

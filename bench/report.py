@@ -216,7 +216,31 @@ def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
             f"{row.get('same_text_as_transformers')} | "
             f"{q['forward_tokens']} / {q['context_tokens']} | {q['cached_tokens']} |")
 
-    return lines + _table_rows(block, 11, line) + [""]
+    lines += _table_rows(block, 11, line) + [""]
+    guided = [(n, block[n]) for n in WORKLOAD_ORDER
+              if isinstance(block.get(n), Mapping) and "guidance" in block[n]]
+    if not guided:
+        return lines
+    version = next((r["guidance"].get("version") for _, r in guided), "?")
+    lines += [
+        f"**guidance {version} on llama.cpp**, same run (QRUN_BENCH_GUIDANCE_PYTHON, "
+        "scripts/guidance-venv.sh; bench/guidance_runner.py): each run one guidance program "
+        "built as one grammar, greedy, same GGUF file, same llama-cpp-python build and "
+        "threads, a freshly loaded model per pass (cold KV cache, load not timed), fastest of "
+        "the same number of passes. \"valid\" counts the first run's regex values that fully "
+        "match their regex (qrun's always do: its masks know max_tokens).", "",
+        "| workload | qrun on llama.cpp s | guidance on llama.cpp s | qrun/guidance | "
+        "guidance's regex values valid |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, row in guided:
+        g = row["guidance"]
+        if "wall_s" not in g:
+            lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | error | | |")
+            continue
+        lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | {g['wall_s']:.2f} | "
+                     f"{row['qrun_over_guidance']:.3f} | {g.get('constrained_values_valid')} |")
+    return lines + [""]
 
 
 def _table_rows(block: Mapping[str, Any], columns: int,
