@@ -37,11 +37,15 @@ class Capabilities:
         taken back before the hole.
     lookahead: one forward over several new tokens returns the logits after each at little
         more than the cost of one, so guessed tokens can be checked for free (speculation).
+    draft_cost: what each guessed token adds to a forward, as a share of a one-token forward;
+        speculation holds back while the model accepts a smaller share of the guesses
+        (runtime/speculate.py). 0: always guess.
     """
 
     batches_itself: bool = False
     heals_in_context: bool = True
     lookahead: bool = True
+    draft_cost: float = 0.0
 
 
 class StepModel(Protocol):

@@ -96,7 +96,7 @@ class Run:
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
-        self.drafter = PromptLookup() if speculate else None
+        self.drafter = PromptLookup(backend.capabilities.draft_cost) if speculate else None
         for op in ir.walk(program.ops):
             if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
                 # A loop capture exists (as a list) even when its loop never runs.

@@ -56,6 +56,8 @@ def generate(
     streamed = len(request.prefix)
     finish = "max_tokens"
     boundary = follow_of(session, request.follow).tokens
+    if request.drafter is not None:
+        request.drafter.new_hole()
     while hole.value_tokens < request.max_tokens:
         stop_at = _fast_forward(hole, request.max_tokens - hole.value_tokens)
         tokens_left = request.max_tokens - hole.value_tokens  # forced tokens count too

@@ -15,7 +15,7 @@ from doubles import SteeredModel, script
 import qrun
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.speculate import PromptLookup
+from qrun.runtime.speculate import PROBE_EVERY, PromptLookup
 
 DOC = "The invoice AB-12345 is for Jane Doe of 12 Elm Street, Springfield, paid in full."
 TEMPLATE = (
@@ -167,3 +167,39 @@ def test_draft_length_follows_the_last_drafts_success() -> None:
     # It wrote none of them: one token next time.
     assert lookup.propose([*text, 3, 4, 99, 1, 2]) == [3]
     assert lookup.propose([7, 8, 9]) == []  # no earlier occurrence of the suffix
+
+
+def test_drafting_holds_back_where_guesses_cost_more_than_they_save() -> None:
+    # A backend where each guessed token costs half a forward (llama.cpp): once fewer than
+    # half of the recent guesses were taken, drafting stops, but for a one-token probe every
+    # PROBE_EVERY steps; a probe the model takes opens the gate again.
+    lookup = PromptLookup(min_rate=0.5)
+    context = [1, 2, 3, 4, 7, 8, 9, 1, 2]
+    assert lookup.propose(context) == [3, 4]
+    for wrote in (50, 51):  # the model writes something else each time
+        context += [wrote, 1, 2]
+        assert lookup.propose(context) == [wrote]  # one token after a miss
+    context += [52, 1, 2]  # 0 of 4 guesses taken: held back
+    held = [lookup.propose(context) for _ in range(PROBE_EVERY)]
+    assert held == [[]] * (PROBE_EVERY - 1) + [[52]]  # then one probe
+    context += [52]  # the model took the probe: the gate opens, drafts grow again
+    assert lookup.propose(context) == [1, 2, 52]
+    # Without a cost (transformers) the same misses never stop drafting.
+    free = PromptLookup()
+    context = [1, 2, 3, 4, 7, 8, 9, 1, 2]
+    free.propose(context)
+    for wrote in range(50, 60):
+        context += [wrote, 1, 2]
+        assert free.propose(context) == [wrote]
+
+
+def test_each_hole_starts_with_the_gate_open() -> None:
+    lookup = PromptLookup(min_rate=0.5)
+    context = [1, 2, 3, 4, 7, 8, 9, 1, 2]
+    lookup.propose(context)
+    for wrote in (50, 51, 52):
+        context += [wrote, 1, 2]
+        drafted = lookup.propose(context)
+    assert drafted == []  # held back
+    lookup.new_hole()
+    assert lookup.propose(context) == [52]
