@@ -246,10 +246,10 @@ class Hole:
                         top: list[tuple[int, float]] | None = None) -> None:
         """End the value at `token`, a token the model chose that begins the text following
         the hole, after `value_bytes` of value when it also carries the value's last bytes (a
-        server's "2\\n"; checked by the caller). It stays provisionally, like a stop's
-        overshoot, and is kept when that text is appended (Session.overshoot). A token with no
-        value bytes is not one of the hole's tokens in its record (the trace shows it as the
-        hole's choice)."""
+        server's ".<" ending a value in "." before "<br>"; checked by the caller). It stays
+        provisionally, like a stop's overshoot, and is kept when that text is appended
+        (Session.overshoot). A token with no value bytes is not one of the hole's tokens in
+        its record (the trace shows it as the hole's choice)."""
         session = self.session
         assert not self.speculative, "a hole cannot end inside its healed prefix"
         session.append_tokens([token])
