@@ -30,8 +30,7 @@ import qrun
 def decisions_of(result: qrun.Result, healed: bool = False) -> list[int]:
     """Sorted context positions before which the model decided something in `result`: a kept
     token or the end of a hole by EOS or at the next text (a position may equal
-    len(token_ids)). With `healed`,
-    tokens re-sampled inside a healed prefix count too."""
+    len(token_ids)). With `healed`, tokens re-sampled inside a healed prefix count too."""
     ids = result.token_ids
     decided: set[int] = set()
     for record in result.records():

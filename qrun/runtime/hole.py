@@ -15,7 +15,7 @@ import torch
 
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
-from qrun.runtime.session import Overshoot, Session
+from qrun.runtime.session import Overshoot, Session, text_head
 from qrun.runtime.speculate import PromptLookup
 
 
@@ -135,23 +135,13 @@ def follow_of(session: Session, text: str | None) -> Follow:
         return Follow()
     backend = session.backend
     vocab = backend.vocabulary
-    # Only the first bytes matter: a prefix with room for a whole marker is tokenized.
-    ids = backend.encode(text[:256], special=True)
     eos = backend.eos_token_ids
-    if not ids:
-        return Follow()
-    if vocab.token_bytes[ids[0]] is None:
-        return Follow(b"", () if ids[0] in eos else (ids[0],))
-    plain = bytearray()
-    for token in ids:
-        data = vocab.token_bytes[token]
-        if data is None or len(plain) >= vocab.max_token_len:
-            break
-        plain += data
-    del plain[vocab.max_token_len :]
+    plain, control = text_head(backend, text, vocab.max_token_len)
+    if not plain:
+        return Follow(b"", () if control is None or control in eos else (control,))
     tokens = tuple(token for cut in range(1, len(plain) + 1)
-                   for token in vocab.ids_of(bytes(plain[:cut])) if token not in eos)
-    return Follow(bytes(plain), tokens)
+                   for token in vocab.ids_of(plain[:cut]) if token not in eos)
+    return Follow(plain, tokens)
 
 
 class HoleFiller(Protocol):

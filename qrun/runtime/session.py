@@ -40,6 +40,23 @@ class Overshoot:
     token_bytes: bytes | None
 
 
+def text_head(backend: Backend, text: str, limit: int) -> tuple[bytes, int | None]:
+    """How the template text `text` begins as the model reads it (special tokens recognised):
+    its ordinary bytes before its first control token, at most `limit` of them, and that
+    control token when it comes within them (else None). Only a prefix of the text with room
+    for a whole marker after `limit` bytes is tokenized."""
+    token_bytes = backend.vocabulary.token_bytes
+    plain = bytearray()
+    for token in backend.encode(text[: limit + 256], special=True):
+        data = token_bytes[token]
+        if data is None:
+            return bytes(plain[:limit]), token if len(plain) < limit else None
+        if len(plain) >= limit:
+            break
+        plain += data
+    return bytes(plain[:limit]), None
+
+
 class Session:
     """Token ids and KV cache of one run.
 
@@ -189,6 +206,7 @@ class Session:
         over, self.overshoot = self.overshoot, None
         wanted = over.value_bytes + text
         kept = self.token_ids[over.start :]
+        beyond = len(over.token_bytes or b"") - len(over.value_bytes)  # bytes into the text
         ids: list[int] | None = None
         if over.token_bytes is None:
             if not over.value_bytes and special:
@@ -196,9 +214,8 @@ class Session:
             if ids is not None and ids[: len(kept)] == kept:
                 self._keep_overshoot()
                 return b"", ids[len(kept) :]
-        elif wanted.startswith(over.token_bytes) and (
-                not special or self._plain_length(text, len(over.token_bytes))
-                >= len(over.token_bytes) - len(over.value_bytes)):
+        elif wanted.startswith(over.token_bytes) and (not special or len(text_head(
+                self.backend, text.decode("utf-8", errors="replace"), beyond)[0]) == beyond):
             self._keep_overshoot()
             return wanted[len(over.token_bytes) :], None
         self.stats.boundary_dropped += 1
@@ -208,21 +225,6 @@ class Session:
     def _keep_overshoot(self) -> None:
         self.stats.boundary_kept += 1
         self.fixed_tail = 0
-
-    def _plain_length(self, text: bytes, wanted: int) -> int:
-        """How many bytes `text` holds before its first control token, as the template's text
-        is tokenized (special tokens recognised); only the first `wanted` bytes matter, so a
-        prefix with room for a whole marker after them is tokenized."""
-        head = text[: wanted + 256]
-        ids = self.backend.encode(head.decode("utf-8", errors="ignore"), special=True)
-        token_bytes = self.backend.vocabulary.token_bytes
-        length = 0
-        for token in ids:
-            data = token_bytes[token]
-            if data is None:
-                return length
-            length += len(data)
-        return len(text)
 
     def has_logits(self) -> bool:
         """Whether the logits after the whole context are known (next_logits needs no
