@@ -33,6 +33,7 @@ from qrun.backends.model_cache import (
     source_of,
     write_manifest,
 )
+from qrun.cache_dir import cache_dir
 from qrun.errors import ModelLoadError
 
 DEFAULT_MODEL = "smollm2"
@@ -58,21 +59,6 @@ class ModelLocation:
     name: str
     path: str
     gguf_file: str | None = None
-
-
-def cache_dir() -> Path:
-    """The qrun cache folder: $QRUN_CACHE, else ~/.cache/qrun.
-
-    Raises:
-        ModelLoadError: that path exists and is not a folder.
-    """
-    given = os.environ.get("QRUN_CACHE")
-    path = Path(given).expanduser() if given else Path.home() / ".cache" / "qrun"
-    if path.exists() and not path.is_dir():
-        where = f"QRUN_CACHE={given}" if given else str(path)
-        raise ModelLoadError(f"{where} is a file, not a folder; point QRUN_CACHE at a folder "
-                             "(qrun creates it) or remove the file")
-    return path
 
 
 def locate_model(name_or_path: str) -> ModelLocation:

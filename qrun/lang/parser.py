@@ -13,6 +13,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from qrun.errors import TemplateSyntaxError
+from qrun.lang.parser_cache import cache_folder, open_cached
 from qrun.lang.surface import TAG_HINTS, TEST_HINTS
 from qrun.source import Source
 
@@ -45,15 +46,17 @@ _BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "break", "con
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`
 _OPENERS = {"VAR_OPEN": "'}}'", "BLOCK_OPEN": "'%}'"}
+# Part of the saved tables' key (lang/parser_cache.py): changing one builds the parser afresh.
+_OPTIONS = {"parser": "lalr", "lexer": "contextual", "propagate_positions": True,
+            "maybe_placeholders": True}
 
 
 @functools.cache
 def _parser() -> Lark:
-    """The parser is immutable and costly to build (~0.1 s), so it is built once per process."""
-    return Lark.open_from_package(
-        "qrun.lang", "grammar.lark", ("",),
-        parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=True,
-    )
+    """The parser is immutable and costly to build (~0.3 s), so it is made once per process,
+    from the tables an earlier process left in the user's cache folder when they still match
+    (~30 ms: lang/parser_cache.py)."""
+    return open_cached("qrun.lang", "grammar.lark", _OPTIONS, cache_folder())
 
 
 def parse(source: Source) -> Tree[Token]:
