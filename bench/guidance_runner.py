@@ -1,23 +1,26 @@
 """guidance on llama.cpp running the bench's workloads, for `python -m bench --backend llamacpp`
 when QRUN_BENCH_GUIDANCE_PYTHON names a Python with guidance installed (scripts/guidance-venv.sh
 makes one that shares qrun's llama-cpp-python build). Standalone: it runs in guidance's
-environment, imports nothing of qrun, reads its job as JSON on stdin and prints JSON.
+environment and imports nothing of qrun. It serves passes on request, so the suite can
+alternate guidance's passes with qrun's (a drift of the machine's speed then falls on both).
 
-Job: {"gguf": path, "threads": n, "repeat": n, "n_ctx": n, "programs": {workload: [run...]}},
-a run being the workload's flat step list for one input (bench/workloads.py Workload.steps):
-{"text": s}, {"gen": name, "regex": pattern or null, "stop": [...], "max_tokens": n} or
-{"select": name, "options": [...]}.
+Protocol, one JSON object per line. First line (the job): {"gguf": path, "threads": n,
+"n_ctx": n, "programs": {workload: [run...]}}, a run being the workload's flat step list for one
+input (bench/workloads.py Workload.steps): {"text": s}, {"gen": name, "regex": pattern or null,
+"stop": [...], "max_tokens": n} or {"select": name, "options": [...]}. Then requests
+{"workload": name, "warmup": bool}, each answered by one line: {"wall_s", "values"} or
+{"error"}. End of input ends the runner.
 
 Each run is one guidance program built as one grammar (every step joined with `+` and added to
 the model once), greedy, the way guidance's README writes templates. A pass runs every input
 of a workload one after another on a freshly loaded model (its KV cache cold, as qrun's prefix
-cache is emptied before each of its passes; the load is not timed), after one warm-up pass;
-the fastest of `repeat` passes is kept. Output: {workload: {"wall_s", "walls_s", "values"}},
-values being the first run's captures (to compare with qrun's)."""
+cache is emptied before each of its passes; the load is not timed); a warm-up pass runs the
+first input only. values are the first run's captures (to compare with qrun's)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -63,35 +66,35 @@ def _pass(job: dict[str, Any], runs: list[list[dict[str, Any]]]) -> tuple[float,
     return wall, first
 
 
-def _measure(job: dict[str, Any], runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+def _serve_pass(job: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    runs = job["programs"][request["workload"]]
     names = [s.get("gen") or s.get("select") for s in runs[0] if "text" not in s]
-    _pass(job, runs[:1])  # warm-up
-    walls: list[float] = []
-    first = None
-    for _ in range(job["repeat"]):
-        wall, first = _pass(job, runs)
-        walls.append(wall)
+    wall, first = _pass(job, runs[:1] if request.get("warmup") else runs)
     values = {}
     for k, capture in enumerate(names):
         try:
             values[capture] = first[f"h{k}"]
         except KeyError:
             values[capture] = None
-    return {"wall_s": round(min(walls), 4), "walls_s": [round(w, 4) for w in walls],
-            "values": values}
+    return {"wall_s": round(wall, 4), "values": values}
 
 
 def main() -> int:
-    job = json.load(sys.stdin)
-    results: dict[str, Any] = {}
-    for name, runs in job["programs"].items():
+    # Answers go to a copy of the original stdout; fd 1 itself then points at stderr, so
+    # nothing guidance or llama.cpp prints can break the protocol.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    job = json.loads(sys.stdin.readline())
+    for line in sys.stdin:
         try:
-            results[name] = _measure(job, runs)
-        except Exception:  # noqa: BLE001 - one failing workload must not stop the rest
+            answer = _serve_pass(job, json.loads(line))
+        except Exception:  # noqa: BLE001 - a failing pass is reported, the runner goes on
             import traceback
 
-            results[name] = {"error": traceback.format_exc()[-3000:]}
-    json.dump(results, sys.stdout)
+            answer = {"error": traceback.format_exc()[-3000:]}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
     return 0
 
 

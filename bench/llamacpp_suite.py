@@ -15,7 +15,8 @@ one process, one after another.
   dtype), measured first.
 - **guidance on llama.cpp** (when QRUN_BENCH_GUIDANCE_PYTHON names a Python with guidance, e.g.
   the one scripts/guidance-venv.sh makes): the same workload as guidance programs on the same
-  GGUF file and thread count, in that Python (bench/guidance_runner.py), measured last.
+  GGUF file and thread count, in that Python (bench/guidance_runner.py, kept running and
+  asked for one pass at a time), its passes in turn with qrun's and raw llama.cpp's.
 
 Each after one warm-up that is not counted; the prefix caches emptied before every timed
 pass; fastest of `--repeat` passes kept."""
@@ -92,8 +93,10 @@ def _decode(context: Any, batch: Any) -> None:
 
 
 def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, Any] | None,
-                     repeat: int = 2, progress: Progress = lambda s: None) -> dict[str, Any]:
-    """qrun on llama.cpp and raw llama.cpp (alternating, fastest of `repeat` passes each)."""
+                     repeat: int = 2, progress: Progress = lambda s: None,
+                     peer: GuidancePeer | None = None) -> dict[str, Any]:
+    """qrun on llama.cpp, raw llama.cpp and, with `peer`, guidance on llama.cpp: their passes
+    in turn (the order rotating from one round to the next), fastest of `repeat` each."""
     row = row_header(workload, backend, repeat)
     query = qrun.Query(workload.template(), f"<bench:{workload.name}>")
     inputs = list(workload.inputs)
@@ -115,10 +118,21 @@ def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, A
     def time_raw() -> None:
         raw_walls.append(replay_raw(backend, runs))
 
+    guided: list[dict[str, Any]] = []
+
+    def time_guidance() -> None:
+        assert peer is not None
+        guided.append(peer.run(workload.name))
+
+    measures = [time_qrun, time_raw]
+    if peer is not None:
+        progress(f"{workload.name}: guidance on llama.cpp, warm-up")
+        warm = peer.run(workload.name, warmup=True)
+        measures.append(time_guidance)
     for attempt in range(repeat):
-        progress(f"{workload.name}: qrun on llama.cpp and raw llama.cpp, pass "
-                 f"{attempt + 1}/{repeat}")
-        for measure in (time_qrun, time_raw) if attempt % 2 == 0 else (time_raw, time_qrun):
+        progress(f"{workload.name}: {len(measures)} ways, pass {attempt + 1}/{repeat}")
+        turn = attempt % len(measures)  # round 0 starts with qrun: raw replays its tokens
+        for measure in [*measures[turn:], *measures[:turn]]:
             measure()
     wall, results = min(passes, key=lambda p: p[0])
     raw = min(raw_walls)
@@ -127,7 +141,27 @@ def measure_llamacpp(workload: Workload, backend: Any, transformers: dict[str, A
     row["raw"] = {"wall_s": round(raw, 4), "walls_s": [round(w, 4) for w in raw_walls],
                   "decodes": sum(len(stretches(d)) + len(d) for _, d in runs),
                   "generated_tokens": sum(len(d) for _, d in runs)}
-    return compare(row, wall, raw, results, transformers, "llamacpp")
+    row = compare(row, wall, raw, results, transformers, "llamacpp")
+    if peer is not None:
+        row["guidance"] = _guidance_row(workload, peer, [warm, *guided])
+        if "wall_s" in row["guidance"]:
+            row["qrun_over_guidance"] = round(wall / row["guidance"]["wall_s"], 3)
+            best = min(wall, (transformers or {}).get("wall_s") or wall)
+            row["best_over_guidance"] = round(best / row["guidance"]["wall_s"], 3)
+    return row
+
+
+def _guidance_row(workload: Workload, peer: GuidancePeer, answers: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """guidance's figures from its warm-up and its passes: fastest pass, every pass, and how
+    many of its regex values are valid; or the first error."""
+    errors = [a["error"] for a in answers if "error" in a]
+    if errors:
+        return {"error": errors[0], "version": peer.version}
+    walls = [a["wall_s"] for a in answers[1:]]
+    return {"wall_s": min(walls), "walls_s": walls, "values": answers[-1]["values"],
+            "version": peer.version,
+            "constrained_values_valid": _valid(workload, answers[-1]["values"])}
 
 
 def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) -> dict[str, Any]:
@@ -150,52 +184,73 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
     out["machine"] = {**machine(None), "dtype": backend.dtype, "llamacpp": _version(),
                       "llamacpp_load_s": round(backend.load_s, 2),
                       "threads": llama_threads()}
-    for name in names:
-        try:
-            out[name] = measure_llamacpp(WORKLOADS[name], backend, reference.get(name),
-                                         repeat, progress)
-        except Exception:  # noqa: BLE001 - one failing workload must not stop the rest
-            import traceback
-
-            out[name] = {"error": traceback.format_exc()}
-    backend.close()
     python = os.environ.get("QRUN_BENCH_GUIDANCE_PYTHON")
-    if python:
-        measured = [n for n in names if "error" not in out[n]]
-        progress(f"guidance on llama.cpp ({python}): {', '.join(measured)}")
-        for name, row in measure_guidance(python, measured, repeat,
-                                          out["machine"]["threads"]).items():
-            out[name]["guidance"] = row
-            if "wall_s" in row:
-                out[name]["qrun_over_guidance"] = round(out[name]["qrun"]["wall_s"]
-                                                        / row["wall_s"], 3)
+    peer = GuidancePeer(python, names, out["machine"]["threads"]) if python else None
+    if peer is not None:
+        progress(f"guidance on llama.cpp ({python}, guidance {peer.version}): alternating")
+    try:
+        for name in names:
+            try:
+                out[name] = measure_llamacpp(WORKLOADS[name], backend, reference.get(name),
+                                             repeat, progress, peer)
+            except Exception:  # noqa: BLE001 - one failing workload must not stop the rest
+                import traceback
+
+                out[name] = {"error": traceback.format_exc()}
+    finally:
+        if peer is not None:
+            peer.close()
+        backend.close()
     return out
 
 
-def measure_guidance(python: str, names: Sequence[str], repeat: int, threads: int
-                     ) -> dict[str, dict[str, Any]]:
-    """The workloads as guidance programs on llama.cpp, run by bench/guidance_runner.py in
-    `python` (guidance's own environment); per workload its figures, or its error."""
-    from bench.workloads import WORKLOADS
-    from qrun.backends.loading import locate_model
+class GuidancePeer:
+    """guidance on llama.cpp, serving passes on request: bench/guidance_runner.py kept running
+    in `python` (guidance's own environment), so its passes can alternate with qrun's."""
 
-    location = locate_model("smollm2")
-    programs = {name: [_steps_json(WORKLOADS[name].steps(inputs))
-                       for inputs in WORKLOADS[name].inputs] for name in names}
-    job = {"gguf": str(Path(location.path) / str(location.gguf_file)), "threads": threads,
-           "repeat": repeat, "n_ctx": 4096, "programs": programs}
-    runner = Path(__file__).with_name("guidance_runner.py")
-    done = subprocess.run([python, str(runner)], input=json.dumps(job), capture_output=True,
-                          text=True, check=False)
-    version = _guidance_version(python)
-    if done.returncode != 0:
-        return {name: {"error": done.stderr[-3000:], "version": version} for name in names}
-    results: dict[str, dict[str, Any]] = json.loads(done.stdout)
-    for name, row in results.items():
-        row["version"] = version
-        if "values" in row:
-            row["constrained_values_valid"] = _valid(WORKLOADS[name], row["values"])
-    return results
+    def __init__(self, python: str, names: Sequence[str], threads: int) -> None:
+        from bench.workloads import WORKLOADS
+        from qrun.backends.loading import locate_model
+
+        location = locate_model("smollm2")
+        programs = {name: [_steps_json(WORKLOADS[name].steps(inputs))
+                           for inputs in WORKLOADS[name].inputs] for name in names}
+        job = {"gguf": str(Path(location.path) / str(location.gguf_file)), "threads": threads,
+               "n_ctx": 4096, "programs": programs}
+        self.version = _guidance_version(python)
+        runner = Path(__file__).with_name("guidance_runner.py")
+        self._process = subprocess.Popen([python, str(runner)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
+        self._send(job)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(message) + "\n")
+        self._process.stdin.flush()
+
+    def run(self, workload: str, warmup: bool = False) -> dict[str, Any]:
+        """One pass of `workload` (its first input only for a warm-up): {"wall_s", "values"},
+        or {"error"} (also when the runner has died)."""
+        assert self._process.stdout is not None
+        try:
+            self._send({"workload": workload, "warmup": warmup})
+            line = self._process.stdout.readline()
+        except OSError as exc:
+            return {"error": f"guidance runner: {exc}"}
+        if not line:
+            stderr = self._process.stderr.read() if self._process.stderr else ""
+            return {"error": f"guidance runner ended: {stderr[-3000:]}"}
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
 
 
 def _valid(workload: Workload, values: dict[str, Any]) -> str:

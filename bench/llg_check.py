@@ -278,7 +278,7 @@ class Checker:
         out = bytearray()
         eos = set(self.vocab.eos_token_ids)
         for step in range(max_tokens):
-            allowed = np.flatnonzero(cursor.allowed(max_tokens - step).numpy())
+            allowed = np.flatnonzero(cursor.allowed(max_tokens - step))
             if len(allowed) == 0:
                 report.walks_bad.append(f"empty mask after {bytes(out)!r}")
                 return

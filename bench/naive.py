@@ -50,7 +50,7 @@ class _MaskProcessor:
         for token in new[self.consumed :]:
             self.cursor.advance(token)
         self.consumed = len(new)
-        mask = self.cursor.allowed(self.max_new - len(new))  # [V] bool
+        mask = torch.from_numpy(self.cursor.allowed(self.max_new - len(new)))  # [V] bool
         return scores.masked_fill(~mask.to(scores.device), float("-inf"))
 
 

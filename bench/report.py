@@ -227,19 +227,29 @@ def _llamacpp_section(block: Mapping[str, Any]) -> list[str]:
         "scripts/guidance-venv.sh; bench/guidance_runner.py): each run one guidance program "
         "built as one grammar, greedy, same GGUF file, same llama-cpp-python build and "
         "threads, a freshly loaded model per pass (cold KV cache, load not timed), fastest of "
-        "the same number of passes. \"valid\" counts the first run's regex values that fully "
-        "match their regex (qrun's always do: its masks know max_tokens).", "",
-        "| workload | qrun on llama.cpp s | guidance on llama.cpp s | qrun/guidance | "
-        "guidance's regex values valid |",
-        "|---|---:|---:|---:|---|",
+        "the same number of passes, its passes in turn with qrun's on llama.cpp (the order "
+        "rotating each round; qrun on transformers was measured earlier in the run). "
+        "\"best\" is qrun on its faster backend for the workload. \"valid\" counts the "
+        "last pass's first-run regex values that fully match their regex (qrun's always do: "
+        "its masks know max_tokens).", "",
+        "| workload | qrun on llama.cpp s | qrun on transformers s | guidance on llama.cpp s "
+        "| guidance passes s | qrun/guidance | best/guidance | guidance's regex values valid |",
+        "|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for name, row in guided:
         g = row["guidance"]
+        tf = (row.get("transformers") or {}).get("wall_s")
+        tf_text = f"{tf:.2f}" if isinstance(tf, int | float) else ""
         if "wall_s" not in g:
-            lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | error | | |")
+            lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | {tf_text} | error "
+                         "| | | | |")
             continue
-        lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | {g['wall_s']:.2f} | "
-                     f"{row['qrun_over_guidance']:.3f} | {g.get('constrained_values_valid')} |")
+        passes = " / ".join(f"{w:.2f}" for w in g.get("walls_s", []))
+        best = row.get("best_over_guidance")
+        lines.append(f"| {name} | {row['qrun']['wall_s']:.2f} | {tf_text} | {g['wall_s']:.2f} "
+                     f"| {passes} | {row['qrun_over_guidance']:.3f} | "
+                     f"{'' if best is None else f'{best:.3f}'} | "
+                     f"{g.get('constrained_values_valid')} |")
     return lines + [""]
 
 

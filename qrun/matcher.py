@@ -229,8 +229,7 @@ class _DfaEngine:
         self.states = [index.start_state]
 
     def mask(self) -> npt.NDArray[np.bool_]:
-        mask: npt.NDArray[np.bool_] = self.index.allowed(self.states[-1]).numpy()
-        return mask
+        return self.index.allowed(self.states[-1])
 
     def consume(self, token_id: int) -> bool:
         state = self.index.advance(self.states[-1], token_id)

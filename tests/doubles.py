@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.base import (
     Capabilities,
@@ -20,7 +21,7 @@ from qrun.backends.hf_tokenizer import HFTokenizerMixin
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend, TransformersCache
 
-Steer = Callable[[int, torch.Tensor], None]
+Steer = Callable[[int, npt.NDArray[np.float32]], None]
 """steer(position, logits): change in place the logits [V] that follow the first `position`
 tokens of a context."""
 
@@ -35,32 +36,33 @@ class SteeredModel(TransformersBackend):
         super().__init__(base.model, base.tokenizer, name, prefix_cache=prefix_cache)
         self.steer = steer
         self.calls = 0
-        self.forwards: list[tuple[list[int], torch.Tensor]] = []
+        self.forwards: list[tuple[list[int], npt.NDArray[np.float32]]] = []
         self._held: dict[int, list[int]] = {}
 
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1
+                ) -> npt.NDArray[np.float32]:
         assert isinstance(cache, TransformersCache)
         self.calls += 1
         held = self._held.get(id(cache), [])[: cache.length()] + list(token_ids)
         self._held[id(cache)] = held
         logits = super().forward(token_ids, cache, logits_for)
-        self.forwards.append((list(held), logits[-1].clone()))
+        self.forwards.append((list(held), logits[-1].copy()))
         if self.steer is None:
             return logits
-        logits = logits.clone()
+        logits = logits.copy()
         end = cache.length()
         for back in range(logits.shape[0]):
             self.steer(end - back, logits[-1 - back])
         return logits
 
-    def forward_batch(self, items: Any, logits_for: int = 1) -> list[torch.Tensor]:
+    def forward_batch(self, items: Any, logits_for: int = 1) -> list[npt.NDArray[np.float32]]:
         self.calls += 1
         outputs = super().forward_batch(items, logits_for)
         if self.steer is None:
             return outputs
         steered = []
         for (_, cache), logits in zip(items, outputs, strict=True):
-            logits = logits.clone()
+            logits = logits.copy()
             end = cache.length()
             for back in range(logits.shape[0]):
                 self.steer(end - back, logits[-1 - back])
@@ -68,7 +70,7 @@ class SteeredModel(TransformersBackend):
         return steered
 
     def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int], cache: Any
-                     ) -> tuple[torch.Tensor, TransformersCache]:
+                     ) -> tuple[npt.NDArray[np.float32], TransformersCache]:
         self.calls += 1
         return super().forward_tree(token_ids, parents, cache)
 
@@ -77,7 +79,7 @@ def script(start: int, tokens: Sequence[int]) -> Steer:
     """Make the model write `tokens` from context length `start` on (logit 1e4 each)."""
     wanted = list(tokens)
 
-    def steer(position: int, logits: torch.Tensor) -> None:
+    def steer(position: int, logits: npt.NDArray[np.float32]) -> None:
         k = position - start
         if 0 <= k < len(wanted):
             logits[wanted[k]] = 1e4
@@ -88,7 +90,7 @@ def script(start: int, tokens: Sequence[int]) -> Steer:
 def eos_from(length: int, eos: int) -> Steer:
     """Make the model want EOS once the context holds `length` tokens."""
 
-    def steer(position: int, logits: torch.Tensor) -> None:
+    def steer(position: int, logits: npt.NDArray[np.float32]) -> None:
         if position >= length:
             logits[eos] = 1e4
 

@@ -69,6 +69,20 @@ def test_layers_below_the_runtime_do_not_import_it() -> None:
     assert bad == []
 
 
+# Modules a llama.cpp run goes through: the runtime works on numpy arrays (logits, masks,
+# the random generator), so `--backend llamacpp` starts without importing torch.
+TORCH_FREE = ("qrun.runtime", "qrun.api", "qrun.cli", "qrun.backends.base",
+              "qrun.backends.prefix_cache", "qrun.backends.kv_cache", "qrun.backends.vocab",
+              "qrun.backends.llamacpp", "qrun.backends.llamacpp_api")
+
+
+def test_the_runtime_and_the_llamacpp_path_do_not_import_torch() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun") for i in imports(path)
+           if i.source.startswith(TORCH_FREE) and i.module.split(".")[0] == "torch"]
+    assert bad == []
+
+
 def test_the_regex_engine_imports_nothing_else_of_qrun() -> None:
     bad = [f"{i.source}:{i.line} imports {i.module}"
            for path in python_files("qrun/regex") for i in imports(path)

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from qrun.backends.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    import torch
-
     from qrun.backends.prefix_cache import PrefixCache
     from qrun.backends.vocab import Vocabulary
 
@@ -62,11 +63,12 @@ class StepModel(Protocol):
 
     def forward(
         self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
-    ) -> torch.Tensor:
+    ) -> npt.NDArray[np.float32]:
         """Feed `token_ids` after the cache's positions, extending the cache in place.
 
         Returns the float32 logits of the last `logits_for` positions, shape [logits_for, V],
-        on the model's device.
+        as a numpy array on the CPU whatever the model's device: masks and sampling are numpy
+        (runtime/sampler.py), so the runtime never imports torch itself.
         """
         ...
 
@@ -76,7 +78,7 @@ class BatchForward(Protocol):
 
     def forward_batch(
         self, items: Sequence[tuple[Sequence[int], KVCache]], logits_for: int = 1
-    ) -> list[torch.Tensor]:
+    ) -> list[npt.NDArray[np.float32]]:
         """Item i feeds token_ids_i on top of cache_i (caches of any lengths), each cache
         extended as if fed alone. Returns each item's logits of its last `logits_for`
         positions, [logits_for, V]."""
@@ -139,7 +141,7 @@ class TreeScorer(Protocol):
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
-    ) -> tuple[torch.Tensor, KVCache]:
+    ) -> tuple[npt.NDArray[np.float32], KVCache]:
         """Feed `token_ids` as a tree after the cache's positions: node i follows node
         `parents[i]` (an earlier node; -1: the cache's last position) and sees only the cache
         and its own ancestors. `cache` is left unchanged. Returns the logits after each node,

@@ -21,10 +21,11 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 from qrun.backends.base import BackendDefaults, BatchForward, Capabilities, StepModel, TreeScorer
 from qrun.backends.llamacpp_api import DECODE_NO_ROOM, Batch, Context, Model, last_log
@@ -133,7 +134,8 @@ class SequencePrefixCache(PrefixCache):
         self._make_room(2)
         return super().lookup(token_ids, after)
 
-    def insert(self, token_ids: Sequence[int], kv: Any, logits: torch.Tensor | None) -> None:
+    def insert(self, token_ids: Sequence[int], kv: Any,
+               logits: npt.NDArray[np.float32] | None) -> None:
         if kv is not None:
             self._make_room(RESERVED_SEQUENCES)
         super().insert(token_ids, kv, logits)
@@ -326,7 +328,8 @@ class LlamaCppBackend(BackendDefaults):
 
     # --- forwards --------------------------------------------------------------------------
 
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1
+                ) -> npt.NDArray[np.float32]:
         assert isinstance(cache, LlamaCache)
         ids = [int(i) for i in token_ids]
         if not ids or not 1 <= logits_for <= len(ids):
@@ -340,10 +343,10 @@ class LlamaCppBackend(BackendDefaults):
                       max(0, start + len(chunk) - max(start, first_output)))
             rows.append(self._decode(batch))
             cache.positions += len(chunk)
-        return torch.from_numpy(np.concatenate(rows))
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def forward_batch(self, items: Sequence[tuple[Sequence[int], Any]],
-                      logits_for: int = 1) -> list[torch.Tensor]:
+                      logits_for: int = 1) -> list[npt.NDArray[np.float32]]:
         """Every item's new tokens under its own sequence id in one llama_decode (several
         when they do not fit one batch)."""
         if sum(len(ids) for ids, _ in items) > BATCH_TOKENS or len(items) < 2:
@@ -354,14 +357,14 @@ class LlamaCppBackend(BackendDefaults):
             assert isinstance(cache, LlamaCache)
             outputs.append(min(logits_for, len(ids)))
             batch.add([int(i) for i in ids], cache.positions, cache.seq, outputs[-1])
-        logits = torch.from_numpy(self._decode(batch))
+        logits = self._decode(batch)
         for ids, cache in items:
             cache.positions += len(ids)
         bounds = np.cumsum([0, *outputs])
         return [logits[bounds[i]:bounds[i + 1]] for i in range(len(items))]
 
     def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int],
-                     cache: Any) -> tuple[torch.Tensor, LlamaTree]:
+                     cache: Any) -> tuple[npt.NDArray[np.float32], LlamaTree]:
         assert isinstance(cache, LlamaCache)
         tokens, n = [int(t) for t in token_ids], len(token_ids)
         depth = [0] * n
@@ -377,7 +380,7 @@ class LlamaCppBackend(BackendDefaults):
         leaves = [i for i in range(n) if below[i] == [i]]
         leaf_of = [below[i][0] for i in range(n)]
         groups = _groups(leaves, parents)
-        out = torch.empty(n, self.vocab_size)
+        out = np.empty((n, self.vocab_size), dtype=np.float32)
         kept: dict[int, LlamaCache] = {}
         for group in groups:
             seqs = {leaf: self.fork(cache, cache.positions) for leaf in group}
@@ -386,7 +389,7 @@ class LlamaCppBackend(BackendDefaults):
             for node in nodes:
                 batch.add_node(tokens[node], cache.positions + depth[node],
                                [seqs[leaf].seq for leaf in below[node] if leaf in seqs])
-            out[nodes] = torch.from_numpy(self._decode(batch))
+            out[nodes] = self._decode(batch)
             for leaf, seq in seqs.items():
                 seq.positions = cache.positions + depth[leaf] + 1
             if len(groups) == 1:
@@ -428,21 +431,43 @@ def _groups(leaves: list[int], parents: Sequence[int]) -> list[list[int]]:
 
 
 def llama_threads() -> int:
-    """llama.cpp's thread count: $QRUN_LLAMACPP_THREADS when set; else torch's thread count
-    (one per core), but no more than the cores the machine's load average over the last
-    minute leaves free (rounded), and at least one. ggml synchronises its threads at every graph
-    node, so a thread that loses its core stalls all of them. Measured on this project's
-    2-core machine: with no other work on it, 2 threads ran the bench's rpg and regex
-    workloads 1.5x and 1.9x faster than 1 (bench/RESULTS.md); busy (load average 6),
-    examples/hello.tmpl took 1.6 s of model time with 1 thread and 126 s with 2. The load
-    average is read once, when the model loads."""
+    """llama.cpp's thread count: $QRUN_LLAMACPP_THREADS when set; else one per physical core
+    this process may run on (`physical_cores`), but no more than the CPUs the machine's load
+    average over the last minute leaves free (rounded), and at least one. ggml synchronises
+    its threads at every graph node, so a thread that loses its core stalls all of them.
+    Measured on this project's 2-core machine: with no other work on it, 2 threads ran the
+    bench's rpg and regex workloads 1.5x and 1.9x faster than 1 (bench/RESULTS.md); busy (load
+    average 6), examples/hello.tmpl took 1.6 s of model time with 1 thread and 126 s with 2.
+    The load average is read once, when the model loads."""
     given = os.environ.get("QRUN_LLAMACPP_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
-    cores = os.cpu_count() or 1
-    wanted = max(1, min(torch.get_num_threads(), cores))
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(wanted, round(cores - busy)))
+    return max(1, min(physical_cores(), round(usable_cpus() - busy)))
+
+
+def usable_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on: hyperthreads of one core count
+    once, as in llama.cpp's own default (and torch's, which this replaced so that the llama.cpp
+    path never imports torch). Read from Linux's sysfs topology; elsewhere the CPU count."""
+    if not hasattr(os, "sched_getaffinity"):
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # no topology: count the CPU itself
+    return max(1, len(cores))
 
 
 def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True

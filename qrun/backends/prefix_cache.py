@@ -12,12 +12,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    import torch
 
 DEFAULT_CACHE_MB = 1024
 """The default budget of a model's prefix cache (`load_model(cache_mb=...)`, `--cache-mb`)."""
@@ -26,14 +25,14 @@ DEFAULT_CACHE_MB = 1024
 @dataclass(eq=False, slots=True)
 class _Node:
     """One token position: `kv` holds the KV of every position up to and including it,
-    `logits` the next-token logits after it ([V] float32, on the model's device)."""
+    `logits` the next-token logits after it ([V] float32, a numpy array)."""
 
     token: int
     depth: int
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)
     kv: KVCache | None = None
-    logits: torch.Tensor | None = None
+    logits: npt.NDArray[np.float32] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +42,7 @@ class Hit:
 
     kv: KVCache | None
     kv_length: int
-    logits: torch.Tensor | None
+    logits: npt.NDArray[np.float32] | None
 
 
 class PrefixCache:
@@ -73,10 +72,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def entries(self) -> list[tuple[str, KVCache | torch.Tensor]]:
+    def entries(self) -> list[tuple[str, KVCache | npt.NDArray[np.float32]]]:
         """Every entry held, least recently used first: ("kv", snapshot) or ("logits", [V])."""
         with self._lock:
-            held: list[tuple[str, KVCache | torch.Tensor]] = []
+            held: list[tuple[str, KVCache | npt.NDArray[np.float32]]] = []
             for node, kind in self._lru:
                 value = node.kv if kind == "kv" else node.logits
                 assert value is not None
@@ -123,7 +122,7 @@ class PrefixCache:
             return Hit(kv, best.depth if best is not None else 0, logits)
 
     def insert(
-        self, token_ids: Sequence[int], kv: KVCache | None, logits: torch.Tensor | None
+        self, token_ids: Sequence[int], kv: KVCache | None, logits: npt.NDArray[np.float32] | None
     ) -> None:
         """Record the KV of `token_ids` (a fork is kept) and/or the logits after them."""
         if not token_ids or self.budget_bytes == 0:
@@ -140,7 +139,7 @@ class PrefixCache:
                 node.kv = kv.fork()
                 self._add(node, "kv")
             if logits is not None and node.logits is None:
-                node.logits = logits.detach().clone()
+                node.logits = np.array(logits, dtype=np.float32, copy=True)
                 self._add(node, "logits")
             self._evict()
 
@@ -178,7 +177,6 @@ class PrefixCache:
     def _entry_storages(node: _Node, kind: str) -> list[tuple[int, int]]:
         if kind == "logits":
             assert node.logits is not None
-            storage = node.logits.untyped_storage()
-            return [(storage.data_ptr(), storage.nbytes())]
+            return [(node.logits.ctypes.data, node.logits.nbytes)]
         assert node.kv is not None
         return node.kv.storages()

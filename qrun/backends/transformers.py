@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from qrun.backends.base import BatchForward, StepModel, TreeScorer
@@ -116,7 +118,7 @@ class TransformersBackend(HFTokenizerMixin):
 
     def forward(
         self, token_ids: Sequence[int], cache: Any, logits_for: int = 1
-    ) -> torch.Tensor:
+    ) -> npt.NDArray[np.float32]:
         assert isinstance(cache, TransformersCache)
         start = cache.length()
         device = self.model.device
@@ -131,12 +133,11 @@ class TransformersBackend(HFTokenizerMixin):
                 use_cache=True,
                 logits_to_keep=logits_for,
             )
-        logits: torch.Tensor = out.logits[0, -logits_for:, :].float()  # [logits_for, V]
-        return logits
+        return _host(out.logits[0, -logits_for:, :])  # [logits_for, V]
 
     def forward_batch(
         self, items: Sequence[tuple[Sequence[int], Any]], logits_for: int = 1
-    ) -> list[torch.Tensor]:
+    ) -> list[npt.NDArray[np.float32]]:
         """One forward for several independent contexts: item i feeds token_ids_i on top of
         cache_i (caches of any lengths), and each cache is extended as if fed alone. Returns
         each item's logits of its last `logits_for` positions, [logits_for, V].
@@ -175,7 +176,7 @@ class TransformersBackend(HFTokenizerMixin):
             row = slice(width_past - p, width_past + n)
             for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
                 _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
-        logits = out.logits.float()  # [B, width_new, V]
+        logits = _host(out.logits)  # [B, width_new, V]
         return [logits[i, max(0, n - logits_for) : n] for i, n in enumerate(new)]
 
     def _stack_caches(self, caches: Sequence[TransformersCache], width: int) -> Any:
@@ -204,7 +205,7 @@ class TransformersBackend(HFTokenizerMixin):
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: Any
-    ) -> tuple[torch.Tensor, TransformersCache]:
+    ) -> tuple[npt.NDArray[np.float32], TransformersCache]:
         assert isinstance(cache, TransformersCache)
         prefix, n = cache.length(), len(token_ids)
         device = self.model.device
@@ -231,7 +232,7 @@ class TransformersBackend(HFTokenizerMixin):
                 use_cache=True,
                 logits_to_keep=n,
             )
-        return out.logits[0].float(), tree  # [n, V]
+        return _host(out.logits[0]), tree  # [n, V]
 
     def _custom_mask(self, visible: torch.Tensor) -> torch.Tensor:
         """A ready 4-D attention mask [1, 1, q, kv] from a bool [q, kv] (True: attend), in the
@@ -287,6 +288,14 @@ def load_transformers(
         pack_linear_layers(model)
     cache = PrefixCache(cache_mb << 20) if cache_mb > 0 else None
     return TransformersBackend(model, tokenizer, name, time.perf_counter() - started, cache)
+
+
+def _host(logits: torch.Tensor) -> npt.NDArray[np.float32]:
+    """Logits as the runtime takes them (backends/base.py): float32 numpy on the CPU. On a
+    CPU float32 model this is a view, no copy; from CUDA it is the one copy per step that the
+    CPU-side masks and sampler need anyway (49k floats for SmolLM2)."""
+    host: npt.NDArray[np.float32] = logits.detach().to("cpu", torch.float32).numpy()
+    return host
 
 
 def _layer_tensors(

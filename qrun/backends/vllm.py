@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.base import Capabilities, PromptScorer, ScoredRows, StepModel
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos, load_tokenizer
@@ -139,7 +140,8 @@ class VllmBackend(HFTokenizerMixin):
         """Stop the engine thread (requests in flight fail)."""
         self.hub.close()
 
-    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], cache: Any, logits_for: int = 1
+                ) -> npt.NDArray[np.float32]:
         assert isinstance(cache, VllmCache)
         if not token_ids or not 1 <= logits_for <= len(token_ids):
             raise ValueError(f"cannot keep {logits_for} logits of {len(token_ids)} tokens")
@@ -182,7 +184,7 @@ class VllmBackend(HFTokenizerMixin):
         hub.submit(request_id, prompt, params)
         return live
 
-    def _wait(self, live: Live) -> torch.Tensor:
+    def _wait(self, live: Live) -> npt.NDArray[np.float32]:
         hub = self.hub
         with hub.cond:
             hub.cond.wait_for(lambda: live.result is not None or live.finished)

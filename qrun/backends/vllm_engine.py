@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from qrun.errors import BackendError
@@ -59,8 +61,8 @@ class Live:
     prompt_len: int
     plan: deque[int] = field(default_factory=deque)
     want: int = 1
-    window: list[torch.Tensor] = field(default_factory=list)
-    result: torch.Tensor | None = None
+    window: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    result: npt.NDArray[np.float32] | None = None
     awaiting: bool = False  # delivered, waiting for the owner's decision
     released: bool = False
     finished: bool = False
@@ -215,12 +217,12 @@ class Hub:
                 if live.released:
                     forced.append((row, self.eos))
                     continue
-                live.window.append(row.detach().to("cpu", torch.float32, copy=True))
+                live.window.append(row.detach().to("cpu", torch.float32, copy=True).numpy())
                 if live.plan:
                     forced.append((row, live.plan.popleft()))
                     live.counts.computed += 1
                     continue
-                live.result = torch.stack(live.window[-live.want:])  # [want, V]
+                live.result = np.stack(live.window[-live.want:])  # [want, V]
                 live.window = []
                 live.awaiting = True
                 waiting.append((live, row))

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.base import Backend, BatchForward, KVCache, StepModel, TreeScorer
 from qrun.backends.prefix_cache import PrefixCache
@@ -116,7 +117,7 @@ class ForwardScheduler:
 
     def _forward_batch(
         self, items: list[tuple[Sequence[int], KVCache]], keep: int
-    ) -> list[torch.Tensor]:
+    ) -> list[npt.NDArray[np.float32]]:
         if len(items) == 1 or self.batcher is None:
             return [self.model.forward(ids, cache, keep) for ids, cache in items]
         return self.batcher.forward_batch(items, keep)
@@ -140,15 +141,15 @@ class ScheduledModel:
 
     def forward(
         self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
-    ) -> torch.Tensor:
-        result: torch.Tensor = self._scheduler.submit(False, self._order, list(token_ids), cache,
-                                                      logits_for)
+    ) -> npt.NDArray[np.float32]:
+        result: npt.NDArray[np.float32] = self._scheduler.submit(
+            False, self._order, list(token_ids), cache, logits_for)
         return result
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
-    ) -> tuple[torch.Tensor, KVCache]:
-        result: tuple[torch.Tensor, KVCache] = self._scheduler.submit(
+    ) -> tuple[npt.NDArray[np.float32], KVCache]:
+        result: tuple[npt.NDArray[np.float32], KVCache] = self._scheduler.submit(
             True, self._order, token_ids, parents, cache)
         return result
 

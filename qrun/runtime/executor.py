@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, assert_never
 
-import torch
+import numpy as np
 
 from qrun.backends.base import Backend
 from qrun.errors import (
@@ -34,7 +34,7 @@ from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord, Result
-from qrun.runtime.sampler import SamplingParams
+from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
 from qrun.runtime.speculate import PromptLookup
@@ -91,7 +91,7 @@ class Run:
         self.holes: dict[str, HoleRecord] = {}
         self.hole_lists: dict[str, list[HoleRecord]] = {}
         self.pieces: list[str] = []
-        self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.generator = new_generator(self.options.seed)
         self.source = program.source  # what the op being run points into (an included file's)
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
@@ -259,13 +259,13 @@ class Run:
         count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
         return self.session.heal(count, keep_last)
 
-    def _sampling(self, p: ir.GenParams) -> tuple[SamplingParams, torch.Generator]:
+    def _sampling(self, p: ir.GenParams) -> tuple[SamplingParams, np.random.Generator]:
         temperature = float(self._arg(p.temperature, "temperature", self.options.temperature))
         top_p = float(self._arg(p.top_p, "top_p", self.options.top_p))
         top_k = int(self._arg(p.top_k, "top_k", self.options.top_k))
         generator = self.generator
         if p.seed is not None:
-            generator = torch.Generator().manual_seed(self._arg(p.seed, "seed", 0))
+            generator = new_generator(self._arg(p.seed, "seed", 0))
         return SamplingParams(temperature, top_p, top_k), generator
 
     def _stop(self, expr: Expr | None, span: Span) -> tuple[str, ...]:

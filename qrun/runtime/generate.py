@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 from qrun.regex import PatternError, compile_dfa
 from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFailure, follow_of
@@ -126,8 +126,8 @@ def _draft(hole: Hole, drafter: PromptLookup, tokens_left: int) -> None:
         session.lookahead(draft)
 
 
-def _with_boundary(hole: Hole, mask: torch.Tensor | None, boundary: tuple[int, ...]
-                   ) -> tuple[torch.Tensor | None, frozenset[int]]:
+def _with_boundary(hole: Hole, mask: npt.NDArray[np.bool_] | None, boundary: tuple[int, ...]
+                   ) -> tuple[npt.NDArray[np.bool_] | None, frozenset[int]]:
     """`mask` with, where the value so far is a full match, the tokens that begin the
     following text and that the constraint does not allow as value text also allowed: the
     model writing one of them ends the hole there (docs/language.md §14.5). Returns the mask
@@ -137,16 +137,16 @@ def _with_boundary(hole: Hole, mask: torch.Tensor | None, boundary: tuple[int, .
         return mask, frozenset()
     ends = frozenset(t for t in boundary if not bool(mask[t]))
     if ends:
-        mask = mask.clone()  # masks are shared by the index's cache
+        mask = mask.copy()  # masks are shared by the index's cache
         mask[list(ends)] = True
     return mask, ends
 
 
-def _only_token(mask: torch.Tensor | None) -> int | None:
+def _only_token(mask: npt.NDArray[np.bool_] | None) -> int | None:
     """The single token a mask allows, if it allows exactly one."""
     if mask is None:
         return None
-    allowed = np.flatnonzero(mask.numpy())
+    allowed = np.flatnonzero(mask)
     return int(allowed[0]) if len(allowed) == 1 else None
 
 
@@ -179,7 +179,7 @@ def _still_feasible(cursor: Cursor, token_ids: list[int], tokens_left: int) -> b
     for token in token_ids:
         trial.advance(token)
     left = tokens_left - len(token_ids)
-    return trial.can_end() or (left > 0 and bool(trial.allowed(left).numpy().any()))
+    return trial.can_end() or (left > 0 and bool(trial.allowed(left).any()))
 
 
 def _forced_tokens(hole: Hole, forced: bytes) -> list[int]:
@@ -199,7 +199,7 @@ def _forced_tokens(hole: Hole, forced: bytes) -> list[int]:
     return token_ids
 
 
-def _mask(session: Session, hole: Hole, tokens_left: int) -> torch.Tensor | None:
+def _mask(session: Session, hole: Hole, tokens_left: int) -> npt.NDArray[np.bool_] | None:
     """The cursor's mask for this step (EOS included where the value may end here).
 
     While the healed prefix is being produced, a token that ends inside it costs nothing
@@ -216,10 +216,9 @@ def _mask(session: Session, hole: Hole, tokens_left: int) -> torch.Tensor | None
                 for t in hole.vocab.ids_of(remaining[:cut])]
         if free:
             roomier = request.cursor.allowed(tokens_left + 1)
-            mask = mask.clone()
+            mask = mask.copy()
             mask[free] |= roomier[free]
-    # numpy's any(): torch's has 12-16 ms outliers on a busy 2-core machine (intra-op pool).
-    empty = not mask.numpy().any()
+    empty = not mask.any()
     session.stats.mask_s += time.perf_counter() - started
     if empty:
         raise HoleFailure(

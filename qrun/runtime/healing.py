@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 from qrun.backends.vocab import Vocabulary
 
@@ -25,8 +25,8 @@ class PrefixMasks:
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
         self._lock = threading.Lock()
-        self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._everything: torch.Tensor | None = None
+        self._cache: OrderedDict[bytes, npt.NDArray[np.bool_]] = OrderedDict()
+        self._everything: npt.NDArray[np.bool_] | None = None
         # Every token's bytes, zero-padded to the longest (49,152 x 81 bytes for SmolLM2,
         # 4 MB): a prefix test over the whole vocabulary is then one numpy comparison.
         width = max((len(b) for b in vocab.token_bytes if b), default=1)
@@ -37,7 +37,7 @@ class PrefixMasks:
                 self._bytes[token_id, : len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._ids = {data: i for i, data in reversed(list(enumerate(vocab.token_bytes))) if data}
 
-    def compatible(self, prefix: bytes) -> torch.Tensor:
+    def compatible(self, prefix: bytes) -> npt.NDArray[np.bool_]:
         """Bool [V]: tokens whose bytes start with `prefix`, or are a non-empty proper prefix of
         it (the rest of `prefix` then comes from later tokens)."""
         with self._lock:
@@ -46,6 +46,7 @@ class PrefixMasks:
                 self._cache.move_to_end(prefix)
                 return mask
         n = len(prefix)
+        starts: npt.NDArray[np.bool_]
         if n <= self._bytes.shape[1]:
             wanted = np.frombuffer(prefix, dtype=np.uint8)
             starts = (self._lengths >= n) & (self._bytes[:, :n] == wanted).all(axis=1)
@@ -58,18 +59,20 @@ class PrefixMasks:
                 for dup, rep in self.vocab.trie.duplicates:
                     if rep == token_id:
                         starts[dup] = True
-        mask = torch.from_numpy(starts)
+        mask = starts
+        mask.flags.writeable = False  # cached and shared
         with self._lock:
             self._cache[prefix] = mask
             if len(self._cache) > _PREFIX_MASKS:
                 self._cache.popitem(last=False)
         return mask
 
-    def everything(self) -> torch.Tensor:
+    def everything(self) -> npt.NDArray[np.bool_]:
         """Bool [V]: every ordinary token and EOS (other special tokens stay out of holes)."""
         if self._everything is None:
-            mask = torch.from_numpy(self._lengths > 0)
+            mask = self._lengths > 0
             mask[list(self.vocab.eos_token_ids)] = True
+            mask.flags.writeable = False  # shared
             self._everything = mask
         return self._everything
 
@@ -94,7 +97,7 @@ class HealCursor:
     def accepts(self, data: bytes) -> bool:
         return data.startswith(self.prefix)
 
-    def allowed(self, tokens_left: int) -> torch.Tensor:
+    def allowed(self, tokens_left: int) -> npt.NDArray[np.bool_]:
         if self.remaining:
             return self.masks.compatible(self.remaining)
         return self.masks.everything()

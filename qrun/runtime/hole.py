@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
@@ -23,8 +24,8 @@ class Cursor(Protocol):
     """A hole's constraint state (runtime/masks.py MaskCursor, runtime/llg.py LlgCursor,
     runtime/healing.py HealCursor)."""
 
-    def allowed(self, tokens_left: int) -> torch.Tensor:
-        """Bool mask [V] (on the CPU) of tokens that keep a full match reachable within
+    def allowed(self, tokens_left: int) -> npt.NDArray[np.bool_]:
+        """Bool mask [V] of tokens that keep a full match reachable within
         `tokens_left` tokens, EOS included where the text so far is a full match."""
         ...
 
@@ -101,7 +102,7 @@ class GenRequest:
     max_tokens: int
     stop: tuple[str, ...]
     sampling: SamplingParams
-    generator: torch.Generator | None
+    generator: np.random.Generator | None
     cursor: Cursor | None = None
     constraint: ConstraintSpec | None = None
     prefix: bytes = b""

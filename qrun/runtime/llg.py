@@ -19,7 +19,6 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from qrun.backends.vocab import Vocabulary
 from qrun.llg import LIMITS, GrammarError, clean_reason
@@ -202,18 +201,18 @@ class LlgCursor:
         twin._margin, twin._way = self._margin, self._way
         return twin
 
-    def allowed(self, tokens_left: int | None = None) -> torch.Tensor:
+    def allowed(self, tokens_left: int | None = None) -> npt.NDArray[np.bool_]:
         """Bool mask [V] of the ids that may come next, EOS ids included where the text so
         far is complete. With `tokens_left`, near the end of the budget only the first token
         of a shortest completion (or EOS where complete) is allowed, so the value ends
-        complete instead of cut off (see `_closing_token`). A fresh tensor."""
+        complete instead of cut off (see `_closing_token`). A fresh array."""
         if tokens_left is not None:
             closing = self._closing_token(tokens_left)
             if closing is not None:
-                only = torch.zeros(self.index.vocab.size, dtype=torch.bool)
+                only = np.zeros(self.index.vocab.size, dtype=np.bool_)
                 only[closing] = True
                 return only
-        return torch.from_numpy(self.mask().copy())
+        return self.mask().copy()
 
     def can_end(self) -> bool:
         """The text so far is complete (EOS may come next)."""

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from qrun.backends.vocab import TokenTrie, Vocabulary
 from qrun.regex.dfa import (
@@ -56,8 +55,8 @@ class TokenIndex:
     """Which tokens each DFA state allows, for one (pattern, vocabulary). Immutable apart from
     memoised masks (guarded by a lock); share it between holes and sessions.
 
-    Masks returned are shared read-only torch.bool tensors of shape [V]: never modify them in
-    place (`logits.masked_fill(~mask, -inf)` is fine).
+    Masks returned are shared bool arrays of shape [V], marked read-only (numpy raises on a
+    write): copy one before changing it.
     Token t is allowed in state s iff walking t's bytes from s ends in a live state; EOS ids are
     allowed iff s is accepting (docs/internals.md §3.1). Special/added tokens are never allowed.
     """
@@ -72,8 +71,8 @@ class TokenIndex:
     _table: list[list[int]]
     # Per state: some token may follow (bool [S+1]); computed with the masks at build.
     _nonempty: npt.NDArray[np.bool_]
-    _masks: OrderedDict[int, torch.Tensor] = field(default_factory=OrderedDict)
-    _eos_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    _masks: OrderedDict[int, npt.NDArray[np.bool_]] = field(default_factory=OrderedDict)
+    _eos_masks: dict[int, npt.NDArray[np.bool_]] = field(default_factory=dict)
     _end_dists: OrderedDict[int, tuple[npt.NDArray[np.int16], int]] = field(
         default_factory=OrderedDict
     )
@@ -95,7 +94,7 @@ class TokenIndex:
         # can_continue per state: at the byte level every live state can continue; with
         # eagerly built masks it is exact for the vocabulary.
         nonempty = (dfa.transitions != dfa.dead).any(axis=1)
-        masks: list[torch.Tensor] = []
+        masks: list[npt.NDArray[np.bool_]] = []
         if dfa.num_states <= eager_max_states:
             states = np.arange(dfa.num_states, dtype=np.int64)
             rows, token_ids, ends = _walk(vocab.trie, dfa, states)
@@ -140,10 +139,10 @@ class TokenIndex:
             state = table[state][byte]
         return DEAD if state == self.dfa.dead else state
 
-    def allowed(self, state: int, eos: bool = True) -> torch.Tensor:
+    def allowed(self, state: int, eos: bool = True) -> npt.NDArray[np.bool_]:
         """Mask [V] of the tokens allowed in `state`; with `eos`, EOS ids are set when accepting."""
         if state == DEAD:
-            return torch.zeros(self.vocab.size, dtype=torch.bool)
+            return np.zeros(self.vocab.size, dtype=np.bool_)
         if eos and self.dfa.accepting[state]:
             cached = self._eos_masks.get(state)
             if cached is None:
@@ -161,14 +160,15 @@ class TokenIndex:
                     self._masks.popitem(last=False)
         return mask
 
-    def allowed_within(self, state: int, tokens_left: int, eos: bool = True) -> torch.Tensor:
+    def allowed_within(self, state: int, tokens_left: int, eos: bool = True
+                       ) -> npt.NDArray[np.bool_]:
         """Like `allowed`, but only tokens after which the constraint can still be completed in
         `tokens_left - 1` more tokens (counting single-byte tokens, an upper bound on what is
         needed), so a hole running out of budget ends valid instead of truncated. EOS (when
         accepting) does not count against the budget.
         """
         if state == DEAD or tokens_left <= 0:
-            mask = torch.zeros(self.vocab.size, dtype=torch.bool)
+            mask = np.zeros(self.vocab.size, dtype=np.bool_)
             return self._with_eos(mask) if eos and self.is_accepting(state) else mask
         limit = tokens_left - 1
         if limit >= self._max_token_dist:
@@ -176,7 +176,7 @@ class TokenIndex:
         end_dist, worst = self._end_dist(state)
         if limit >= worst:
             return self.allowed(state, eos)
-        mask = torch.from_numpy(end_dist <= limit)
+        mask = end_dist <= limit
         return self._with_eos(mask) if eos and self.is_accepting(state) else mask
 
     def can_continue(self, state: int) -> bool:
@@ -205,13 +205,14 @@ class TokenIndex:
                 self._end_dists.popitem(last=False)
         return result
 
-    def _with_eos(self, mask: torch.Tensor) -> torch.Tensor:
-        out = mask.clone()
-        for eos_id in self.vocab.eos_token_ids:
-            out[eos_id] = True
+    def _with_eos(self, mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        out = mask.copy()
+        out[list(self.vocab.eos_token_ids)] = True
+        out.flags.writeable = False  # cached and shared like the masks without EOS
         return out
 
-    def _compute(self, states: list[int]) -> tuple[list[torch.Tensor], npt.NDArray[np.bool_]]:
+    def _compute(self, states: list[int]
+                 ) -> tuple[list[npt.NDArray[np.bool_]], npt.NDArray[np.bool_]]:
         rows, token_ids, _ = _walk(self.vocab.trie, self.dfa, np.array(states, dtype=np.int64))
         return _masks_from(rows, token_ids, len(states), self.vocab)
 
@@ -273,16 +274,17 @@ def _greedy_token_dist(dfa: ByteDFA, vocab: Vocabulary) -> npt.NDArray[np.int32]
 
 def _masks_from(
     rows: npt.NDArray[np.int64], token_ids: npt.NDArray[np.int64], n: int, vocab: Vocabulary
-) -> tuple[list[torch.Tensor], npt.NDArray[np.bool_]]:
+) -> tuple[list[npt.NDArray[np.bool_]], npt.NDArray[np.bool_]]:
     """Bool masks [V] (views into one [n, V] array) from _walk's allowed pairs, and whether
-    each is non-empty. Reductions stay in numpy: torch's `.any()` on a [V] tensor has a 20 µs
-    median but 12-16 ms outliers on the 2-core VM under load (intra-op thread pool); numpy's
-    stays near 10 µs."""
+    each is non-empty. Masks are numpy, not torch: torch's `.any()` on a [V] tensor had a
+    20 µs median but 12-16 ms outliers on the 2-core VM under load (intra-op thread pool);
+    numpy's stays near 10 µs."""
     masks = np.zeros((n, vocab.size), dtype=np.bool_)
     masks[rows, token_ids] = True
     for dup, rep in vocab.trie.duplicates:
         masks[:, dup] = masks[:, rep]
-    return [torch.from_numpy(row) for row in masks], np.asarray(masks.any(axis=1), dtype=np.bool_)
+    masks.flags.writeable = False  # shared through the index's cache
+    return list(masks), np.asarray(masks.any(axis=1), dtype=np.bool_)
 
 
 def _walk(
@@ -336,7 +338,7 @@ class MaskCursor:
     def copy(self) -> MaskCursor:
         return MaskCursor(self.index, self.state)
 
-    def allowed(self, tokens_left: int | None = None, eos: bool = True) -> torch.Tensor:
+    def allowed(self, tokens_left: int | None = None, eos: bool = True) -> npt.NDArray[np.bool_]:
         """Mask [V] of the ids that may come next (EOS ids when the constraint accepts); with
         `tokens_left`, only ids that keep a full match reachable within that many tokens
         (see TokenIndex.allowed_within). Shared: do not modify in place."""

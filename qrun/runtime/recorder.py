@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 from qrun.backends.vocab import Vocabulary
 
@@ -118,17 +118,16 @@ class Recorder:
                 setattr(entry, key, value)
         self.hole = None
 
-    def alternatives(self, logits: torch.Tensor, mask: torch.Tensor | None
+    def alternatives(self, logits: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_] | None
                      ) -> tuple[int | None, list[tuple[int, float]]]:
         """The mask's size and the most likely allowed tokens with their log-probabilities
         (under the masked distribution at temperature 1), when detailed; else (None, [])."""
         if not self.detailed:
             return None, []
-        values = logits.detach().float().cpu().numpy()
+        values = logits
         if mask is not None:
-            allowed = mask.numpy()
-            values = np.where(allowed, values, -np.inf)
-            size: int | None = int(allowed.sum())
+            values = np.where(mask, values, -np.inf)
+            size: int | None = int(mask.sum())
         else:
             size = None
         top = np.argpartition(-values, TOP_ALTERNATIVES)[:TOP_ALTERNATIVES + 1]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch
-
 from qrun.backends.base import Completion, HoleSampler
 from qrun.llg import with_prefix
 from qrun.regex import PatternError, portable_regex
@@ -104,7 +102,7 @@ def generate_remote(
             regex = server_regex(pattern, request.prefix, follow)
         except PatternError as exc:
             raise HoleFailure(f"this constraint cannot be sent to the server: {exc}") from None
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=request.generator).item()) \
+    seed = int(request.generator.integers(0, 2**31 - 1)) \
         if request.generator is not None else 0
     sampling = request.sampling
     # A token wholly inside the healed text is free locally (it gives back the template's

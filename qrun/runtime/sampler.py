@@ -1,11 +1,17 @@
-"""Choosing the next token: pure functions of (logits, mask, SamplingParams, generator)."""
+"""Choosing the next token: pure functions of (logits, mask, SamplingParams, generator).
+
+Everything here is numpy on the CPU, whatever the model's device: a backend hands over its
+logits as a float32 array (backends/base.py StepModel.forward), so the runtime never needs torch
+(`--backend llamacpp` starts without importing it, docs/language.md §18) and sampling is the
+same arithmetic on every backend. Randomness comes from numpy's `Generator` (PCG64), seeded per
+run or per hole (docs/language.md §14.8)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+import numpy.typing as npt
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +33,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def new_generator(seed: int | None = None) -> np.random.Generator:
+    """The random generator of a run or of a hole with `seed=` (PCG64; fresh when None)."""
+    return np.random.default_rng(seed)
+
+
 def sample(
-    logits: torch.Tensor,
-    mask: torch.Tensor | None,
+    logits: npt.NDArray[np.float32],
+    mask: npt.NDArray[np.bool_] | None,
     params: SamplingParams,
-    generator: torch.Generator | None,
+    generator: np.random.Generator | None,
 ) -> tuple[int, float]:
     """Pick a token id from `logits` ([V] float32), allowed only where `mask` ([V] bool) is
     True. Returns (token id, its log-probability under the masked distribution at
@@ -39,45 +50,58 @@ def sample(
 
     The caller guarantees the mask allows at least one token.
     """
-    if params.greedy and logits.device.type == "cpu":
-        return _greedy_numpy(logits, mask)
-    if mask is not None:
-        # Masks are built on the CPU; the copy to the model's device is 49 KB for SmolLM2.
-        logits = logits.masked_fill(~mask.to(logits.device), float("-inf"))
-    logprobs = torch.log_softmax(logits, dim=-1)
+    values = logits if mask is None else np.where(mask, logits, -np.inf)
+    best = int(np.argmax(values))  # the first index on ties
+    top = float(values[best])
+    log_norm = top + float(np.log(np.sum(np.exp(values - top))))
     if params.greedy:
-        token = int(torch.argmax(logits).item())
-        return token, float(logprobs[token].item())
-    scaled = logits / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1])).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+        return best, top - log_norm
+    token = _draw(values, top, params, generator or new_generator())
+    return token, float(values[token]) - log_norm
+
+
+def _draw(values: npt.NDArray[np.float32], top: float, params: SamplingParams,
+          generator: np.random.Generator) -> int:
+    """Sample from softmax(values / temperature) after the top-k and top-p filters: one
+    uniform draw against the cumulative weights (float64, so 49k small weights sum exactly
+    enough that every allowed token keeps its share)."""
+    scaled = (values.astype(np.float64) - top) / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+        scaled[scaled < kth] = -np.inf
+    weights = np.exp(scaled)
     if params.top_p < 1.0:
-        probs = _top_p_filter(probs, params.top_p)
-    # multinomial on the CPU generator keeps runs reproducible across devices.
-    token = int(torch.multinomial(probs.float().cpu(), 1, generator=generator).item())
-    return token, float(logprobs[token].item())
+        weights = _top_p_filter(weights / weights.sum(), params.top_p)
+    return draw(weights, generator)
 
 
-def _greedy_numpy(logits: torch.Tensor, mask: torch.Tensor | None) -> tuple[int, float]:
-    # Greedy on the CPU in numpy: torch splits 49k-element ops over its intra-op threads, and
-    # on a busy 2-core machine one masked argmax + log_softmax took a median 36 ms that way
-    # against ~0.1 ms here (bench/RESULTS.md).
-    values = logits.detach().numpy()
-    if mask is not None:
-        values = np.where(mask.numpy(), values, -np.inf)
-    token = int(np.argmax(values))
-    top = float(values[token])
-    logprob = -float(np.log(np.sum(np.exp(values - top))))
-    return token, logprob
+def draw(weights: npt.NDArray[np.float64], generator: np.random.Generator) -> int:
+    """An index drawn with probability proportional to `weights` (≥ 0, some > 0): one
+    uniform draw against the cumulative weights. side="right": a draw never lands on an index
+    of weight 0 (its cumulative equals the one before it), so masked and filtered tokens are
+    never chosen."""
+    cumulative = np.cumsum(weights)
+    point = generator.random() * cumulative[-1]
+    index = int(np.searchsorted(cumulative, point, side="right"))
+    if index == len(cumulative):  # the product rounded up to the total: the last live index
+        index = int(np.flatnonzero(weights)[-1])
+    return index
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = torch.sort(probs, descending=True)
-    cumulative = torch.cumsum(sorted_probs, dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-    drop = cumulative - sorted_probs >= top_p
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    filtered = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return filtered / filtered.sum()
+def log_softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """log_softmax over the last axis ([V] or [rows, V]), float32 like the logits."""
+    top = logits.max(axis=-1, keepdims=True)
+    shifted = logits - top
+    out: npt.NDArray[np.float32] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
+
+
+def _top_p_filter(probs: npt.NDArray[np.float64], top_p: float) -> npt.NDArray[np.float64]:
+    # Keep the smallest set of most likely tokens whose mass reaches top_p (always at least
+    # the top token); the stable sort keeps ties in id order.
+    order = np.argsort(-probs, kind="stable")
+    ranked = probs[order]
+    drop = np.cumsum(ranked) - ranked >= top_p
+    filtered = np.zeros_like(probs)
+    filtered[order[~drop]] = ranked[~drop]
+    return filtered

@@ -5,18 +5,18 @@ never encoded twice."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from qrun.backends.base import PromptScorer, TreeScorer
 from qrun.runtime.hole import HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import SelectRecord
+from qrun.runtime.sampler import draw, log_softmax, new_generator
 from qrun.runtime.session import Session
 
 
@@ -28,7 +28,7 @@ class SelectRequest:
     options: tuple[str, ...]
     temperature: float
     normalize: str  # "sum" | "mean"
-    generator: torch.Generator | None
+    generator: np.random.Generator | None
     prefix: str = ""  # healed text taken back from the context; every option starts with it
 
 
@@ -150,9 +150,9 @@ class PromptScoring:
 def _score_tree(
     session: Session, backend: TreeScorer, rows: list[list[int]]
 ) -> tuple[list[list[float]], Commit]:
-    first = torch.log_softmax(session.next_logits(), dim=-1)  # [V], after the whole context
+    first = log_softmax(session.next_logits())  # [V], after the whole context
     tree = OptionTree.build(rows)
-    logprobs = torch.empty(0, first.shape[-1])
+    logprobs = np.empty((0, first.shape[-1]), dtype=np.float32)
     logits = logprobs
     fed_cache = session.cache
     context = len(session.token_ids)
@@ -161,7 +161,7 @@ def _score_tree(
         t0 = time.perf_counter()
         logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
         session.count_model_call(time.perf_counter() - t0, len(tree.fed))
-        logprobs = torch.log_softmax(logits, dim=-1)  # [len(fed), V]
+        logprobs = log_softmax(logits)  # [len(fed), V]
     token_logprobs = [
         [float(first[row[0]])] + [float(logprobs[node, token])
                                   for node, token in zip(path, row[1:], strict=True)]
@@ -215,7 +215,8 @@ def _score(logprobs: list[float], normalize: str) -> float:
     return total / len(logprobs) if normalize == "mean" else total
 
 
-def choose(scores: list[float], temperature: float, generator: torch.Generator | None) -> int:
+def choose(scores: list[float], temperature: float, generator: np.random.Generator | None
+           ) -> int:
     """The index of the chosen option: the best score at temperature 0 (the first on ties),
     else sampled from softmax(scores / temperature)."""
     if temperature < 0:
@@ -223,8 +224,7 @@ def choose(scores: list[float], temperature: float, generator: torch.Generator |
     if temperature == 0.0:
         best = max(scores)
         return scores.index(best)  # first option wins ties
-    weights = torch.tensor([s / temperature for s in scores], dtype=torch.float64)
-    probs = torch.softmax(weights, dim=0)
-    if not math.isfinite(float(probs.sum())):
+    scaled = np.array(scores, dtype=np.float64) / temperature
+    if not np.isfinite(scaled.max()):
         return scores.index(max(scores))
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return draw(np.exp(scaled - scaled.max()), generator or new_generator())

@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.base import Backend, KVCache, StepModel
 from qrun.backends.prefix_cache import PrefixCache
@@ -93,9 +94,9 @@ class Session:
         # Token positions where a fixed-text segment began or ended: the points where runs of
         # one template diverge, so where KV snapshots are worth keeping.
         self.boundaries: set[int] = set()
-        self._known: dict[int, torch.Tensor] = {}
+        self._known: dict[int, npt.NDArray[np.float32]] = {}
         self.ahead: list[int] = []
-        self._ahead_logits: list[torch.Tensor] = []
+        self._ahead_logits: list[npt.NDArray[np.float32]] = []
 
     @property
     def cache(self) -> KVCache:
@@ -231,7 +232,7 @@ class Session:
         forward)."""
         return self.overshoot is None and len(self.token_ids) in self._known
 
-    def next_logits(self) -> torch.Tensor:
+    def next_logits(self) -> npt.NDArray[np.float32]:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
         one forward. An empty context first gets the model's start token."""
         known = self._known.get(len(self.token_ids))
@@ -274,7 +275,7 @@ class Session:
             if self.recorder is not None:
                 self.recorder.fixed(0, self.token_ids)
 
-    def logits_before_last(self) -> torch.Tensor:
+    def logits_before_last(self) -> npt.NDArray[np.float32]:
         """Logits after all but the last token, which stays in the context: when it is not fed
         yet it goes through the model in the same forward (logits of both positions kept), so
         a healed token the model then writes again costs no extra forward."""
@@ -360,7 +361,8 @@ class Session:
             if self.recorder is not None:
                 self.recorder.fixed(len(self.token_ids) - len(ids), ids)
 
-    def extend_fed(self, token_ids: Sequence[int], cache: KVCache, logits: torch.Tensor) -> None:
+    def extend_fed(self, token_ids: Sequence[int], cache: KVCache,
+                   logits: npt.NDArray[np.float32]) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with
         them (e.g. the winning row of a select batch) and `logits` follow them."""
         self._drop_ahead()
@@ -380,7 +382,7 @@ class Session:
             self.forward(self.token_ids[self.fed :])
             self.fed = len(self.token_ids)
 
-    def forward(self, token_ids: Sequence[int], logits_for: int = 1) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], logits_for: int = 1) -> npt.NDArray[np.float32]:
         """One counted, timed forward of `token_ids` on top of the cache."""
         if self.model is None:
             raise RuntimeError("this session has no model: its backend samples whole holes")

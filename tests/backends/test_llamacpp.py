@@ -21,13 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
-import torch
 from test_examples import CONSTRAINED, EXAMPLES, INPUTS, check_constrained, check_values
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import GenerationError, ModelLoadError
+from qrun.runtime.sampler import log_softmax
 
 pytestmark = pytest.mark.llamacpp
 
@@ -57,14 +59,15 @@ def ids_of(backend: LlamaCppBackend, text: str) -> list[int]:
     return backend.encode(text)
 
 
-def gap(reference: torch.Tensor, other: torch.Tensor) -> float:
-    """Largest |Δ log-probability| over the reference's top 20 tokens."""
-    a, b = torch.log_softmax(reference, -1), torch.log_softmax(other, -1)
-    top = torch.topk(a, 20).indices
-    return float((a[top] - b[top]).abs().max())
+def gap(reference: npt.NDArray[np.float32], other: npt.NDArray[np.float32]) -> float:
+    """Largest |Δ log-probability| over the reference's top 20 tokens ([V] rows)."""
+    a, b = log_softmax(reference), log_softmax(other)
+    top = np.argsort(-a)[:20]
+    return float(np.abs(a[top] - b[top]).max())
 
 
-def cold(backend: LlamaCppBackend, ids: list[int], logits_for: int = 1) -> torch.Tensor:
+def cold(backend: LlamaCppBackend, ids: list[int], logits_for: int = 1
+         ) -> npt.NDArray[np.float32]:
     return backend.forward(ids, backend.new_cache(), logits_for)
 
 
@@ -336,6 +339,30 @@ def test_the_command_line_runs_on_llamacpp(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert '"x"' in done.stdout and done.stderr.strip() == ""
+
+
+NO_TORCH_SCRIPT = """
+import sys
+import qrun
+model = qrun.load_model("smollm2", backend="llamacpp")
+query = qrun.Query(
+    "{% user %}Pick one.{% enduser %}{% assistant %}{{ select c options=['red', 'blue'] }}: "
+    "{{ gen n regex=INT max_tokens=4 }} {{ gen w max_tokens=3 temperature=0.7 seed=1 }}"
+    "{% endassistant %}")
+results = query.run_many([{}, {}], model=model, batch_size=2)
+assert all(isinstance(r, qrun.Result) for r in results), results
+print("torch" in sys.modules)
+"""
+
+
+def test_runs_on_llamacpp_never_import_torch() -> None:
+    # The runtime is numpy throughout (runtime/sampler.py), so a llama.cpp run starts without
+    # torch's ~1.4 s import (docs/language.md §18): select, a regex hole, sampling at T > 0 and
+    # batching included.
+    done = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr
 
 
 def test_every_sequence_comes_back_after_the_runs(llama: Any) -> None:

@@ -52,7 +52,7 @@ def _random_walk(index: TokenIndex, choices: list[int], budget: int) -> bytes:
     out = bytearray()
     eos = set(index.vocab.eos_token_ids)
     for step, choice in enumerate(choices[:budget]):
-        allowed = cursor.allowed(budget - step).nonzero().flatten().tolist()
+        allowed = cursor.allowed(budget - step).nonzero()[0].tolist()
         assert allowed, "a reachable state has an empty budgeted mask"
         token_id = allowed[choice % len(allowed)]
         if token_id in eos:

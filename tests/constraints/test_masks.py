@@ -8,9 +8,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 import regex
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,10 +39,10 @@ def _reachable_states(index: TokenIndex, limit: int) -> list[int]:
     return seen[:limit]
 
 
-def _brute_force(index: TokenIndex, state: int) -> torch.Tensor:
+def _brute_force(index: TokenIndex, state: int) -> npt.NDArray[np.bool_]:
     table = index.dfa.transitions.tolist()
     dead = index.dfa.dead
-    out = torch.zeros(index.vocab.size, dtype=torch.bool)
+    out = np.zeros(index.vocab.size, dtype=np.bool_)
     for token_id, data in enumerate(index.vocab.token_bytes):
         if data is None:
             continue
@@ -70,7 +71,7 @@ DIFF_PATTERNS = [
 def test_masks_equal_brute_force(pattern: str, smol_vocab: Vocabulary) -> None:
     index = TokenIndex.build(pattern, smol_vocab)
     for state in _reachable_states(index, 4):
-        assert torch.equal(index.allowed(state), _brute_force(index, state)), state
+        assert np.array_equal(index.allowed(state), _brute_force(index, state)), state
 
 
 def test_lazy_masks_equal_eager(smol_vocab: Vocabulary) -> None:
@@ -78,7 +79,7 @@ def test_lazy_masks_equal_eager(smol_vocab: Vocabulary) -> None:
     eager = TokenIndex.build(pattern, smol_vocab)
     lazy = TokenIndex.build(pattern, smol_vocab, eager_max_states=0)
     for state in range(eager.dfa.num_states):
-        assert torch.equal(eager.allowed(state), lazy.allowed(state))
+        assert np.array_equal(eager.allowed(state), lazy.allowed(state))
         assert eager.can_continue(state) == lazy.can_continue(state)
 
 
@@ -161,15 +162,15 @@ def test_forced_bytes_and_distance_on_cursor(smol_vocab: Vocabulary) -> None:
 def test_allowed_within_budget(smol_vocab: Vocabulary) -> None:
     index = TokenIndex.build(r"[a-z]+ (yes|no)", smol_vocab)
     start = index.start_state
-    assert torch.equal(index.allowed_within(start, 100), index.allowed(start))
+    assert np.array_equal(index.allowed_within(start, 100), index.allowed(start))
     # Fewest tokens: a word token, then " no" (one token in SmolLM2).
     assert index.token_dist[start] == 2
-    assert torch.equal(index.allowed_within(start, 2), index.allowed(start))
+    assert np.array_equal(index.allowed_within(start, 2), index.allowed(start))
     assert not index.allowed_within(start, 1).any()
     word = index.advance_bytes(start, b"ok")
     last = index.allowed_within(word, 1)
     assert (last <= index.allowed(word)).all()
-    for token_id in index.allowed(word).nonzero().flatten().tolist():
+    for token_id in index.allowed(word).nonzero()[0].tolist():
         after = index.advance(word, token_id)
         assert bool(last[token_id]) == index.is_accepting(after)
     space, no = smol_vocab.token_bytes.index(b" "), smol_vocab.token_bytes.index(b" no")
@@ -202,7 +203,7 @@ def test_lazy_budget_is_an_upper_bound(
     for tokens_left in range(budget, 0, -1):
         if cursor.can_end():
             break
-        cursor.advance(int(cursor.allowed(tokens_left, eos=False).nonzero()[0].item()))
+        cursor.advance(int(np.flatnonzero(cursor.allowed(tokens_left, eos=False))[0]))
     assert cursor.can_end()
 
 
@@ -269,7 +270,7 @@ def test_byte_vocab_transition_map(byte_vocab: Vocabulary) -> None:
     """Exact token-level transitions on a tiny vocabulary (outlines-core test_index style)."""
     index = TokenIndex.build(r"abc|12-0", byte_vocab)
     start = index.start_state
-    allowed = set(index.allowed(start).nonzero().flatten().tolist())
+    allowed = set(index.allowed(start).nonzero()[0].tolist())
     ab, abc, twelve, dash0 = 256, 257, 259, 260
     assert allowed == {ord("a"), ord("1"), ab, abc, twelve}
     assert index.is_accepting(index.advance(start, abc))

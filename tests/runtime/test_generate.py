@@ -6,13 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import torch
 from doubles import SteeredModel, eos_from
 
 from qrun.backends.transformers import TransformersBackend
 from qrun.runtime.generate import generate
 from qrun.runtime.hole import GenRequest
-from qrun.runtime.sampler import SamplingParams
+from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.session import Session
 
 PROMPT = "Once upon a time, in a faraway land,"
@@ -23,7 +22,7 @@ def run(backend: TransformersBackend, max_tokens: int = 24, stop: tuple[str, ...
     session = Session(backend, backend)
     session.append_text(PROMPT)
     request = GenRequest("x", max_tokens, stop, SamplingParams(temperature=1.0),
-                         torch.Generator().manual_seed(seed))
+                         new_generator(seed))
     record = generate(session, request, stream.append if stream is not None else None)
     return session, record
 

@@ -5,13 +5,15 @@ rendered text is fixed text + value, and the value does not repeat them."""
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 import regex
-import torch
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.runtime.result import HoleRecord
+from qrun.runtime.sampler import log_softmax
 from qrun.stdlib.patterns import PATTERNS
 
 
@@ -41,7 +43,11 @@ def test_the_last_token_is_taken_back_and_produced_by_the_hole(
         assert result.stats.healed_tokens == 1
         assert result.text == fixed + value
         # The hole's tokens spell the healed bytes, then the value: nothing is lost or doubled.
-        assert hole_bytes(tiny, result.holes["c"]) == healed + value.encode()
+        # (A value cut by max_tokens inside a UTF-8 character ends in U+FFFD, as the bytes
+        # after the healed prefix decode; the random tiny model does that at some seeds.)
+        spelled = hole_bytes(tiny, result.holes["c"])
+        assert spelled.startswith(healed)
+        assert spelled[len(healed):].decode("utf-8", errors="replace") == value
         assert not value.encode().startswith(healed)
         # The tokens inside the healed bytes are free: at most 4 carry value bytes.
         ends, total = [], 0
@@ -60,7 +66,7 @@ def test_heal_false_keeps_the_fixed_text_tokens(
     )
     assert result.stats.healed_tokens == 0
     assert result.text == fixed + result["c"]
-    assert hole_bytes(tiny, result.holes["c"]) == result["c"].encode()
+    assert hole_bytes(tiny, result.holes["c"]).decode("utf-8", errors="replace") == result["c"]
     # Nothing was taken back: the context is the fixed text's own tokens, then the hole's.
     record = result.holes["c"]
     assert result.stats.context_tokens == len(tiny.encode(fixed)) + len(record.token_ids)
@@ -141,9 +147,9 @@ def test_healing_http_colon_with_a_regex(tiny: TransformersBackend) -> None:
 # --- the real model: the measured effect (docs/internals.md §4.1) ------------------------
 
 
-def _logprobs(backend: TransformersBackend, token_ids: list[int]) -> torch.Tensor:
+def _logprobs(backend: TransformersBackend, token_ids: list[int]) -> npt.NDArray[np.float32]:
     logits = backend.forward(token_ids, backend.new_cache())[-1]
-    return torch.log_softmax(logits.float(), dim=-1)
+    return log_softmax(logits)
 
 
 @pytest.mark.real
@@ -160,9 +166,10 @@ def test_healing_recovers_the_probability_of_paris(smollm2: TransformersBackend)
     # Healed: take the " " back; the first token must start with " ", so normalise over
     # the tokens that do.
     logprobs = _logprobs(smollm2, ids[:-1])
-    starts_with_space = torch.tensor([(b or b"").startswith(b" ") for b in vocab.token_bytes]
-                                     + [False] * (logprobs.shape[0] - vocab.size))
-    healed = float(logprobs[paris] - torch.logsumexp(logprobs[starts_with_space], dim=0))
+    starts_with_space = np.array([(b or b"").startswith(b" ") for b in vocab.token_bytes]
+                                 + [False] * (logprobs.shape[0] - vocab.size))
+    spaced = logprobs[starts_with_space].astype(np.float64)
+    healed = float(logprobs[paris] - (spaced.max() + np.log(np.exp(spaced - spaced.max()).sum())))
 
     assert unhealed == pytest.approx(-7.23, abs=0.5)
     assert healed == pytest.approx(-0.26, abs=0.5)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 
 from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.sampler import log_softmax, new_generator
 from qrun.runtime.select import OptionTree, SelectRequest, TreeScoring, choose, select
 from qrun.runtime.session import Session
 
@@ -20,7 +21,7 @@ def sequential_score(backend: TransformersBackend, option: str) -> float:
     prefix_ids, option_ids = backend.encode(PREFIX), backend.encode(option)
     logits = backend.forward(prefix_ids + option_ids, backend.new_cache(),
                              logits_for=len(option_ids) + 1)
-    logprobs = torch.log_softmax(logits[:-1], dim=-1)
+    logprobs = log_softmax(logits[:-1])
     return sum(float(logprobs[k, t]) for k, t in enumerate(option_ids))
 
 
@@ -28,7 +29,7 @@ def run_select(backend: TransformersBackend, temperature: float = 0.0,
                normalize: str = "sum") -> tuple[Session, object]:
     session = Session(backend, backend)
     session.append_text(PREFIX)
-    request = SelectRequest("c", OPTIONS, temperature, normalize, torch.Generator().manual_seed(0))
+    request = SelectRequest("c", OPTIONS, temperature, normalize, new_generator(0))
     return session, select(session, request, TreeScoring(backend))
 
 
@@ -48,10 +49,10 @@ def test_the_winner_row_becomes_the_context(tiny: TransformersBackend) -> None:
     assert session.cache.length() == len(ids) - 1  # the last token is fed with what follows
     fresh = Session(tiny, tiny)
     fresh.append_tokens(ids)
-    torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
     session.append_text(" and more")
     fresh.append_text(" and more")
-    torch.testing.assert_close(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(session.next_logits(), fresh.next_logits(), atol=1e-4, rtol=0)
 
 
 def test_one_forward_feeds_each_option_but_its_last_token(tiny: TransformersBackend) -> None:
@@ -100,10 +101,10 @@ def test_any_option_can_win_and_become_the_context(tiny: TransformersBackend) ->
         fresh = tiny.new_cache()
         expected = tiny.forward(base.token_ids + row, fresh, logits_for=1)
         got = tiny.forward(row[-1:], kept, logits_for=1)
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
         if path:
             direct = tiny.forward(base.token_ids + row[:-1], tiny.new_cache(), logits_for=1)
-            torch.testing.assert_close(logits[path[-1]], direct[0], atol=1e-4, rtol=0)
+            np.testing.assert_allclose(logits[path[-1]], direct[0], atol=1e-4, rtol=0)
 
 
 def test_mean_normalisation_divides_by_token_count(tiny: TransformersBackend) -> None:
@@ -114,7 +115,7 @@ def test_mean_normalisation_divides_by_token_count(tiny: TransformersBackend) ->
 
 def test_sampling_follows_the_softmax_of_scores() -> None:
     scores = [math.log(0.6), math.log(0.3), math.log(0.1)]
-    generator = torch.Generator().manual_seed(1234)
+    generator = new_generator(1234)
     draws = [choose(scores, 1.0, generator) for _ in range(3000)]
     for index, expected in enumerate((0.6, 0.3, 0.1)):
         assert abs(draws.count(index) / 3000 - expected) < 0.03
