@@ -35,7 +35,6 @@ class PrefixMasks:
         for token_id, data in enumerate(vocab.token_bytes):
             if data:
                 self._bytes[token_id, : len(data)] = np.frombuffer(data, dtype=np.uint8)
-        self._ids = {data: i for i, data in reversed(list(enumerate(vocab.token_bytes))) if data}
 
     def compatible(self, prefix: bytes) -> npt.NDArray[np.bool_]:
         """Bool [V]: tokens whose bytes start with `prefix`, or are a non-empty proper prefix of
@@ -53,19 +52,13 @@ class PrefixMasks:
         else:
             starts = np.zeros(self.vocab.size, dtype=np.bool_)
         for cut in range(1, n):
-            token_id = self._ids.get(prefix[:cut])
-            if token_id is not None:
-                starts[token_id] = True
-                for dup, rep in self.vocab.trie.duplicates:
-                    if rep == token_id:
-                        starts[dup] = True
-        mask = starts
-        mask.flags.writeable = False  # cached and shared
+            starts[list(self.vocab.ids_of(prefix[:cut]))] = True  # duplicated tokens too
+        starts.flags.writeable = False  # cached and shared
         with self._lock:
-            self._cache[prefix] = mask
+            self._cache[prefix] = starts
             if len(self._cache) > _PREFIX_MASKS:
                 self._cache.popitem(last=False)
-        return mask
+        return starts
 
     def everything(self) -> npt.NDArray[np.bool_]:
         """Bool [V]: every ordinary token and EOS (other special tokens stay out of holes)."""

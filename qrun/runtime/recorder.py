@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.vocab import Vocabulary
+from qrun.runtime.sampler import log_normalizer
 
 TOP_ALTERNATIVES = 5
 
@@ -132,8 +133,7 @@ class Recorder:
             size = None
         top = np.argpartition(-values, TOP_ALTERNATIVES)[:TOP_ALTERNATIVES + 1]
         top = top[np.argsort(-values[top])]
-        finite = values[np.isfinite(values)]
-        norm = float(finite.max() + np.log(np.exp(finite - finite.max()).sum()))
+        norm = log_normalizer(values)
         return size, [(int(t), float(values[t]) - norm) for t in top
                       if math.isfinite(values[t])][:TOP_ALTERNATIVES]
 

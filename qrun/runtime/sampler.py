@@ -53,7 +53,7 @@ def sample(
     values = logits if mask is None else np.where(mask, logits, -np.inf)
     best = int(np.argmax(values))  # the first index on ties
     top = float(values[best])
-    log_norm = top + float(np.log(np.sum(np.exp(values - top))))
+    log_norm = log_normalizer(values, top)
     if params.greedy:
         return best, top - log_norm
     token = _draw(values, top, params, generator or new_generator())
@@ -86,6 +86,13 @@ def draw(weights: npt.NDArray[np.float64], generator: np.random.Generator) -> in
     if index == len(cumulative):  # the product rounded up to the total: the last live index
         index = int(np.flatnonzero(weights)[-1])
     return index
+
+
+def log_normalizer(values: npt.NDArray[np.float32], top: float | None = None) -> float:
+    """log(sum(exp(values))) over a [V] row whose masked entries are -inf (`top`: its largest
+    value, when the caller has it): what a logit less is the masked log-probability."""
+    top = float(values.max()) if top is None else top
+    return top + float(np.log(np.sum(np.exp(values - top))))
 
 
 def log_softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
