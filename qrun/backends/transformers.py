@@ -328,19 +328,18 @@ def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
 
 
 def default_dtype(device: str) -> torch.dtype:
-    """bfloat16 on CUDA and on CPUs with native bf16 kernels, else float32.
+    """bfloat16 on CUDA, float32 on the CPU.
 
-    Measured on this project's 2-core AVX512-bf16 CPU with SmolLM2 (quiet machine, torch's
-    default threads): decode 43 ms/token in bfloat16 against 67 in float32, prefill of 256
-    tokens 668 against 589 tokens/s. Without bf16 kernels bfloat16 is emulated and slower.
+    On the CPU float32 wins even where bf16 kernels are native. Measured on this project's
+    2-core AVX512-bf16 CPU with SmolLM2 (2026-11-25, quiet machine, 2 threads, the float32
+    weights packed by backends/packed_linear.py): decode at 1k context 41-43 ms/token in float32
+    against 54-56 in bfloat16; only prefill is faster in bfloat16 (900-990 against 640-660
+    tokens/s). And bfloat16's rounding depends on how many positions a forward holds, so a
+    greedy run with speculation (runtime/speculate.py: drafts verified in one forward) could
+    pick another token at a near tie than the same run without it (bench/workloads.py's rpg:
+    age 18 against 20); in float32 the two agree. `--dtype bfloat16` stays for long prompts.
     """
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        native = False
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 def resolve_dtype(dtype: str | None, device: str = "cpu") -> torch.dtype:

@@ -326,8 +326,8 @@ def _load(LLM: Any, name: str, folder: str, device: str | None, dtype: str | Non
 
 
 def _vllm_dtype(dtype: str | None, cpu: bool) -> str:
-    """The dtype to ask vLLM for: as for transformers, bfloat16 where the hardware has native
-    kernels for it (CUDA; CPUs with AVX512-BF16/AMX), else float32."""
+    """The dtype to ask vLLM for: as for transformers, bfloat16 on CUDA and float32 on the CPU
+    (vLLM's CPU build was faster in float32 too: bench/RESULTS.md, vLLM backend tables)."""
     from qrun.backends.transformers import DTYPES, default_dtype
 
     if dtype is None or dtype == "auto":

@@ -117,17 +117,16 @@ def test_a_file_that_is_not_gguf_is_not_a_model(tmp_path: Path) -> None:
         locate_model(str(tmp_path / "notes.txt"))
 
 
-def test_default_dtype_is_bfloat16_only_with_native_kernels() -> None:
+def test_default_dtype_is_float32_on_the_cpu_and_bfloat16_on_cuda() -> None:
     import torch
 
     from qrun.backends.transformers import default_dtype, resolve_dtype
 
-    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    assert default_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+    assert default_dtype("cpu") == torch.float32
     assert default_dtype("cuda:0") == torch.bfloat16
-    assert resolve_dtype("auto", "cpu") == default_dtype("cpu")
-    assert resolve_dtype(None, "cpu") == default_dtype("cpu")
-    assert resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype(None, "cpu") == torch.float32
+    assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
 
 
 @pytest.mark.real
