@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import qrun
+from qrun.backends.transformers import cache_argument
 
 # --- decisions ------------------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ def replay(
     with torch.inference_mode():
         for a, b in zip(bounds, bounds[1:], strict=False):
             input_ids = torch.tensor([list(token_ids[a:b])], device=device)
-            out = model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+            out = model(input_ids=input_ids, **{cache_argument(model): cache}, use_cache=True,
                         logits_to_keep=1)
             chosen = int(out.logits[0, -1].argmax())
             stats.forward_calls += 1
@@ -146,7 +147,7 @@ def replay_shared_prefix(
     if prefix:
         with torch.inference_mode():
             model(input_ids=torch.tensor([list(runs[0][0][:prefix])], device=model.device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1)
         total.forward_calls += 1
         total.forward_tokens += prefix
     total.wall_s += time.perf_counter() - started

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from qrun.backends.transformers import cache_argument
+
 CONTEXTS = (256, 1024)
 DECODE_STEPS = 12
 PREFILL_REPEATS = {256: 3, 1024: 2}
@@ -55,9 +57,9 @@ def _new_cache(model: Any, kind: str, length: int) -> Any:
 def _forward(model: Any, ids: Sequence[int], cache: Any, start: int, fn: Any = None) -> int:
     input_ids = torch.tensor([list(ids)])
     positions = torch.arange(start, start + len(ids))
-    out = (model if fn is None else fn)(input_ids=input_ids, past_key_values=cache, use_cache=True,
-                        cache_position=positions, position_ids=positions[None],
-                        logits_to_keep=1)
+    out = (model if fn is None else fn)(input_ids=input_ids, **{cache_argument(model): cache},
+                                        use_cache=True, cache_position=positions,
+                                        position_ids=positions[None], logits_to_keep=1)
     return int(out.logits[0, -1].argmax())
 
 

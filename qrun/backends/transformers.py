@@ -4,6 +4,8 @@ classes. Wraps a causal LM and its tokenizer behind the Backend protocol."""
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -83,6 +85,7 @@ class TransformersBackend(HFTokenizerMixin):
         self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.load_s = load_s
         self._markers: dict[str, tuple[str, str] | None] = {}
+        self._cache_kw = cache_argument(model)
 
     @property
     def vocab_size(self) -> int:
@@ -129,7 +132,7 @@ class TransformersBackend(HFTokenizerMixin):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
-                past_key_values=cache.cache,
+                **{self._cache_kw: cache.cache},
                 use_cache=True,
                 logits_to_keep=logits_for,
             )
@@ -168,7 +171,7 @@ class TransformersBackend(HFTokenizerMixin):
                 input_ids=input_ids,
                 attention_mask=attention,
                 position_ids=positions,
-                past_key_values=batched,
+                **{self._cache_kw: batched},
                 use_cache=True,
                 logits_to_keep=width_new,
             )
@@ -228,7 +231,7 @@ class TransformersBackend(HFTokenizerMixin):
                 input_ids=input_ids,
                 position_ids=positions,
                 attention_mask=self._custom_mask(visible),
-                past_key_values=tree.cache,
+                **{self._cache_kw: tree.cache},
                 use_cache=True,
                 logits_to_keep=n,
             )
@@ -288,6 +291,23 @@ def load_transformers(
         pack_linear_layers(model)
     cache = PrefixCache(cache_mb << 20) if cache_mb > 0 else None
     return TransformersBackend(model, tokenizer, name, time.perf_counter() - started, cache)
+
+
+def cache_argument(model: Any) -> str:
+    """The name under which the model's forward takes its KV cache: `cache` from transformers
+    5.2x on, where `past_key_values` still works but warns on stderr at every run (a
+    FutureWarning printed in the middle of the CLI's output); `past_key_values` before."""
+    model_class: Any = type(model)
+    return _cache_argument_of(model_class)
+
+
+@functools.cache
+def _cache_argument_of(model_class: Any) -> str:
+    try:
+        parameters = inspect.signature(model_class.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _host(logits: torch.Tensor) -> npt.NDArray[np.float32]:
