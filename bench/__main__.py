@@ -226,8 +226,12 @@ def _run_one(name: str, backend: Any, plain: Any, naive: Any, args: argparse.Nam
                         packed=plain is not backend)
         from qrun.backends.transformers import default_dtype
 
+        from bench.speed import PACKED
+
+        dtype = str(default_dtype("cpu")).removeprefix("torch.")
+        # The row of what qrun runs: its float32 layers are packed when it packed them.
         out.update(measured_at=_now(), load_avg_before=before,
-                   default_dtype=str(default_dtype("cpu")).removeprefix("torch."),
+                   default_dtype=PACKED if dtype == "float32" and plain is not backend else dtype,
                    load_avg_after=[round(x, 2) for x in os.getloadavg()])
         return out
     if name == "compile":
