@@ -224,9 +224,8 @@ def _run_one(name: str, backend: Any, plain: Any, naive: Any, args: argparse.Nam
 
         out = run_speed(load, probe_tokens(backend), lambda s: progress(f"speed: {s}"),
                         packed=plain is not backend)
-        from qrun.backends.transformers import default_dtype
-
         from bench.speed import PACKED
+        from qrun.backends.transformers import default_dtype
 
         dtype = str(default_dtype("cpu")).removeprefix("torch.")
         # The row of what qrun runs: its float32 layers are packed when it packed them.

@@ -440,7 +440,8 @@ def _defaults_line(speed: Mapping[str, Any]) -> str:
     others = [f"{k[0]}, {k[1]} thread(s), {k[2]}, {k[3]} cache: {figures(r)}"
               for k, r in rows.items() if r is not chosen]
     return (f"**qrun's CPU defaults here**: {dtype} (float32 on every CPU, see "
-            f"`default_dtype`, its linear layers packed unless QRUN_PACKED_LINEAR=0), torch's own thread count ({threads}), "
+            "`default_dtype`, its linear layers packed unless QRUN_PACKED_LINEAR=0), "
+            f"torch's own thread count ({threads}), "
             "`inference_mode`, DynamicCache, no torch.compile: "
             f"{figures(chosen)}; the others: " + "; ".join(others) + ".")
 

@@ -350,16 +350,16 @@ def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
 def default_dtype(device: str) -> torch.dtype:
     """bfloat16 on CUDA, float32 on the CPU.
 
-    On the CPU float32 even where bf16 kernels are native. Measured on this project's 2-core
-    AVX512-bf16 CPU with SmolLM2 (2026-11-25, quiet machine, 2 threads, the float32 weights
-    packed by backends/packed_linear.py): float32 decodes as fast or faster (bench/RESULTS.md
-    "Model speed options": 40.8 / 52.7 ms per token at 256 / 1k positions against 44.0 / 53.9
-    in bfloat16; another run 41-43 against 54-56 at 1k); only prefill is faster in bfloat16
-    (953 against 561 tokens/s at 1k). And bfloat16's rounding depends on how many positions a
-    forward holds, so a greedy run with speculation (runtime/speculate.py: drafts verified in
-    one forward) could pick another token at a near tie than the same run without it
-    (bench/workloads.py's rpg: age 18 against 20); in float32 the two agree (bench/RESULTS.md,
-    "same text"). `--dtype bfloat16` stays for long prompts.
+    On the CPU it is float32 even where bf16 kernels are native. Measured on this project's
+    2-core AVX512-bf16 CPU with SmolLM2 (2026-11-25, quiet machine, 2 threads, the float32
+    weights packed by backends/packed_linear.py): float32 decodes as fast or faster
+    (bench/RESULTS.md "Model speed options": 40.8 / 52.7 ms per token at 256 / 1k positions
+    against 44.0 / 53.9 in bfloat16; another run 41-43 against 54-56 at 1k); only prefill is
+    faster in bfloat16 (953 against 561 tokens/s at 1k). And bfloat16's rounding depends on
+    how many positions a forward holds, so a greedy run with speculation (runtime/speculate.py:
+    drafts verified in one forward) could pick another token at a near tie than the same run
+    without it (bench/workloads.py's rpg: age 18 against 20); in float32 the two agree
+    (bench/RESULTS.md, "same text"). `--dtype bfloat16` stays for long prompts.
     """
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 

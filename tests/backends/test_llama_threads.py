@@ -83,7 +83,7 @@ def test_busy_processes_are_seen() -> None:
 
 
 def test_the_environment_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(llamacpp, "other_work", lambda: 9.0)
     monkeypatch.setenv("QRUN_LLAMACPP_THREADS", "3")
     assert llama_threads() == 3
     monkeypatch.setenv("QRUN_LLAMACPP_THREADS", "zero")  # not a count: the default
