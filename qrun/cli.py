@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true", help="parse and compile only")
     parser.add_argument("--dump", action="store_true",
                         help="print the compiled program (one op per line) and exit")
-    parser.add_argument("--batch-size", type=int, default=1, metavar="B",
+    parser.add_argument("--batch-size", type=int, metavar="B",
                         help="with --inputs: advance up to B runs together (default 1)")
     parser.add_argument("--cache-mb", type=int, metavar="MB",
                         help="prefix cache budget shared by runs (default 1024; 0 turns it off)")
@@ -206,7 +206,7 @@ def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
             return
         query.run_many(
             [row for row in parsed if isinstance(row, dict)], model=model, options=options,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or 1,
             on_result=lambda k, outcome: printer.put(
                 runnable[k], rows.outcome(outcome, parsed[runnable[k]], numbers[runnable[k]])),
         )
@@ -311,8 +311,15 @@ def _options(args: argparse.Namespace) -> RunOptions:
 
 def _validate(args: argparse.Namespace) -> None:
     """Checks of the options that are not run options (those are RunOptions' own)."""
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.batch_size is not None and not args.inputs:
+        raise UsageError("--batch-size runs lines of --inputs together: give --inputs too")
+    if args.timeout is not None and args.url is None:
+        raise UsageError("--timeout is how long a request waits for a vLLM server: it needs "
+                         "--url (a local run has no time limit; bound it with max_tokens)")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.cache_mb is not None and args.cache_mb < 0:
         raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
     if args.url is not None and args.backend != "vllm":

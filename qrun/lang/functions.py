@@ -73,8 +73,12 @@ def _range(*args: Any) -> list[int]:
     if not all(isinstance(a, int) for a in args):
         raise TypeError("range() expects integers")
     items = range(*args)
-    if len(items) > MAX_RANGE:
-        raise LimitExceeded(f"range() would have {len(items)} items (at most {MAX_RANGE})")
+    # Counted with Python's integers: len() of a range past sys.maxsize items raises
+    # OverflowError ("Python int too large to convert to C ssize_t").
+    step = items.step
+    count = max(0, (items.stop - items.start + step - (1 if step > 0 else -1)) // step)
+    if count > MAX_RANGE:
+        raise LimitExceeded(f"range() would have {count} items (at most {MAX_RANGE})")
     return list(items)
 
 

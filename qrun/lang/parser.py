@@ -35,8 +35,8 @@ _READABLE: dict[str, str | None] = {
     "ENDROLE": "'endsystem', 'enduser', 'endassistant'",
 }
 # What can start an expression: collapsed into "an expression" in messages.
-_EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "(", "[", "{", "+", "-", "not", "True",
-                         "False", "None"})
+_EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "STRING_LIST", "(", "[", "{", "+", "-",
+                         "not", "True", "False", "None"})
 # What continues an expression: only listed when nothing structural is expected.
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})

@@ -135,5 +135,20 @@ def test_batched_inputs_print_in_input_order(
 
 
 def test_bad_batch_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([write(tmp_path, "hi"), "--batch-size", "0"]) == 2
-    assert "--batch-size" in capsys.readouterr().err
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("{}\n")
+    assert main([write(tmp_path, "hi"), "--inputs", str(lines), "--batch-size", "0"]) == 2
+    assert "--batch-size must be ≥ 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # Options that apply only with another: refused, not silently ignored.
+    (["--batch-size", "4"], "--batch-size runs lines of --inputs together: give --inputs too"),
+    (["--timeout", "5"], "--timeout is how long a request waits for a vLLM server: it needs --url"),
+    (["--backend", "vllm", "--url", "http://127.0.0.1:9", "--timeout", "0"],
+     "--timeout must be > 0 seconds"),
+])
+def test_options_that_need_another(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   args: list[str], message: str) -> None:
+    assert main([write(tmp_path, "hi"), *args]) == 2
+    assert message in capsys.readouterr().err

@@ -53,6 +53,8 @@ CASES = [
     ("gen-without-name", "{{ gen }}", Syntax, 1, 8, "unexpected '}}'", "expected a name"),
     ("arg-without-value", "{{ gen x stop }}", Syntax, 1, 15, "unexpected '}}'",
      "expected '='"),
+    ("arg-with-empty-value", "Hi {{ gen x stop= }}", Syntax, 1, 19, "unexpected '}}'",
+     "expected an expression"),
     ("unclosed-dict", '{{ {"a": 1 }}', Syntax, 1, 1, "never closed", "expected '}'"),
     ("spaced-close", "{{ x } }}", Syntax, 1, 6, "expected '}}' to close the tag", "space"),
     ("unclosed-front-matter", "---\nmodel: x\n", Syntax, 1, 1, "front matter is never closed",
