@@ -77,14 +77,30 @@ class Span:
         return f"{self.line}:{self.column}"
 
 
+EXCERPT_WIDTH = 120
+"""Characters of a source line an excerpt shows at most: a longer line (a template written on
+one line, generated text) is cut to a window around the span, marked with '…' at each cut."""
+EXCERPT_BEFORE = 40
+"""Characters a cut line keeps before the span's start."""
+
+
 def excerpt(source: Source, span: Span) -> str:
-    """The span's first source line with a caret under its start (and tildes under the rest)."""
+    """The span's first source line with a caret under its start (and tildes under the rest),
+    cut to EXCERPT_WIDTH characters around the span where the line is longer."""
     text = printable(source.line_text(span.line))
     width = 1
     if span.end_line == span.line and span.end_column > span.column:
         width = span.end_column - span.column
+    start = span.column - 1
+    if len(text) > EXCERPT_WIDTH:
+        first = max(0, min(start - EXCERPT_BEFORE, len(text) - EXCERPT_WIDTH))
+        last = first + EXCERPT_WIDTH
+        head, tail = ("…" if first else ""), ("…" if last < len(text) else "")
+        width = max(1, min(width, last - start))
+        text = head + text[first:last] + tail
+        start = start - first + len(head)
     # Tabs keep their width in the caret line so the caret stays under the right character.
-    pad = "".join("\t" if ch == "\t" else " " for ch in text[: span.column - 1])
+    pad = "".join("\t" if ch == "\t" else " " for ch in text[:start])
     return f"  {text}\n  {pad}^{'~' * (width - 1)}"
 
 

@@ -224,7 +224,7 @@ class _Builder:
         kind = {"if_tag": "if", "for_tag": "for"}.get(str(body.data))
         if kind is None:
             kind = str(body.children[0])
-        if len(self.stack) > MAX_BLOCK_DEPTH:
+        if len(self.stack) == MAX_BLOCK_DEPTH + 1:  # the first block too deep, not each after it
             self.fail(f"blocks are nested too deeply (more than {MAX_BLOCK_DEPTH})", span)
         frame = _Frame(kind, span)
         if kind == "if":

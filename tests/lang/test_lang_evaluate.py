@@ -148,7 +148,7 @@ def test_error_points_at_the_failing_subexpression() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("range(10 ** 9)", "range() would have"),
-    ("range(2 ** 200)", "range() would have 1606938044258990275541962092341162602522202993782792835301376 items"),
+    ("range(2 ** 200)", f"range() would have {2 ** 200} items"),
     ("range(0, -2 ** 70, -3)", "range() would have 393530540239137101142 items"),
     ('"ab" * 100000000', "repetition would exceed"),
     ("[0] * 100000000", "repetition would exceed"),

@@ -105,6 +105,9 @@ def test_deep_blocks_are_refused() -> None:
     with pytest.raises(TemplateErrors) as info:
         compile_source("{% if a %}" * n + "{% endif %}" * n)
     assert "nested too deeply" in info.value.first.message
+    # Once, at the first block too deep, not once for each block inside it.
+    assert [e.message for e in info.value.errors].count(info.value.first.message) == 1
+    assert info.value.first.span.column == MAX_BLOCK_DEPTH * len("{% if a %}") + 1
 
 
 def test_error_count_is_capped() -> None:

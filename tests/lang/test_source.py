@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from qrun.source import Source, Span, excerpt
+from qrun.source import EXCERPT_WIDTH, Source, Span, excerpt
 
 
 def test_lines_split_on_newline_only() -> None:
@@ -89,3 +89,23 @@ def test_excerpt_points_at_the_span() -> None:
     source = Source("t", "first\r\n\tsecond {{ x }}\r\n")
     span = source.span_at(source.text.index("{{"), 7)
     assert excerpt(source, span) == "  \tsecond {{ x }}\n  \t       ^~~~~~~"
+
+
+@pytest.mark.parametrize("column", [1, 30, 2_000, 3_990, 4_000])
+def test_a_long_line_is_cut_to_a_window_around_the_span(column: int) -> None:
+    line = "".join(chr(ord("a") + i % 26) for i in range(4_000))
+    source = Source("t", line + "\n")
+    span = source.span_at(column - 1, 3)
+    shown, caret = excerpt(source, span).split("\n")
+    assert len(shown) <= 2 + EXCERPT_WIDTH + 2  # the indent, the window, a '…' at each cut
+    assert shown.startswith("  …") == (column > 41) and shown.endswith("…") == (column < 3_881)
+    at = caret.index("^")
+    # The caret stands under the span's first character, the tildes under the rest of it.
+    assert shown[at:at + 3] == line[column - 1:column + 2][:len(shown) - at]
+    assert caret[at:] == "^" + "~" * (min(3, 4_001 - column) - 1)
+
+
+def test_a_line_of_exactly_the_width_is_not_cut() -> None:
+    line = "x" * EXCERPT_WIDTH
+    assert excerpt(Source("t", line), Source("t", line).span_at(EXCERPT_WIDTH - 1, 1)) == (
+        f"  {line}\n  {' ' * (EXCERPT_WIDTH - 1)}^")
