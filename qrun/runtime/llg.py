@@ -12,6 +12,7 @@ allowed. llguidance has no token budget: LlgCursor adds one (`allowed(tokens_lef
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -38,12 +39,12 @@ _BUDGET_MARGIN = 4
 # accepts `0` forever).
 _MAX_COMPLETION = 512
 _MAX_REPEAT = 4
-# Where at most this many bytes may come, the completion walk tries each of them; so many
-# are tried per state by the search that takes over from a walk that cycles, which looks at
-# so many states at most. A walk cycles when its last bytes are one block repeated
-# _CYCLE_REPEATS times.
+# Where at most _CHOICES bytes may come, the completion walk tries each of them. A walk that
+# cycles (its last bytes one block repeated _CYCLE_REPEATS times) gives way to a search that
+# expands at most _SEARCH_NODES states and tries at most _SEARCH_STEPS bytes in all.
 _CHOICES = 8
 _SEARCH_NODES = 400
+_SEARCH_STEPS = 4000
 _CYCLE_REPEATS = 12
 # Bytes the completion walk prefers, in order: close strings and containers first, then a
 # space (it ends a word in most grammars), then the shortest values. Any other allowed byte
@@ -305,31 +306,49 @@ class LlgCursor:
         return bytes(out)
 
     def _search(self) -> bytes | None:
-        """The completion with the fewest choices among the first _SEARCH_NODES states met
-        breadth-first (forced bytes count as one step; at most _CHOICES bytes are tried per
-        state, preferred ones first), or None."""
-        frontier: deque[tuple[LlgCursor, bytes]] = deque([(self.copy(), b"")])
+        """The completion with the fewest choices among the states met breadth-first, or None:
+        forced bytes count as one step, every allowed byte is tried (preferred ones first),
+        and a state whose mask is one already met is not expanded again, so the many bytes
+        that leave a value where it was (an email's local part allows ~80, of which only
+        `@` leads on) cost one look each. Bounded by _SEARCH_NODES states expanded and
+        _SEARCH_STEPS bytes tried."""
+        start = self.copy()
+        seen = {start._fingerprint()}
+        frontier: deque[tuple[LlgCursor, bytes]] = deque([(start, b"")])
+        tried = 0
         for _ in range(_SEARCH_NODES):
             if not frontier:
                 break
             cursor, text = frontier.popleft()
             forced = cursor.forced_bytes()
-            steps = [forced] if forced else [bytes([b]) for b in cursor.candidates()]
+            steps = [forced] if forced else [bytes([b]) for b in cursor.candidates(None)]
             for step in steps:
+                tried += 1
+                if tried > _SEARCH_STEPS:
+                    return None
                 child = cursor.copy()
                 if len(text) + len(step) > _MAX_COMPLETION or not child.advance_bytes(step):
                     continue
                 if child.can_end():
                     return text + step
-                frontier.append((child, text + step))
+                key = child._fingerprint()
+                if key not in seen:
+                    seen.add(key)
+                    frontier.append((child, text + step))
         return None
 
-    def candidates(self) -> list[int]:
+    def _fingerprint(self) -> bytes:
+        """What the search tells states apart by: the mask (two states that allow the same
+        tokens now are taken as one; at worst this finds a longer completion, or none, and
+        the budget then closes the value earlier or not at all, as before)."""
+        return hashlib.blake2b(self.mask().tobytes(), digest_size=16).digest()
+
+    def candidates(self, limit: int | None = _CHOICES) -> list[int]:
         """The bytes that may come next (single-byte tokens), preferred ones first, at most
-        _CHOICES."""
+        `limit` (None: all)."""
         allowed = self._next_bytes()
         preferred = [b for b in _CLOSING_ORDER if b in allowed]
-        return [*preferred, *(b for b in allowed if b not in preferred)][:_CHOICES]
+        return [*preferred, *(b for b in allowed if b not in preferred)][:limit]
 
     def cheapest_byte(self, look_ahead: bool = False) -> bytes:
         """The byte the completion walk takes next (see `completion`), b"" when none."""

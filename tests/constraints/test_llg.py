@@ -215,6 +215,48 @@ def test_budgets_close_the_value(smol_vocab: Vocabulary, max_tokens: int) -> Non
         jsonschema.validate(json.loads(out), TREE)
 
 
+EMAIL = {"type": "object", "properties": {"email": {"type": "string", "format": "email"}},
+         "required": ["email"], "additionalProperties": False}
+
+
+def test_a_completion_is_found_inside_an_emails_local_part(smol_vocab: Vocabulary) -> None:
+    # ~80 bytes may come there and only `@` leads on: the greedy walk cycles through the
+    # others, and the search that takes over must still find the way out.
+    email = LlgIndex(json_grammar(EMAIL), smol_vocab)
+    for written in (b'{"email": "', b'{"email": "{}K13###rah942PFw25ZkFa8', b'{"email": "a.b'):
+        cursor = email.start()
+        assert cursor.advance_bytes(written)
+        completion = cursor.completion()
+        assert completion is not None and len(completion) <= 8, (written, completion)
+        assert cursor.advance_bytes(completion) and cursor.can_end()
+        jsonschema.validate(json.loads(written + completion), EMAIL)
+
+
+@pytest.mark.parametrize("max_tokens", [12, 24])
+def test_budgets_close_an_email(smol_vocab: Vocabulary, max_tokens: int) -> None:
+    # Random tokens keep an email's local part growing; the budget must still close it
+    # (before the search, the walk found no completion there and the value broke off).
+    email = LlgIndex(json_grammar(EMAIL), smol_vocab)
+    eos = set(smol_vocab.eos_token_ids)
+    for seed in range(4):
+        rng = random.Random(seed)
+        cursor, out = email.start(), bytearray()
+        for step in range(max_tokens):
+            allowed = cursor.allowed(max_tokens - step).nonzero()[0].tolist()
+            # Anything but the closing quote or `@` while there is a choice: the worst writer.
+            stalling = [t for t in allowed
+                        if not set(smol_vocab.token_bytes[t] or b"") & set(b'"@}')]
+            token = rng.choice(stalling or allowed)
+            if token in eos:
+                break
+            cursor.advance(token)
+            out += smol_vocab.token_bytes[token] or b""
+            if not cursor.can_continue():
+                break
+        assert cursor.can_end(), (seed, bytes(out))
+        jsonschema.validate(json.loads(out), EMAIL)
+
+
 def test_rollback_reset_and_copies_are_independent(person: LlgIndex) -> None:
     cursor = person.start()
     cursor.advance_bytes(b'{"name": "x"')
