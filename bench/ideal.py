@@ -110,11 +110,12 @@ def replay(
     bounds = [start] + [d for d in decisions if d > start]
     stats = Replay()
     device = model.device
+    cache_kw = cache_argument(model)
     started = time.perf_counter()
     with torch.inference_mode():
         for a, b in zip(bounds, bounds[1:], strict=False):
             input_ids = torch.tensor([list(token_ids[a:b])], device=device)
-            out = model(input_ids=input_ids, **{cache_argument(model): cache}, use_cache=True,
+            out = model(input_ids=input_ids, **{cache_kw: cache}, use_cache=True,
                         logits_to_keep=1)
             chosen = int(out.logits[0, -1].argmax())
             stats.forward_calls += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -196,22 +197,30 @@ def test_forced_bytes_and_the_shortest_completion(person: LlgIndex) -> None:
     assert completion is not None and len(completion) <= len(b"SELECT * FROM n")
 
 
+def write_within_budget(index: LlgIndex, max_tokens: int,
+                        choose: Callable[[list[int]], int]) -> tuple[LlgCursor, bytes]:
+    """A value written token by token under the budget's masks, `choose` picking each token
+    among those allowed, until EOS, the end of the grammar or max_tokens."""
+    vocab = index.vocab
+    eos = set(vocab.eos_token_ids)
+    cursor, out = index.start(), bytearray()
+    for step in range(max_tokens):
+        token = choose(cursor.allowed(max_tokens - step).nonzero()[0].tolist())
+        if token in eos:
+            break
+        cursor.advance(token)
+        out += vocab.token_bytes[token] or b""
+        if not cursor.can_continue():
+            break
+    return cursor, bytes(out)
+
+
 @pytest.mark.parametrize("max_tokens", [6, 10, 16])
 def test_budgets_close_the_value(smol_vocab: Vocabulary, max_tokens: int) -> None:
     tree = LlgIndex(json_grammar(TREE), smol_vocab)
-    eos = set(smol_vocab.eos_token_ids)
     for seed in range(4):
-        rng = random.Random(seed)
-        cursor, out = tree.start(), bytearray()
-        for step in range(max_tokens):
-            token = rng.choice(cursor.allowed(max_tokens - step).nonzero()[0].tolist())
-            if token in eos:
-                break
-            cursor.advance(token)
-            out += smol_vocab.token_bytes[token] or b""
-            if not cursor.can_continue():
-                break
-        assert cursor.can_end(), (seed, bytes(out))
+        cursor, out = write_within_budget(tree, max_tokens, random.Random(seed).choice)
+        assert cursor.can_end(), (seed, out)
         jsonschema.validate(json.loads(out), TREE)
 
 
@@ -237,23 +246,17 @@ def test_budgets_close_an_email(smol_vocab: Vocabulary, max_tokens: int) -> None
     # Random tokens keep an email's local part growing; the budget must still close it
     # (before the search, the walk found no completion there and the value broke off).
     email = LlgIndex(json_grammar(EMAIL), smol_vocab)
-    eos = set(smol_vocab.eos_token_ids)
     for seed in range(4):
         rng = random.Random(seed)
-        cursor, out = email.start(), bytearray()
-        for step in range(max_tokens):
-            allowed = cursor.allowed(max_tokens - step).nonzero()[0].tolist()
+
+        def stall(allowed: list[int], rng: random.Random = rng) -> int:
             # Anything but the closing quote or `@` while there is a choice: the worst writer.
             stalling = [t for t in allowed
                         if not set(smol_vocab.token_bytes[t] or b"") & set(b'"@}')]
-            token = rng.choice(stalling or allowed)
-            if token in eos:
-                break
-            cursor.advance(token)
-            out += smol_vocab.token_bytes[token] or b""
-            if not cursor.can_continue():
-                break
-        assert cursor.can_end(), (seed, bytes(out))
+            return rng.choice(stalling or allowed)
+
+        cursor, out = write_within_budget(email, max_tokens, stall)
+        assert cursor.can_end(), (seed, out)
         jsonschema.validate(json.loads(out), EMAIL)
 
 
