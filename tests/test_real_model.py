@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_examples import check_reproductions
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -100,3 +101,8 @@ def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBack
     # they were taken back (whether they had been fed depends on the prefix cache, which
     # holds the unconstrained run above).
     assert result.stats.boundary_dropped == 1
+
+
+def test_a_joined_input_and_a_loop_answer_as_their_literal_versions(
+        smollm2: TransformersBackend) -> None:
+    check_reproductions(smollm2)

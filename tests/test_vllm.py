@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 import regex
-from test_examples import CONSTRAINED, EXAMPLES, INPUTS, check_constrained, check_values
+from test_examples import (
+    CONSTRAINED,
+    EXAMPLES,
+    INPUTS,
+    check_constrained,
+    check_seams,
+    check_values,
+)
 
 import qrun
 from qrun.backends.loading import ensure_converted, locate_model
@@ -126,6 +133,12 @@ def test_greedy_outputs_agree_with_transformers() -> None:
           f"{len(INPUTS)} {AGREEMENT['server']}")
     assert len(AGREEMENT["local"]) >= len(INPUTS) - 1
     assert len(AGREEMENT["server"]) >= len(INPUTS) - 1
+
+
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_seams_read_as_the_same_ids_as_on_transformers(
+        vllm_local: Any, vllm_remote: Any, smollm2: TransformersBackend, mode: str) -> None:
+    check_seams(vllm_local if mode == "local" else vllm_remote, smollm2)
 
 
 @pytest.mark.parametrize("mode", ["local", "server"])

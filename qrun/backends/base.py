@@ -8,7 +8,7 @@ kind of backend is one new adapter class."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -199,6 +199,13 @@ class Backend(Protocol):
         """Text of token ids (special tokens skipped)."""
         ...
 
+    @property
+    def control_tokens(self) -> Mapping[str, int]:
+        """The text of each control token that `encode(..., special=True)` reads as that token
+        and plain `encode` as ordinary text (`<|im_end|>`): where the template's own text is cut
+        before its runs of ordinary text are encoded (runtime/stretch.py)."""
+        ...
+
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         """The text the model's chat template puts before and after a `role` message, or None
         when the model has no chat template."""
@@ -229,6 +236,13 @@ class Backend(Protocol):
         ...
 
 
+class Encode(Protocol):
+    """A backend's `encode`."""
+
+    def __call__(self, text: str, *, special: bool = False) -> list[int]:
+        ...
+
+
 class BackendDefaults:
     """What an adapter has unless it says otherwise: no optional engine, no cache to clear, no
     known maximum length. Adapters subclass it and override what they declare."""
@@ -256,3 +270,14 @@ class BackendDefaults:
 
     def prompt_scorer(self) -> PromptScorer | None:
         return None
+
+
+def control_tokens_of(encode: Encode, candidates: Mapping[int, str]) -> dict[str, int]:
+    """Backend.control_tokens from a backend's `encode` and the texts of candidate ids (a
+    tokenizer's added tokens): the ones that encode to their own id only when special tokens
+    are read (a token read either way, or never, is no control token of the template's)."""
+    found: dict[str, int] = {}
+    for token_id, text in candidates.items():
+        if text and encode(text, special=True) == [token_id] and encode(text) != [token_id]:
+            found[text] = token_id
+    return found

@@ -5,11 +5,11 @@ adapter over a HF model (transformers, vLLM) shares it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from qrun.backends.base import BackendDefaults
+from qrun.backends.base import BackendDefaults, control_tokens_of
 from qrun.backends.vocab import Vocabulary
 from qrun.errors import ModelLoadError
 
@@ -68,6 +68,12 @@ class HFTokenizerMixin(BackendDefaults):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    @cached_property
+    def control_tokens(self) -> Mapping[str, int]:
+        return control_tokens_of(self.encode, {
+            int(i): str(t.content)
+            for i, t in getattr(self.tokenizer, "added_tokens_decoder", {}).items()})
 
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         if role not in self._markers:

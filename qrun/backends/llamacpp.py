@@ -20,14 +20,21 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.base import BackendDefaults, BatchForward, Capabilities, StepModel, TreeScorer
+from qrun.backends.base import (
+    BackendDefaults,
+    BatchForward,
+    Capabilities,
+    StepModel,
+    TreeScorer,
+    control_tokens_of,
+)
 from qrun.backends.llamacpp_api import DECODE_NO_ROOM, Batch, Context, Model, last_log
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.vocab import Vocabulary
@@ -170,6 +177,7 @@ class LlamaCppBackend(BackendDefaults):
         self._max_context = min(limits) if limits else None
         self._markers: dict[str, tuple[str, str] | None] = {}
         self._vocabulary: Vocabulary | None = None
+        self._control_tokens: dict[str, int] | None = None
 
     # --- the tokenizer half ----------------------------------------------------------------
 
@@ -208,6 +216,15 @@ class LlamaCppBackend(BackendDefaults):
     def decode(self, token_ids: Sequence[int]) -> str:
         data = b"".join(self.model.piece(int(i)) for i in token_ids)
         return data.decode("utf-8", "replace")
+
+    @property
+    def control_tokens(self) -> Mapping[str, int]:
+        if self._control_tokens is None:
+            # Control tokens have no piece (Vocabulary: None); their text is their name.
+            candidates = {i: self.model.text(i) for i, data
+                          in enumerate(self.vocabulary.token_bytes) if data is None}
+            self._control_tokens = control_tokens_of(self.encode, candidates)
+        return self._control_tokens
 
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         if role not in self._markers:

@@ -93,6 +93,7 @@ class Run:
         self.pieces: list[str] = []
         self.generator = new_generator(self.options.seed)
         self.source = program.source  # what the op being run points into (an included file's)
+        self._last_text_span = program.source.span_at(0)  # where the last fixed text came from
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
@@ -108,7 +109,10 @@ class Run:
         self._check_constraints()
         try:
             self._exec_block(self.program.ops)
-            self.session.finish()
+            try:
+                self.session.finish()
+            except ContextFull as exc:  # the text after the last hole, tokenized now
+                raise GenerationError(str(exc), self._last_text_span, self.source) from None
         finally:
             self.session.close()
         self.stats.wall_s = time.perf_counter() - started
@@ -177,6 +181,7 @@ class Run:
         if not text:
             return
         self.budget.output(text)
+        self._last_text_span = op.span if op is not None else self.source.span_at(0)
         try:
             self.session.append_text(text, special=special)
         except ContextFull as exc:

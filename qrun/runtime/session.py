@@ -1,7 +1,8 @@
 """Session: the only mutable per-run state — the context's token ids, the model's KV cache for
-them, and the counters. Fixed text is tokenized once and fed lazily, so the tokens appended
-between two model decisions (a sampled token plus the next fixed segment) go through the model
-in one forward, and text after the last hole never needs a forward at all."""
+them, and the counters. The fixed text between two model decisions is tokenized once, as one
+text (runtime/stretch.py), and fed lazily, so the tokens appended between two model decisions
+(a sampled token plus the next fixed text) go through the model in one forward, and text after
+the last hole never needs a forward at all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from qrun.backends.base import Backend, KVCache, StepModel
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.stats import Stats
+from qrun.runtime.stretch import Run, Segment, Stretch, count_tokens, encode_segments
 
 
 class ContextFull(Exception):
@@ -97,6 +99,7 @@ class Session:
         self._known: dict[int, npt.NDArray[np.float32]] = {}
         self.ahead: list[int] = []
         self._ahead_logits: list[npt.NDArray[np.float32]] = []
+        self._stretch = Stretch()  # fixed text collected since the last model decision
 
     @property
     def cache(self) -> KVCache:
@@ -109,33 +112,53 @@ class Session:
     def cache(self, cache: KVCache) -> None:
         self._cache = cache
 
-    def append_text(self, text: str, special: bool = False) -> list[int]:
-        """Append text that is not the model's choice (fixed text, an interpolated value),
-        tokenized once as one segment and fed when logits are next needed. Only with `special`
-        (the template's own text, chat markers) can it contain control tokens. A pending
+    def append_text(self, text: str, special: bool = False) -> None:
+        """Collect text that is not the model's choice (fixed text, an interpolated value, a
+        chat marker). It is tokenized with the rest of its stretch, as one text, when the model
+        next needs the context (flush). Only with `special` (the template's own text, chat
+        markers) can it spell control tokens.
+
+        Raises:
+            ContextFull: the context would surely grow past the model's maximum (checked with
+                a byte bound, counted exactly each time the collected text doubles).
+        """
+        self._stretch.add(text, special)
+        limit = self.backend.max_context
+        stretch = self._stretch
+        if (limit is None or len(self.token_ids) + stretch.size <= limit
+                or stretch.size < 2 * stretch.counted_at):
+            return
+        stretch.counted_at = stretch.size
+        count = count_tokens(self.backend, stretch.segments(self.backend.control_tokens))
+        self._check_room(count)
+
+    def flush(self) -> None:
+        """Tokenize the text collected since the last model decision as one stretch
+        (stretch.py) and append its ids, to be fed when logits are next needed. A pending
         overshoot is settled first (kept when the text begins with it)."""
-        data = text.encode("utf-8")
-        ids: list[int] | None = None
+        if not self._stretch:
+            return
+        stretch, self._stretch = self._stretch, Stretch()
+        segments = stretch.segments(self.backend.control_tokens)
         if self.overshoot is not None:
-            data, ids = self._settle_overshoot(data, special)
-        if ids is None:
-            if not data:
-                return []
-            ids = self.backend.encode(data.decode("utf-8", errors="replace"), special=special)
+            segments = self._settle_overshoot(segments)
+        encoded = encode_segments(self.backend, segments)
+        ids = encoded.ids
         if not ids:
-            return []
-        self.boundaries.add(len(self.token_ids))
+            return
+        start = len(self.token_ids)
         self._append(ids)
+        self.boundaries.update(start + seam for seam in encoded.seams)
+        self.boundaries.update((start, len(self.token_ids)))
         if self.recorder is not None:
-            self.recorder.fixed(len(self.token_ids) - len(ids), ids)
-        self.boundaries.add(len(self.token_ids))
+            self.recorder.fixed(start, ids)
         self.stats.prompt_tokens += len(ids)
         self.fixed_tail += len(ids)
-        return ids
 
     def append_tokens(self, token_ids: Sequence[int]) -> None:
         """Append model-chosen token ids to the context (fed lazily; already fed when they are
-        the tokens looked ahead)."""
+        the tokens looked ahead). Text collected before them is tokenized first."""
+        self.flush()
         if not token_ids:
             return
         if self.ahead and list(token_ids) == self.ahead[: len(token_ids)]:
@@ -188,40 +211,48 @@ class Session:
 
     def _append(self, token_ids: Sequence[int]) -> None:
         self._drop_ahead()
-        limit = self.backend.max_context
-        if limit is not None and len(self.token_ids) + len(token_ids) > limit:
-            raise ContextFull(
-                f"the context would hold {len(self.token_ids) + len(token_ids)} tokens, more "
-                f"than model '{self.backend.name}' takes ({limit})")
+        self._check_room(len(token_ids))
         self.token_ids.extend(token_ids)
 
-    def _settle_overshoot(self, text: bytes, special: bool = False
-                          ) -> tuple[bytes, list[int] | None]:
-        """Keep the overshoot tokens if the context must read value_bytes + text and they spell
-        its beginning; otherwise roll them back. Returns the bytes still to append, or (when
-        the text was tokenized here) their token ids. With `special` the text may hold control
-        tokens: a control token overshoot is kept only where the text begins with that very
-        token, and ordinary tokens only where they do not reach into one (`<|` before
-        `<|im_end|>` is not the marker)."""
+    def _check_room(self, more: int) -> None:
+        limit = self.backend.max_context
+        if limit is not None and len(self.token_ids) + more > limit:
+            raise ContextFull(
+                f"the context would hold {len(self.token_ids) + more} tokens, more "
+                f"than model '{self.backend.name}' takes ({limit})")
+
+    def _settle_overshoot(self, segments: list[Segment]) -> list[Segment]:
+        """Keep the overshoot tokens if the context must read value_bytes + the stretch
+        `segments` and they spell its beginning; otherwise roll them back. Returns the segments
+        still to append. A control token overshoot is kept only where the stretch begins with
+        that very token, and ordinary tokens only where their bytes lie in the stretch's first
+        run (`<|` before `<|im_end|>` is not the marker)."""
         assert self.overshoot is not None
         over, self.overshoot = self.overshoot, None
-        wanted = over.value_bytes + text
         kept = self.token_ids[over.start :]
-        beyond = len(over.token_bytes or b"") - len(over.value_bytes)  # bytes into the text
-        ids: list[int] | None = None
+        first = segments[0] if segments and isinstance(segments[0], Run) else Run("")
+        rest = segments[1:] if segments and isinstance(segments[0], Run) else segments
         if over.token_bytes is None:
-            if not over.value_bytes and special:
-                ids = self.backend.encode(text.decode("utf-8", errors="replace"), special=True)
-            if ids is not None and ids[: len(kept)] == kept:
+            if not over.value_bytes and segments and [segments[0]] == kept:
                 self._keep_overshoot()
-                return b"", ids[len(kept) :]
-        elif wanted.startswith(over.token_bytes) and (not special or len(text_head(
-                self.backend, text.decode("utf-8", errors="replace"), beyond)[0]) == beyond):
-            self._keep_overshoot()
-            return wanted[len(over.token_bytes) :], None
+                return segments[1:]
+        else:
+            wanted = over.value_bytes + first.text.encode("utf-8")
+            if wanted.startswith(over.token_bytes):
+                try:  # the tokens may end inside a character: then they cannot stay
+                    remainder = wanted[len(over.token_bytes):].decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    self._keep_overshoot()
+                    skip = len(first.text) - len(remainder)
+                    return [first.after(skip), *rest] if remainder else rest
         self.stats.boundary_dropped += 1
         self.rollback(over.start, "stop")
-        return wanted, None
+        value = over.value_bytes.decode("utf-8", errors="replace")
+        if not value:
+            return segments
+        return [first.before(value), *rest]
 
     def _keep_overshoot(self) -> None:
         self.stats.boundary_kept += 1
@@ -230,11 +261,12 @@ class Session:
     def has_logits(self) -> bool:
         """Whether the logits after the whole context are known (next_logits needs no
         forward)."""
-        return self.overshoot is None and len(self.token_ids) in self._known
+        return not self._stretch and self.overshoot is None and len(self.token_ids) in self._known
 
     def next_logits(self) -> npt.NDArray[np.float32]:
         """Logits [V] for the token after the whole context, feeding what is not fed yet in
         one forward. An empty context first gets the model's start token."""
+        self.flush()
         known = self._known.get(len(self.token_ids))
         if known is not None and self.overshoot is None:
             return known
@@ -279,6 +311,7 @@ class Session:
         """Logits after all but the last token, which stays in the context: when it is not fed
         yet it goes through the model in the same forward (logits of both positions kept), so
         a healed token the model then writes again costs no extra forward."""
+        self.flush()
         self._drop_ahead()
         n = len(self.token_ids)
         if self.prefix_cache is not None and self.overshoot is None and self.fed < n:
@@ -346,7 +379,9 @@ class Session:
             self.prefix_cache.insert(self.token_ids[: end - 1], None, before_last)
 
     def settle(self) -> None:
-        """Resolve a pending overshoot when no fixed text follows (before a hole starts)."""
+        """Before a hole starts: tokenize the text collected since the last hole, and resolve
+        a pending overshoot when no fixed text follows."""
+        self.flush()
         if self.overshoot is not None:
             self._drop_overshoot()
 
@@ -354,9 +389,9 @@ class Session:
         # No fixed text follows the hole (the template ends, or another hole comes next): the
         # overshoot cannot match empty text, so it is rolled back and the value's bytes it
         # carried go back in as canonical tokens.
-        rest, _ = self._settle_overshoot(b"")
+        rest = self._settle_overshoot([])
         if rest:
-            ids = self.backend.encode(rest.decode("utf-8", errors="replace"))
+            ids = encode_segments(self.backend, rest).ids
             self._append(ids)
             if self.recorder is not None:
                 self.recorder.fixed(len(self.token_ids) - len(ids), ids)
@@ -456,7 +491,7 @@ class Session:
         return removed
 
     def finish(self) -> None:
-        """Settle a pending overshoot and record the final context length."""
-        if self.overshoot is not None:
-            self._drop_overshoot()
+        """Tokenize the text collected since the last hole, settle a pending overshoot and
+        record the final context length."""
+        self.settle()
         self.stats.context_tokens = len(self.token_ids)

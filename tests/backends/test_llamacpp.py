@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from test_examples import CONSTRAINED, EXAMPLES, INPUTS, check_constrained, check_values
+from test_examples import (
+    CONSTRAINED,
+    EXAMPLES,
+    INPUTS,
+    check_constrained,
+    check_reproductions,
+    check_seams,
+    check_values,
+)
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -284,6 +292,19 @@ def test_a_select_with_many_options_takes_several_tree_decodes(llama: LlamaCppBa
     r = qrun.Query("Pick one: {{ select pick options=opts }}").run(
         {"opts": options}, model=llama)
     assert r["pick"] in options
+
+
+# --- seams -----------------------------------------------------------------------------------
+
+
+def test_seams_read_as_the_same_ids_as_on_transformers(
+        llama: LlamaCppBackend, smollm2: TransformersBackend) -> None:
+    check_seams(llama, smollm2)
+
+
+def test_a_joined_input_and_a_loop_answer_as_their_literal_versions(
+        llama: LlamaCppBackend) -> None:
+    check_reproductions(llama)
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -86,12 +86,14 @@ def test_tokens_past_a_stop_are_kept_when_the_template_continues_with_them(
     # The template goes on with exactly what the model wrote past the value: kept, no rework.
     following = (overshoot.token_bytes[len(overshoot.value_bytes):]).decode() + " and then"
     session.append_text(following)
+    session.flush()
     assert session.stats.boundary_kept == 1
     assert session.stats.rollback_tokens == 0
     assert tiny.decode(session.token_ids) == PROMPT + record.value + following
     # A different continuation rolls the overshoot back instead.
     session, record = run(tiny, max_tokens=24, stop=(stop,))
     session.append_text("!")
+    session.flush()
     assert session.stats.boundary_kept == 0 and session.stats.rollback_tokens == 1
     assert tiny.decode(session.token_ids) == PROMPT + record.value + "!"
 

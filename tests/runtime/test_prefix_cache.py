@@ -14,6 +14,9 @@ FEW_SHOT = (
     "Answer with one word.\nQ: Colour of grass?\nA: green\nQ: Colour of snow?\nA: white\n"
     "Q: {{ question }}\nA:{{ gen answer max_tokens=4 stop=\"\\n\" }}\n"
 )
+# The text every run shares as tokens: the space after "Q:" is read with the question that
+# follows it (" Colour"), as the tokenizer reads the whole text (docs/language.md §14.2).
+SHARED = FEW_SHOT.split("{{")[0].removesuffix(" ")
 QUESTIONS = ["Colour of the sky?", "Colour of coal?", "Colour of blood?", "Colour of sand?"]
 
 
@@ -29,7 +32,7 @@ def test_shared_prefix_is_encoded_once_and_results_match(tiny: TransformersBacke
     runs = [query.run(model=backend, question=q) for q in QUESTIONS]
     assert [r["answer"] for r in runs] == [r["answer"] for r in plain]
     assert [r.text for r in runs] == [r.text for r in plain]
-    prefix_len = len(tiny.encode(FEW_SHOT.split("{{")[0]))
+    prefix_len = len(tiny.encode(SHARED))
     assert runs[0].stats.cached_tokens == 0
     for later, fresh in zip(runs[1:], plain[1:], strict=True):
         assert later.stats.cached_tokens >= prefix_len
@@ -71,7 +74,7 @@ def test_eviction_keeps_the_bytes_held_under_the_budget(tiny: TransformersBacken
     assert len(backend.prefix_cache) > 0
     # The shared prefix was used most recently by every run: it survives eviction.
     r = query.run(model=backend, question="Colour of ink?")
-    assert r.stats.cached_tokens >= len(tiny.encode(FEW_SHOT.split("{{")[0]))
+    assert r.stats.cached_tokens >= len(tiny.encode(SHARED))
 
 
 def test_cached_logits_equal_a_fresh_forward(tiny: TransformersBackend) -> None:

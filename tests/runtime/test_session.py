@@ -42,6 +42,7 @@ def test_lazy_feeding_joins_appends_into_one_forward(tiny: TransformersBackend) 
 def test_rollback_crops_the_cache_exactly(tiny: TransformersBackend) -> None:
     session = Session(tiny, tiny)
     session.append_text("A list of colours: red,")
+    session.flush()
     base = len(session.token_ids)
     session.append_text(" green, blue")
     session.next_logits()
@@ -49,6 +50,7 @@ def test_rollback_crops_the_cache_exactly(tiny: TransformersBackend) -> None:
     assert session.cache.length() == base
     assert session.stats.rollback_tokens == len(tiny.encode(" green, blue"))
     session.append_text(" yellow")
+    session.flush()
     expected = fresh_logits(tiny, session.token_ids)
     np.testing.assert_allclose(session.next_logits(), expected, atol=1e-4, rtol=0)
 
