@@ -113,10 +113,11 @@ class HoleSampler(Protocol):
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
-                 regex: str | None = None, grammar: str | None = None) -> Completion:
+                 regex: str | None = None, grammar: str | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> Completion:
         """Sample up to max_tokens after `prompt` (token ids), under `regex` (the server's
-        dialect) or `grammar` (llguidance's Lark) when given, ending at a stop string when
-        one is given."""
+        dialect) or `grammar` (llguidance's Lark) when given, ending at a stop string or after
+        one of `stop_token_ids` (which is returned) when given."""
         ...
 
     def reads_llguidance(self) -> bool:

@@ -81,7 +81,8 @@ class VllmServerBackend(HFTokenizerMixin):
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
-                 regex: str | None = None, grammar: str | None = None) -> Completion:
+                 regex: str | None = None, grammar: str | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> Completion:
         """Sample one hole after `prompt` (token ids).
 
         Raises:
@@ -97,6 +98,8 @@ class VllmServerBackend(HFTokenizerMixin):
         }
         if stop:
             body["stop"] = list(stop)
+        if stop_token_ids:
+            body["stop_token_ids"] = list(stop_token_ids)
         if regex is not None:
             body["structured_outputs"] = {"regex": regex}
         elif grammar is not None:

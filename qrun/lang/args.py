@@ -22,8 +22,8 @@ from qrun.regex import PatternError, compile_dfa
 from qrun.source import Source, Span
 from qrun.stdlib.patterns import PATTERNS
 
-GEN_ARGS = ("max_tokens", "stop", "regex", "json", "closed", "grammar", "temperature", "top_p",
-            "top_k", "seed", "heal")
+GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "grammar",
+            "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar")
 SELECT_ARGS = ("options", "temperature", "normalize")
@@ -69,7 +69,23 @@ class ArgChecker:
             else:
                 args[arg.name] = arg
                 self.check_literal(arg)
+        keep = args.get("keep_stop")
+        if keep is not None:
+            self.check_keep_stop(keep, args)
         return args
+
+    def check_keep_stop(self, keep: ast.HoleArg, args: dict[str, ast.HoleArg]) -> None:
+        """keep_stop needs a stop string, and a value that need not match a constraint."""
+        where = prefix(keep.span, len(keep.name))
+        constraint = next((a for a in CONSTRAINT_ARGS if a in args), None)
+        if "stop" not in args:
+            self.fail("keep_stop without stop=: there is no stop string to keep", where,
+                      'give the stop strings: `stop="\\n" keep_stop=true`')
+        elif constraint is not None:
+            self.fail(f"keep_stop cannot be used with {constraint}=: the value must match the "
+                      "constraint, and the stop string would be part of it", where,
+                      "write the stop text into the constraint instead (`regex=\"[0-9]+\\n\"`), "
+                      "or write it as fixed text after the hole")
 
     def check_literal(self, arg: ast.HoleArg) -> None:
         """Literal arguments are type-checked now; others when the runtime evaluates them."""
@@ -319,6 +335,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     **CHECKS,
     "stop": _want_stop,
     "heal": lambda v: None if isinstance(v, bool) else "true or false",
+    "keep_stop": lambda v: None if isinstance(v, bool) else "true or false",
+    "ends_at_text": lambda v: None if isinstance(v, bool) else "true or false",
     "normalize": lambda v: None if v in ("sum", "mean") else '"sum" or "mean"',
     "options": _want_options,
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",

@@ -282,7 +282,8 @@ class _Compiler:
         params = ir.GenParams(
             max_tokens=get("max_tokens"), stop=get("stop"), constraint=self.args.constraint(args),
             temperature=get("temperature"), top_p=get("top_p"), top_k=get("top_k"),
-            seed=get("seed"), heal=get("heal"))
+            seed=get("seed"), heal=get("heal"), keep_stop=get("keep_stop"),
+            ends_at_text=get("ends_at_text"))
         return ir.Gen(node.name, params, in_loop, node.span)
 
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool
@@ -303,9 +304,9 @@ class _Compiler:
         if name.startswith("_") or "__" in name:
             self.fail(f"{what} '{name}': names may not start with '_' or contain '__'", span)
             return False
-        if name == "loop":
-            self.fail(f"'loop' is reserved for the loop variable and cannot be a {what}",
-                      span)
+        if name in ("loop", "holes"):
+            role = "the loop variable" if name == "loop" else "how the holes so far ended"
+            self.fail(f"'{name}' is reserved for {role} and cannot be a {what}", span)
             return False
         return True
 
@@ -348,7 +349,7 @@ class _Compiler:
         if name.startswith("_"):
             self.fail(f"names starting with '_' are not allowed: '{name}'", span)
             return
-        if name in ctx.locals or name in flow.bound:
+        if name in ctx.locals or name in flow.bound or name == "holes":
             return
         safe = safe or name in ctx.defined
         if self.is_input(name):
@@ -378,6 +379,14 @@ class _Compiler:
             self.free.append(name)
             self.input_use(name, span, safe)
 
+    def hole_use(self, name: str, span: Span, flow: Flow, ctx: Context, safe: bool) -> None:
+        """`holes.NAME`: how hole NAME ended (docs/language.md §7.6), known where NAME is."""
+        if name not in self.holes:
+            self.fail(f"'holes' has no hole '{name}'", span, *suggest(name, self.holes),
+                      "holes: " + (", ".join(self.holes) or "none"))
+            return
+        self.use(name, span, flow, ctx, safe)
+
     def input_use(self, name: str, span: Span, safe: bool) -> None:
         self.first_use.setdefault(name, self.site or span)
         (self.safe_uses if safe else self.required).add(name)
@@ -391,6 +400,9 @@ class _Compiler:
         match node:
             case ex.Name(name=name, span=span):
                 self.use(name, span, flow, ctx, safe)
+            case ex.Attr(obj=ex.Name(name="holes"), attr=attr, span=span):
+                self.hole_use(attr, span, flow, ctx, safe)
+                return
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
             case ex.Call(func=func, kwargs=kwargs, span=span) | ex.Filter(

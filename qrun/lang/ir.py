@@ -84,6 +84,9 @@ class GenParams:
     top_k: Expr | None = None
     seed: Expr | None = None
     heal: Expr | None = None
+    keep_stop: Expr | None = None  # the stop string that ended the value stays in it
+    # false: the model beginning the next text does not end the hole (docs/language.md §14.5)
+    ends_at_text: Expr | None = None
 
     def exprs(self) -> Iterator[Expr]:
         """Every argument expression, the constraint's included, in field order."""
@@ -101,7 +104,8 @@ class GenParams:
                 yield grammar
             case None:
                 pass
-        for value in (self.temperature, self.top_p, self.top_k, self.seed, self.heal):
+        for value in (self.temperature, self.top_p, self.top_k, self.seed, self.heal,
+                      self.keep_stop, self.ends_at_text):
             if value is not None:
                 yield value
 
@@ -420,7 +424,7 @@ def _gen(op: Gen) -> str:
             parts.append(f"grammar={ex.format_expr(grammar)}")
     if params.constraint is not None:
         parts.append(f"[{params.constraint.engine}]")
-    for key in ("temperature", "top_p", "top_k", "seed", "heal"):
+    for key in ("temperature", "top_p", "top_k", "seed", "heal", "keep_stop", "ends_at_text"):
         value = getattr(params, key)
         if value is not None:
             parts.append(f"{key}={ex.format_expr(value)}")

@@ -87,6 +87,9 @@ class Run:
         self.session = Session(backend, model, self.stats,
                                model.prefix_cache if model is not None else None, self.recorder)
         self.scope: dict[str, Any] = dict(inputs)
+        # `holes.NAME`: how each hole so far ended (docs/language.md §7.6)
+        self.endings: dict[str, Any] = {}
+        self.scope["holes"] = self.endings
         self.vars: dict[str, Any] = {}
         self.holes: dict[str, HoleRecord] = {}
         self.hole_lists: dict[str, list[HoleRecord]] = {}
@@ -103,6 +106,7 @@ class Run:
                 # A loop capture exists (as a list) even when its loop never runs.
                 self.vars[op.name] = self.scope[op.name] = []
                 self.hole_lists[op.name] = []
+                self.endings[op.name] = []
 
     def execute(self) -> Result:
         started = time.perf_counter()
@@ -248,12 +252,15 @@ class Run:
                                       self.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
-        # A constrained hole may end where the template's next text begins
-        # (docs/language.md §14.5); an unconstrained one writes such text as its value.
-        follow = after if spec is not None else None
+        # A hole may end where the model begins the template's next text
+        # (docs/language.md §14.5): a constrained one always, an unconstrained one where no
+        # stop of its own says where it ends; ends_at_text=false turns this off.
+        follow = None
+        if self._flag(p.ends_at_text, "ends_at_text", True) and (spec is not None or not stop):
+            follow = after
         return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
                           healed_in_context=bool(prefix) and in_context, drafter=self.drafter,
-                          follow=follow)
+                          follow=follow, keep_stop=self._flag(p.keep_stop, "keep_stop", False))
 
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
@@ -334,13 +341,17 @@ class Run:
         self._capture(op.name, record, op.in_loop)
 
     def _capture(self, name: str, record: HoleRecord, in_loop: bool) -> None:
+        ending = {"finish": record.finish, "stop": getattr(record, "stop", None),
+                  "text": record.text}
         if in_loop:
             self.vars[name].append(record.value)
             self.hole_lists[name].append(record)
+            self.endings[name].append(ending)
             self.scope[name] = self.vars[name]
         else:
             self.vars[name] = self.scope[name] = record.value
             self.holes[name] = record
+            self.endings[name] = ending
 
     def _exec_if(self, op: ir.If, after: str | None) -> None:
         for branch in op.branches:

@@ -130,10 +130,15 @@ def _with_boundary(hole: Hole, mask: npt.NDArray[np.bool_] | None, boundary: tup
                    ) -> tuple[npt.NDArray[np.bool_] | None, frozenset[int]]:
     """`mask` with, where the value so far is a full match, the tokens that begin the
     following text and that the constraint does not allow as value text also allowed: the
-    model writing one of them ends the hole there (docs/language.md §14.5). Returns the mask
-    and those tokens."""
+    model writing one of them ends the hole there (docs/language.md §14.5). Without a
+    constraint every token is value text, and all of them end it. Returns the mask and those
+    tokens."""
     cursor = hole.request.cursor
-    if mask is None or not boundary or cursor is None or hole.in_prefix() or not cursor.can_end():
+    if not boundary or hole.in_prefix():
+        return mask, frozenset()
+    if hole.request.constraint is None:
+        return mask, frozenset(boundary)
+    if mask is None or cursor is None or not cursor.can_end():
         return mask, frozenset()
     ends = frozenset(t for t in boundary if not bool(mask[t]))
     if ends:

@@ -111,9 +111,11 @@ class GenRequest:
     healed_in_context: bool = False
     # Drafts tokens to check with each step's forward (speculation); None: off.
     drafter: PromptLookup | None = None
-    # The template text sure to follow the hole, or None: a constrained hole may end where
-    # the model begins it (docs/language.md §14.5).
+    # The template text sure to follow the hole, or None: the hole may end where the model
+    # begins it (docs/language.md §14.5).
     follow: str | None = None
+    # The stop string that ends the value stays in it and in the context (keep_stop=true).
+    keep_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +263,13 @@ class Hole:
         return cursor is None or cursor.accepts(bytes(self.text[:offset]))
 
     def cut_at_stop(self, stop_at: int) -> None:
-        """End the value at a stop string. Tokens wholly before it stay; the tokens from the
-        one holding the stop's first byte on stay provisionally (Session.overshoot)."""
+        """End the value at a stop string (after it, with keep_stop). Tokens wholly before
+        that point stay; the tokens from the one holding its first byte on stay provisionally
+        (Session.overshoot)."""
+        stop = next(s for s in self.request.stop if self.text.startswith(s.encode(), stop_at))
+        self.record.stop = stop
+        if self.request.keep_stop:
+            stop_at += len(stop.encode())
         kept = sum(1 for end in self.ends if end <= stop_at)
         begin = self.ends[kept - 1] if kept else 0
         if kept < len(self.ends):

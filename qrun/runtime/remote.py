@@ -92,7 +92,11 @@ def generate_remote(
     grammar: str | None = None
     # The server may also write the beginning of the text after the hole, where the value is
     # complete; the replay ends the hole at it as a local run does (docs/language.md §14.5).
-    follow = follow_of(session, request.follow).plain
+    follow_at = follow_of(session, request.follow)
+    follow = follow_at.plain
+    # Without a constraint, a token that begins the next text ends the hole (as locally): the
+    # server stops after one, and the replay ends the value before it.
+    ends = follow_at.tokens if constraint is None else ()
     if constraint is not None and constraint.engine == "llguidance":
         # The text the local cursor compiled: the server's llguidance reads it the same way.
         grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"),
@@ -115,9 +119,9 @@ def generate_remote(
     completion = sampler.complete(
         list(session.token_ids), limit, temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex,
-        grammar=grammar)
+        grammar=grammar, stop_token_ids=ends)
     session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
-    finish = _replay(hole, request, completion, follow)
+    finish = _replay(hole, request, completion, follow, frozenset(ends))
     record = hole.finish(finish, f"the server's value does not complete the constraint within "
                                  f"{request.max_tokens} token(s)")
     if on_text is not None and record.text:
@@ -136,16 +140,22 @@ def overlaps(prefix: bytes, stops: tuple[str, ...]) -> bool:
     return False
 
 
-def _replay(hole: Hole, request: GenRequest, completion: Completion, follow: bytes) -> str:
+def _replay(hole: Hole, request: GenRequest, completion: Completion, follow: bytes,
+            ends: frozenset[int] = frozenset()) -> str:
     """Take the server's tokens into the hole one by one, checking each against the cursor;
     returns the finish reason. A token the constraint does not allow may begin `follow`, the
-    text after the hole, where the value before it is complete: the hole ends there."""
+    text after the hole, where the value before it is complete: the hole ends there. Without
+    a constraint, a token of `ends` (one that begins `follow`) ends it."""
     logprobs = completion.logprobs
     cursor = request.cursor
     for k, token in enumerate(completion.token_ids):
         if hole.value_tokens >= request.max_tokens:
             return "max_tokens"  # the rest ran past the budget: a local run stops here too
         logprob = logprobs[k] if k < len(logprobs) else None
+        if token in ends and not hole.in_prefix():
+            hole.session.stats.generated_tokens += 1
+            hole.end_at_boundary(token, logprob)
+            return "boundary"
         if cursor is not None and not bool(cursor.allowed(_UNBOUNDED)[token]):
             value_bytes = _value_before_follow(hole, token, follow)
             if value_bytes is not None:

@@ -49,15 +49,17 @@ class HoleRecord:
 class GenRecord(HoleRecord):
     """A `gen` hole. `constraint` describes its constraint (None: unconstrained); `healed` is
     the text token healing took back before it (the hole produced it first, outside the
-    value), and its first `prefix_tokens` tokens lie wholly inside that text."""
+    value), and its first `prefix_tokens` tokens lie wholly inside that text. `stop` is the
+    stop string that ended it (finish "stop"), else None."""
 
     constraint: str | None = None
     healed: str = ""
     prefix_tokens: int = 0
+    stop: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,
-                "healed": self.healed, "prefix_tokens": self.prefix_tokens}
+                "healed": self.healed, "prefix_tokens": self.prefix_tokens, "stop": self.stop}
 
 
 @dataclass(slots=True)

@@ -83,11 +83,37 @@ def test_value_text_the_constraint_allows_stays_value_text(tiny: TransformersBac
     assert result["v"] == "a\nb" and result.holes["v"].finish == "match"
 
 
-def test_an_unconstrained_hole_is_unchanged(tiny: TransformersBackend) -> None:
+def test_an_unconstrained_hole_ends_at_the_next_text_too(tiny: TransformersBackend) -> None:
+    # No stop of its own: the model's "\n" begins the text after the hole and ends it there,
+    # kept as that text's first token (guidance's `"{{ gen name }}",` ends at the quote too).
     backend = scripted(tiny, "X: ", [one(tiny, "a"), one(tiny, "\n"), one(tiny, "b")])
     result = qrun.Query("X: {{ gen v max_tokens=3 heal=false }}\nY").run(
         model=backend, speculate=False)
-    assert result["v"] == "a\nb" and result.holes["v"].finish == "max_tokens"
+    assert result["v"] == "a" and result.holes["v"].finish == "boundary"
+    assert result.text == "X: a\nY" and result.stats.boundary_kept == 1
+    assert result.token_ids.count(one(tiny, "\n")) == 1
+    check_context(tiny, backend, result)
+
+
+@pytest.mark.parametrize("hole", ['gen v max_tokens=3 heal=false ends_at_text=false',
+                                  'gen v max_tokens=3 heal=false stop="b"'])
+def test_an_unconstrained_hole_told_otherwise_runs_on(tiny: TransformersBackend,
+                                                      hole: str) -> None:
+    # ends_at_text=false, or a stop of its own: the next text does not end it.
+    backend = scripted(tiny, "X: ", [one(tiny, "a"), one(tiny, "\n"), one(tiny, "b")])
+    result = qrun.Query(f"X: {{{{ {hole} }}}}\nY").run(model=backend, speculate=False)
+    assert result["v"] == "a\n" if "stop" in hole else result["v"] == "a\nb"
+    assert result.holes["v"].finish in ("stop", "max_tokens")
+
+
+def test_a_token_that_only_starts_like_the_next_text_is_value(
+        tiny: TransformersBackend) -> None:
+    # '",' begins with the quote but the text after the hole is '"\n': the model goes on with
+    # the value, as guidance's byte-level parser does.
+    backend = scripted(tiny, 'N: "', [one(tiny, "Ann"), one(tiny, '",'), one(tiny, '"')])
+    result = qrun.Query('N: "{{ gen v max_tokens=4 heal=false }}"\nM').run(
+        model=backend, speculate=False)
+    assert result["v"] == 'Ann",' and result.holes["v"].finish == "boundary"
 
 
 @pytest.mark.parametrize("template", [
@@ -191,3 +217,17 @@ def test_a_server_token_with_the_value_end_and_the_next_text(tiny: TransformersB
     assert result["v"] == "ok." and result.holes["v"].finish == "boundary"
     assert result.text == "V: ok.<br>"
     assert tiny.tokenizer.decode(result.token_ids) == result.text
+
+
+def test_a_server_ends_an_unconstrained_hole_at_the_next_text(tiny: TransformersBackend) -> None:
+    # The server is told to stop after a token that begins the next text; the replay ends
+    # the value before it, as a local run does.
+    server = ScriptedServer(tiny, ['Ann"\nand more'])
+    result = qrun.Query('N: "{{ gen v heal=false }}"\nM').run(model=server)
+    assert result["v"] == "Ann" and result.holes["v"].finish == "boundary"
+    assert result.text == 'N: "Ann"\nM' and result.stats.boundary_kept == 1
+    assert one(tiny, '"') in server.requests[0]["stop_token_ids"]
+    # With a stop of its own, no token ends it early.
+    server = ScriptedServer(tiny, ['Ann"\nand more'])
+    result = qrun.Query('N: "{{ gen v heal=false stop="and" }}"\nM').run(model=server)
+    assert result["v"] == 'Ann"\n' and server.requests[0]["stop_token_ids"] == ()
