@@ -288,7 +288,8 @@ class _Compiler:
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool
                ) -> ir.Select:
         options = args.get("options")
-        if options is None:
+        # `choices=` (SGLang's spelling) is reported as an unknown argument naming options=.
+        if options is None and not any(arg.name == "choices" for arg in node.args):
             self.fail(f"select '{node.name}' needs options=[...]", node.span,
                       'e.g. {{ select color options=["red", "green"] }}')
         temperature, normalize = args.get("temperature"), args.get("normalize")
