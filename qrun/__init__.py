@@ -23,6 +23,7 @@ _EXPORTS = {
     "TemplateError": "qrun.errors",
     "TemplateErrors": "qrun.errors",
     "TemplateSyntaxError": "qrun.errors",
+    "TemplateWarning": "qrun.errors",
     "UsageError": "qrun.errors",
     "RunOptions": "qrun.options",
     "Limits": "qrun.limits",
@@ -61,6 +62,7 @@ __all__ = [
     "TemplateError",
     "TemplateErrors",
     "TemplateSyntaxError",
+    "TemplateWarning",
     "UsageError",
     "compile_file",
     "compile_source",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
         TemplateError,
         TemplateErrors,
         TemplateSyntaxError,
+        TemplateWarning,
         UsageError,
     )
     from qrun.lang import compile_file, compile_source

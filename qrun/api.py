@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from qrun.errors import QrunError, UsageError
+from qrun.errors import QrunError, TemplateWarning, UsageError
 from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
 from qrun.options import RunOptions
@@ -55,6 +55,12 @@ class Query:
     def optional_inputs(self) -> tuple[str, ...]:
         """The names a run may supply (tested with `is defined`, or given a `default`)."""
         return self.program.optional_inputs
+
+    @property
+    def warnings(self) -> tuple[TemplateWarning, ...]:
+        """What compiles but likely does not mean what it says (docs/language.md §13), in
+        source order: `print(w)` shows each with its position, like an error."""
+        return self.program.warnings
 
     def run(
         self,

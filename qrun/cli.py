@@ -136,11 +136,14 @@ def _run(args: argparse.Namespace) -> int:
     fields = _fields(args.fields)
     options = _options(args)
     query = Query.from_file(args.file)
+    for warning in query.warnings:  # on stderr; the exit code stays the run's
+        print(warning.render(), file=sys.stderr)
     if args.dump:
         print(query.program.dump())
         return EXIT_OK
     if args.check:
-        print(f"{args.file}: ok ({len(query.program.captures)} holes, inputs: "
+        holes = len(query.program.captures)
+        print(f"{args.file}: ok ({holes} hole{'' if holes == 1 else 's'}, inputs: "
               f"{', '.join(query.inputs) or 'none'})")
         return EXIT_OK
     inputs, typed_strings = _inputs(args)

@@ -13,11 +13,14 @@ and every error about a place in a template carries the Span of the text it is a
     └── BackendError (1)
 
 So `except TemplateError` catches every compile error (the group included) and nothing that
-only happens while running; PositionedError carries the span rendering both kinds share."""
+only happens while running; PositionedError carries the span rendering both kinds share.
+TemplateWarning, never raised, is a template that compiles but likely does not mean what it
+says: rendered like an error, with "warning:"."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from qrun.source import Source, Span, excerpt, printable
 
@@ -46,6 +49,15 @@ class BackendError(QrunError):
     could not be reached); reported at the hole it was filling."""
 
 
+def render_at(kind: str, message: str, span: Span, source: Source, notes: Iterable[str]) -> str:
+    """`FILE:LINE:COL: KIND: MESSAGE`, the source line with a caret under the span, and one
+    line per note."""
+    head = f"{source.name}:{span.line}:{span.column}: {kind}: {message}"
+    lines = [head, excerpt(source, span)]
+    lines.extend(f"  note: {note}" for note in notes)
+    return printable("\n".join(lines))
+
+
 class PositionedError(QrunError):
     """An error about a place in a template: `message` at `span` of `source`, plus notes
     (e.g. "expected one of ...", "did you mean ...?") printed after the caret. Shared by
@@ -66,11 +78,7 @@ class PositionedError(QrunError):
         return "error"
 
     def render(self) -> str:
-        where = f"{self.source.name}:{self.span.line}:{self.span.column}"
-        head = f"{where}: {self.kind}: {self.message}"
-        lines = [head, excerpt(self.source, self.span)]
-        lines.extend(f"  note: {note}" for note in self.notes)
-        return printable("\n".join(lines))
+        return render_at(self.kind, self.message, self.span, self.source, self.notes)
 
 
 class TemplateError(PositionedError):
@@ -129,3 +137,22 @@ class GenerationError(PositionedError):
 class EvaluationError(PositionedError):
     """An expression failed at run time (e.g. a key missing from an input dict, or the run's
     evaluation budget ran out); a run-time failure (exit 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateWarning:
+    """A template that compiles but very likely does not do what it says (docs/language.md
+    §13): `message` at `span` of `source`, and notes with the fix. Data, never raised: the
+    compiled Program carries them (`Program.warnings`, `Query.warnings`) and the command line
+    prints them to stderr, leaving the exit code alone."""
+
+    message: str
+    span: Span
+    source: Source
+    notes: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        return render_at("warning", self.message, self.span, self.source, self.notes)
+
+    def __str__(self) -> str:
+        return self.render()

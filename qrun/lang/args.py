@@ -16,6 +16,7 @@ from qrun.errors import ConstraintError, TemplateCompileError, TemplateError
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
+from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.llg import FIXED, JsonFormat, check_lark, check_schema
 from qrun.options import CHECKS, RunOptions, is_number
 from qrun.regex import PatternError, compile_dfa
@@ -55,13 +56,15 @@ class ArgChecker:
     def hole_args(self, node: ast.Gen | ast.Select) -> dict[str, ast.HoleArg]:
         """The hole's arguments by name, after reporting unknown, repeated and ill-typed ones
         (only the first of a repeated argument is kept)."""
-        kind, allowed = ("gen", GEN_ARGS) if isinstance(node, ast.Gen) else ("select",
-                                                                              SELECT_ARGS)
+        kind, allowed, hints = (("gen", GEN_ARGS, GEN_ARG_HINTS) if isinstance(node, ast.Gen)
+                                else ("select", SELECT_ARGS, SELECT_ARG_HINTS))
         args: dict[str, ast.HoleArg] = {}
         for arg in node.args:
             if arg.name not in allowed:
+                hint = hints.get(arg.name)
                 self.fail(f"unknown argument '{arg.name}' for {kind}",
-                          prefix(arg.span, len(arg.name)), *suggest(arg.name, allowed),
+                          prefix(arg.span, len(arg.name)),
+                          *([hint] if hint else suggest(arg.name, allowed)),
                           f"{kind} accepts: " + ", ".join(allowed))
             elif arg.name in args:
                 self.fail(f"argument '{arg.name}' given twice", prefix(arg.span, len(arg.name)),
@@ -326,7 +329,13 @@ def _want_stop(value: Any) -> str | None:
 def _want_options(value: Any) -> str | None:
     if not (isinstance(value, list) and value and all(isinstance(s, str) and s for s in value)):
         return "a non-empty list of non-empty strings"
-    counts = Counter(value)  # one pass: 50,000 options compile in milliseconds
+    return want_distinct(value)
+
+
+def want_distinct(options: Iterable[str]) -> str | None:
+    """What a select's options must be when one repeats (the first in sorted order), or None:
+    the compile-time check of a literal list and the runtime's of any other."""
+    counts = Counter(options)  # one pass: 50,000 options compile in milliseconds
     duplicates = sorted(s for s, n in counts.items() if n > 1)
     return None if not duplicates else f"distinct strings ({_show(duplicates[0])} repeats)"
 

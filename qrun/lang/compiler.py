@@ -20,6 +20,7 @@ from qrun.lang.evaluate import LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.include import Includes, load_template
+from qrun.lang.lint import find_warnings
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
 from qrun.lang.text import decode_template, normalize_text
 from qrun.source import Source, Span
@@ -65,7 +66,7 @@ def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Prog
 def compile_template(template: ast.Template, source: Source, includes: Includes | None = None
                      ) -> ir.Program:
     """Check `template` and lower it to the IR; `includes` resolves `{% include %}` (by
-    default includes are refused).
+    default includes are refused). The program carries the warnings of lang/lint.py.
 
     Raises:
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
@@ -84,7 +85,8 @@ def compile_template(template: ast.Template, source: Source, includes: Includes 
     optional = tuple(n for n in names if n in compiler.safe_uses and n not in compiler.required)
     spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in names}
     return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
-                      tuple(compiler.captures), options, model, source, spans, optional)
+                      tuple(compiler.captures), options, model, source, spans, optional,
+                      find_warnings(ops, source))
 
 
 class _TooManyErrors(Exception):
@@ -289,7 +291,8 @@ class _Compiler:
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool
                ) -> ir.Select:
         options = args.get("options")
-        if options is None:
+        # `choices=` (SGLang's spelling) is reported as an unknown argument naming options=.
+        if options is None and not any(arg.name == "choices" for arg in node.args):
             self.fail(f"select '{node.name}' needs options=[...]", node.span,
                       'e.g. {{ select color options=["red", "green"] }}')
         temperature, normalize = args.get("temperature"), args.get("normalize")

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from qrun.errors import InputError
+from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import plain_inputs
@@ -227,7 +227,8 @@ class Program:
     when `inputs_declared`, else the template's free variables), `input_spans` where each is
     first used (or declared, when never used); `optional_inputs` those a run may leave out (used
     only under `is defined` or through `default`: absent, they are undefined); `captures` the
-    hole names; `options` and `model` the front matter's run options and model."""
+    hole names; `options` and `model` the front matter's run options and model; `warnings`
+    what the compiler found suspicious but not wrong (docs/language.md §13), in source order."""
 
     ops: tuple[Op, ...]
     inputs: tuple[str, ...]
@@ -238,6 +239,7 @@ class Program:
     source: Source = field(compare=False)
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
     optional_inputs: tuple[str, ...] = ()
+    warnings: tuple[TemplateWarning, ...] = field(default=(), compare=False)
 
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs the template reads (the optional ones that are given), as plain data

@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Iterable
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
@@ -46,6 +45,20 @@ _BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "break", "con
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`
 _OPENERS = {"VAR_OPEN": "'}}'", "BLOCK_OPEN": "'%}'"}
+_STRING = re.compile(r""""(?:[^"\\\n]|\\[^\n])*"|'(?:[^'\\\n]|\\[^\n])*'""")  # grammar.lark's
+_RAW_NOTE = ('drop the r: "\\n" is a newline, and a backslash before a character with no '
+             'escape meaning stays as written ("\\d+" is the regex \\d+); "\\\\" is one backslash')
+# Python's string prefixes, lower-cased: (message, note).
+_STRING_PREFIXES = {
+    "r": ("raw strings are not supported", _RAW_NOTE),
+    "br": ("raw strings are not supported", _RAW_NOTE),
+    "rb": ("raw strings are not supported", _RAW_NOTE),
+    "b": ("byte strings are not supported", "drop the b: strings are text"),
+    "u": ("string prefixes are not supported", "drop the u: strings are text"),
+    "f": ("f-strings are not supported", "join text with `~`: `'Hello, ' ~ name`"),
+    "rf": ("f-strings are not supported", "join text with `~`: `'Hello, ' ~ name`"),
+    "fr": ("f-strings are not supported", "join text with `~`: `'Hello, ' ~ name`"),
+}
 # Part of the saved tables' key (lang/parser_cache.py): changing one builds the parser afresh.
 _OPTIONS = {"parser": "lalr", "lexer": "contextual", "propagate_positions": True,
             "maybe_placeholders": True}
@@ -92,14 +105,11 @@ def _translate(err: UnexpectedInput, source: Source) -> TemplateSyntaxError:
     if text.startswith("{#", pos):
         return TemplateSyntaxError("comment is never closed", source.span_at(pos, 2), source,
                                    ["expected '#}' to end the comment"])
-    if text[pos:pos + 1] in ("'", '"') and text[pos - 1:pos] == "f":
-        return TemplateSyntaxError(
-            "f-strings are not supported", source.span_at(pos - 1, 2), source,
-            ["join text with `~`: `'Hello, ' ~ name`"])
     if text[pos:pos + 1] in ("'", '"'):
-        return TemplateSyntaxError(
-            "unterminated string", source.span_at(pos, 1), source,
-            ["a string must end on the line it starts on (write '\\n' for a newline)"])
+        return _misplaced_string(err, source, pos)
+    word = _stack_top(err, "NAME")
+    if word == "where" and _accepted(err) == {"EQUAL"} and _hole_kind(err) is not None:
+        return _where_clause(word, source)
     opener = re.search(r"\{%-?[ \t\r\n]*\Z", text[max(0, pos - 40):pos])
     if opener is not None:
         return _bad_block_tag(pos, pos - len(opener.group(0)), source)
@@ -109,6 +119,47 @@ def _translate(err: UnexpectedInput, source: Source) -> TemplateSyntaxError:
     notes.extend(_opener_note(err, source, pos))
     return TemplateSyntaxError(f"unexpected {found[0]}", source.span_at(pos, found[1]),
                                source, notes)
+
+
+def _misplaced_string(err: UnexpectedInput, source: Source, pos: int) -> TemplateSyntaxError:
+    """A quote where the parser does not take a string. Only a string that does not end on its
+    line is "unterminated"; a closed one is misplaced: a quoted hole name (older guidance's
+    `{{gen 'name'}}`), a string prefix (`r"\\d"`, `f"..."`) or a string the grammar does not
+    expect there."""
+    text = source.text
+    closed = _STRING.match(text, pos)
+    if closed is None:
+        return TemplateSyntaxError(
+            "unterminated string", source.span_at(pos, 1), source,
+            ["a string must end on the line it starts on (write '\\n' for a newline)"])
+    end = closed.end()
+    prefix = re.search(r"(?<![\w.])[A-Za-z]{1,2}\Z", text[max(0, pos - 3):pos])
+    if prefix is not None and prefix.group(0).lower() in _STRING_PREFIXES:
+        start = pos - len(prefix.group(0))
+        message, note = _STRING_PREFIXES[prefix.group(0).lower()]
+        return TemplateSyntaxError(message, source.span_at(start, end - start), source, [note])
+    hole = _hole_kind(err)
+    if _stack_top(err, "_GEN", "_SELECT") is not None:  # `{{ gen 'name' }}`
+        name = closed.group(0)[1:-1]
+        bare = name if re.fullmatch(r"[A-Za-z_]\w*", name) else "name"
+        return TemplateSyntaxError("a hole's name is a bare name, not a string",
+                                   source.span_at(pos, end - pos), source,
+                                   [f"write {{{{ {hole} {bare} }}}}"])
+    expected = _accepted(err)
+    notes = [*_expected_notes(expected, err), *_opener_note(err, source, pos)]
+    if hole is not None and "NAME" in expected:
+        notes.append(f"a hole's arguments are NAME=VALUE, e.g. stop={closed.group(0)}")
+    return TemplateSyntaxError("unexpected string", source.span_at(pos, end - pos), source,
+                               notes)
+
+
+def _where_clause(word: Token, source: Source) -> TemplateSyntaxError:
+    """`{{ gen x where len(x) < 10 }}`: LMQL's constraint clause, read as an argument name."""
+    return TemplateSyntaxError(
+        "'where' clauses are not supported: constraints are the hole's arguments",
+        source.span_at(word.start_pos or 0, len(word)), source,
+        ['e.g. {{ gen x regex="[0-9]+" max_tokens=10 stop="\\n" }} (also json=, grammar=)',
+         'a choice among fixed strings is a select: {{ select x options=["a", "b"] }}'])
 
 
 def _unexpected_end(err: UnexpectedToken, source: Source) -> TemplateSyntaxError:
@@ -233,10 +284,7 @@ def _closes_tag(err: UnexpectedInput) -> bool:
 def _open_tag(err: UnexpectedInput) -> Token | None:
     """The innermost tag opener (`{{` or `{%`) on the parser's stack, if the parser is inside a
     tag (finished tags and text are below it on the stack)."""
-    interactive = getattr(err, "interactive_parser", None)
-    stack: Iterable[object] = getattr(getattr(interactive, "parser_state", None),
-                                      "value_stack", ())
-    for value in reversed(list(stack)):
+    for value in reversed(_value_stack(err)):
         if isinstance(value, Token):
             if value.type in _OPENERS:
                 return value
@@ -244,6 +292,29 @@ def _open_tag(err: UnexpectedInput) -> Token | None:
                 return None
         elif isinstance(value, Tree) and value.data in ("var_tag", "block_tag"):
             return None
+    return None
+
+
+def _value_stack(err: UnexpectedInput) -> list[object]:
+    """What the parser has shifted and reduced so far, innermost last."""
+    interactive = getattr(err, "interactive_parser", None)
+    return list(getattr(getattr(interactive, "parser_state", None), "value_stack", ()))
+
+
+def _stack_top(err: UnexpectedInput, *types: str) -> Token | None:
+    """The token the parser shifted last, when it is of one of `types`."""
+    stack = _value_stack(err)
+    top = stack[-1] if stack else None
+    return top if isinstance(top, Token) and top.type in types else None
+
+
+def _hole_kind(err: UnexpectedInput) -> str | None:
+    """'gen' or 'select' when the parser is inside a hole's tag (after its keyword)."""
+    for value in reversed(_value_stack(err)):
+        if isinstance(value, Token) and value.type in ("_GEN", "_SELECT"):
+            return "gen" if value.type == "_GEN" else "select"
+        if isinstance(value, Token) and value.type in _OPENERS:
+            return None  # the tag's keyword comes right after its opener
     return None
 
 

@@ -1,7 +1,8 @@
-"""What qrun refuses of the Jinja surface people type, and the hint each refusal carries
-(docs/language.md §20): tags (reported by lang/parser.py), filters and functions, tests and
-methods (reported by lang/compiler.py). One table per kind, so the refusals and the docs'
-table stay in step (tests/lang/test_lang_jinja.py checks both)."""
+"""What qrun refuses of the surface people type, coming from Jinja or from other generation
+languages (guidance, LMQL, SGLang), and the hint each refusal carries (docs/language.md §13,
+§20): tags (reported by lang/parser.py), filters and functions, tests and methods (reported by
+lang/compiler.py), hole arguments (lang/args.py). One table per kind, so the refusals and the
+docs' table stay in step (tests/lang/test_lang_jinja.py checks both)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ _NO_INHERITANCE = ("template inheritance is not supported: put shared text in a 
 _NO_MACROS = "macros are not supported: put shared text in a file and use {% include %}"
 _NO_ESCAPING = "qrun never escapes text (a prompt is not HTML): drop the filter"
 _LOOP = "use a loop: {% for x in xs %}{% if ... %}...{% endif %}{% endfor %}"
+_NO_WHILE = ("there is no while loop: loop over a range and leave it with break, "
+             "{% for i in range(10) %}...{% if done %}{% break %}{% endif %}{% endfor %}")
+_HIDDEN = ("hidden holes are not supported: every value stays in the model's context and in "
+           "the text; to keep one out of a prompt, generate it with another template and pass "
+           "it in as an input")
+_SELECT = 'a choice among fixed strings is a select hole: {{ select x options=["a", "b"] }}'
 
 TAG_HINTS: dict[str, str] = {
     "extends": _NO_INHERITANCE,
@@ -31,8 +38,10 @@ TAG_HINTS: dict[str, str] = {
     "trans": "translation blocks are not supported",
     "endtrans": "translation blocks are not supported",
     "endset": "block assignments are not supported: use {% set name = value %}",
+    "while": _NO_WHILE,
+    "endwhile": _NO_WHILE,
 }
-"""Jinja tags qrun does not have."""
+"""Tags qrun does not have: Jinja's, and `while` of other template languages."""
 
 FILTER_HINTS: dict[str, str] = {
     "d": "use `default`",
@@ -131,6 +140,26 @@ METHOD_HINTS: dict[str, str] = {
     "changed": "compare with the previous item: `loop.first or xs[loop.index0 - 1] != x`",
 }
 """Methods people call (Python's str/list/dict methods, Jinja's loop.cycle)."""
+
+GEN_ARG_HINTS: dict[str, str] = {
+    "n": "a hole writes one value: for several, put it in a loop, {% for i in range(3) %}"
+         "{{ gen x }}{% endfor %} (x is then the list of the values); for independent "
+         "samples, run the template several times (run_many, --inputs)",
+    "hidden": _HIDDEN,
+    "where": "constraints are the hole's arguments: regex=, json=, grammar=, max_tokens=, "
+             "stop=",
+    "choices": _SELECT,
+    "options": _SELECT,
+    "list_append": "a hole inside a loop captures the list of its values",
+}
+"""gen arguments of other systems (SGLang's n and choices, guidance's hidden and list_append,
+LMQL's where)."""
+
+SELECT_ARG_HINTS: dict[str, str] = {
+    "choices": 'the candidates are options=: {{ select x options=["a", "b"] }}',
+    "hidden": _HIDDEN,
+}
+"""select arguments of other systems (SGLang's choices, guidance's hidden)."""
 
 STRING_FORMAT_HINT = "join text with `~`: `'Hello, ' ~ name`"
 """`'%s' % x` is refused (`%` is the remainder of numbers)."""

@@ -21,6 +21,7 @@ from qrun.errors import (
     TemplateCompileError,
 )
 from qrun.lang import ir
+from qrun.lang.args import want_distinct
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.lang.functions import type_name
@@ -317,6 +318,9 @@ class Run:
                 or not all(isinstance(o, str) and o for o in options)):
             raise self._bad_arg(op.options,
                                 "options must be a non-empty list of non-empty strings")
+        repeats = want_distinct(options)
+        if repeats is not None:
+            raise self._bad_arg(op.options, f"options must be {repeats}")
         temperature = float(self._arg(op.temperature, "temperature", self.options.temperature))
         normalize = "sum"
         if op.normalize is not None:

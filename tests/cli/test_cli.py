@@ -58,6 +58,45 @@ def test_syntax_error_points_at_the_source(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("template", "summary"), [
+    ("{{ gen a }}", "1 hole, inputs: none"),
+    ("{{ q }}{% for i in xs %}{{ gen a }}{% endfor %}{{ select b options=['x'] }}",
+     "2 holes, inputs: q, xs"),
+    ("hi", "0 holes, inputs: none"),
+])
+def test_check_counts_holes_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], template: str, summary: str
+) -> None:
+    path = write(tmp_path, template)
+    assert main([path, "--check"]) == 0
+    assert capsys.readouterr().out == f"{path}: ok ({summary})\n"
+
+
+LIST_COMPARED = ('{% for i in range(2) %}{{ gen m max_tokens=1 }}{% if m == "a" %}!{% endif %}'
+                 "{% endfor %}")
+
+
+def test_check_prints_warnings_on_stderr_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, LIST_COMPARED)
+    assert main([path, "--check"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{path}: ok (1 hole, inputs: none)\n"
+    assert captured.err.startswith(f"{path}:1:54: warning: 'm' is a list here")
+    assert '  note: compare the latest value: `m[-1] == "a"`\n' in captured.err
+
+
+def test_a_run_prints_warnings_on_stderr(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([write(tmp_path, LIST_COMPARED), "--model", tiny_folder, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert len(json.loads(captured.out)["vars"]["m"]) == 2
+    assert ":1:54: warning: 'm' is a list here" in captured.err
+
+
 def test_missing_input_is_reported_before_any_model_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

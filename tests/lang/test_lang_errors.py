@@ -21,6 +21,7 @@ from qrun.errors import (
     UsageError,
 )
 from qrun.lang import compile_file, compile_source
+from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.source import Source
 
 
@@ -50,6 +51,22 @@ CASES = [
     ("stray-endraw", "{% endraw %}", Syntax, 1, 1, "without a matching '{% raw %}'", ""),
     ("unclosed-comment", "a\nb {# note", Syntax, 2, 3, "comment is never closed", "'#}'"),
     ("unterminated-string", '{{ "abc }}', Syntax, 1, 4, "unterminated string", ""),
+    ("unterminated-after-a-value", "{{ x 'abc }}", Syntax, 1, 6, "unterminated string", ""),
+    # A closed string where none is expected is not "unterminated" (issue #23).
+    ("quoted-hole-name", "{{ gen 'name' }}", Syntax, 1, 8, "a hole's name is a bare name",
+     "write {{ gen name }}"),
+    ("quoted-select-name", 'x\n{{ select "c" options=["a"] }}', Syntax, 2, 11,
+     "a hole's name is a bare name", "write {{ select c }}"),
+    ("raw-string", 'x\n{{ gen a stop=r"\\n" }}', Syntax, 2, 15, "raw strings are not supported",
+     '"\\n" is a newline'),
+    ("byte-string", "{{ b'x' }}", Syntax, 1, 4, "byte strings are not supported", "drop the b"),
+    ("string-after-a-value", '{{ x "a" }}', Syntax, 1, 6, "unexpected string", "expected '}}'"),
+    ("string-as-a-hole-argument", '{{ gen x "a" }}', Syntax, 1, 10, "unexpected string",
+     'NAME=VALUE, e.g. stop="a"'),
+    ("string-as-a-set-name", "{% set 'x' = 1 %}", Syntax, 1, 8, "unexpected string",
+     "expected a name"),
+    ("two-strings-in-a-loop", '{% for x in "ab" "cd" %}', Syntax, 1, 18, "unexpected string",
+     "expected '%}'"),
     ("gen-without-name", "{{ gen }}", Syntax, 1, 8, "unexpected '}}'", "expected a name"),
     ("arg-without-value", "{{ gen x stop }}", Syntax, 1, 15, "unexpected '}}'",
      "expected '='"),
@@ -107,6 +124,25 @@ CASES = [
     ("tag-macro", "{% macro f() %}{% endmacro %}", Syntax, 1, 1, "unknown tag 'macro'",
      "macros are not supported"),
     ("tag-with", "{% with x = 1 %}", Syntax, 1, 1, "unknown tag 'with'", "{% set name"),
+    # ---- what people write coming from other systems (issue #23) ------------------------------
+    ("tag-while", "x\n{% while n < 3 %}", Syntax, 2, 1, "unknown tag 'while'",
+     "{% for i in range(10) %}"),
+    ("lmql-where", "{{ gen x where len(x) < 10 }}", Syntax, 1, 10,
+     "'where' clauses are not supported: constraints are the hole's arguments", "regex="),
+    ("lmql-where-on-its-line", "{{ select x\n   where x in ['a'] }}", Syntax, 2, 4,
+     "'where' clauses are not supported", "options="),
+    ("where-argument", "{{ gen x where=3 }}", Compile, 1, 10, "unknown argument 'where' for gen",
+     "constraints are the hole's arguments"),
+    ("select-choices", '{{ select c choices=["a", "b"] }}', Compile, 1, 13,
+     "unknown argument 'choices' for select", "the candidates are options="),
+    ("gen-choices", '{{ gen c choices=["a", "b"] }}', Compile, 1, 10,
+     "unknown argument 'choices' for gen", "{{ select x options="),
+    ("gen-n", "{{ gen x n=3 }}", Compile, 1, 10, "unknown argument 'n' for gen",
+     "put it in a loop"),
+    ("gen-hidden", "{{ gen x hidden=true }}", Compile, 1, 10,
+     "unknown argument 'hidden' for gen", "hidden holes are not supported"),
+    ("select-hidden", '{{ select x options=["a"] hidden=true }}', Compile, 1, 27,
+     "unknown argument 'hidden' for select", "hidden holes are not supported"),
     ("for-else", "{% for x in xs %}{% else %}{% endfor %}", Syntax, 1, 18,
      "'{% else %}' outside of an '{% if %}' block", "a loop has no '{% else %}'"),
     ("break-outside-loop", "\n{% break %}", Compile, 2, 1, "'{% break %}' outside a loop", ""),
@@ -301,6 +337,17 @@ def test_error(text: str, cls: type[TemplateError], line: int, column: int, mess
     assert message in err.message, err.render()
     if note:
         assert any(note in n for n in err.notes), err.render()
+
+
+@pytest.mark.parametrize(("kind", "name"), [
+    *(("gen", name) for name in sorted(GEN_ARG_HINTS)),
+    *(("select", name) for name in sorted(SELECT_ARG_HINTS))])
+def test_every_hinted_argument_has_its_hint(kind: str, name: str) -> None:
+    options = ' options=["a"]' if kind == "select" else ""
+    err, = errors_of(f"{{{{ {kind} x{options} {name}=1 }}}}")
+    assert err.message == f"unknown argument '{name}' for {kind}"
+    hints = GEN_ARG_HINTS if kind == "gen" else SELECT_ARG_HINTS
+    assert err.notes[0] == hints[name]
 
 
 def test_case_ids_are_unique() -> None:

@@ -200,6 +200,19 @@ def test_a_negative_temperature_in_the_template_is_an_error_at_its_argument(
     assert (info.value.span.line, info.value.span.column) == (1, 46)
 
 
+def test_repeated_options_from_a_value_are_an_error_at_the_options(
+    tiny: TransformersBackend,
+) -> None:
+    # A literal list is refused at compile time; one from a value when the hole runs.
+    counting = SteeredModel(tiny, name="counting")
+    with pytest.raises(EvaluationError) as info:
+        qrun.Query("Pick:\n{{ select p options=opts }}").run(model=counting,
+                                                              opts=["a", "b", "a"])
+    assert info.value.message == 'options must be distinct strings ("a" repeats)'
+    assert (info.value.span.line, info.value.span.column) == (2, 21)
+    assert counting.calls == 0  # before any model work for the hole
+
+
 @pytest.mark.parametrize("template, column", [
     ("x\n{{ gen a regex=p }}", 16),
     ("x\n{{ gen a top_p=tp max_tokens=2 }}", 16),
