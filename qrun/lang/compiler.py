@@ -21,8 +21,9 @@ from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.include import Includes, load_template
 from qrun.lang.lint import find_warnings
+from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, read_template, too_large
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
-from qrun.lang.text import decode_template, normalize_text
+from qrun.lang.text import normalize_text
 from qrun.source import Source, Span
 
 PathLike = str | os.PathLike[str]
@@ -35,12 +36,16 @@ def compile_source(text: str, name: str = "<string>", include_dir: PathLike | No
     `{% include %}` is refused unless `include_dir` names the folder to include from.
 
     Raises:
-        TemplateErrors: every error found, in source order (a syntax error stops the parse, and
-            text that cannot be encoded stops it before, so either is reported alone).
+        TemplateErrors: every error found, in source order (a syntax error stops the parse;
+            text that cannot be encoded, and a template over a size limit of lang/size.py,
+            stop it before, so each is reported alone).
     """
+    if len(text) > MAX_TEMPLATE_SIZE:
+        raise too_large(name, text, len(text), "characters")
     source = Source(name, normalize_text(text))
     folder = os.fspath(include_dir) if include_dir is not None else None
-    return compile_template(load_template(source), source, Includes(folder, folder or "."))
+    template, size = load_template(source)
+    return compile_template(template, source, Includes(folder, folder or ".", counted=size))
 
 
 def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Program:
@@ -49,18 +54,21 @@ def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Prog
     the folder of `path`).
 
     Raises:
-        UsageError: the file cannot be read, or is not UTF-8 (a UTF-16 file is named so).
-        TemplateErrors: as compile_source.
+        UsageError: the file cannot be read, is not a regular file (a directory, a named pipe,
+            a device), or is not UTF-8 (a UTF-16 file is named so).
+        TemplateErrors: as compile_source (a file over MAX_TEMPLATE_SIZE bytes is one).
     """
     name = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as err:
+        text = read_template(name)
+    except (NotAFile, OSError) as err:
         raise UsageError(f"cannot read template {name}: {err}") from None
-    source = Source(name, normalize_text(decode_template(data, name)))
+    if isinstance(text, TemplateErrors):
+        raise text
+    source = Source(name, normalize_text(text))
     root = os.fspath(include_dir) if include_dir is not None else None
-    return compile_template(load_template(source), source, Includes.for_file(name, root))
+    template, size = load_template(source)
+    return compile_template(template, source, Includes.for_file(name, root, size))
 
 
 def compile_template(template: ast.Template, source: Source, includes: Includes | None = None

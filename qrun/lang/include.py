@@ -1,7 +1,8 @@
 """Part of stage 3 (compile_template): `{% include "file.tmpl" %}` (docs/language.md §2.1).
 Resolves a name against the including file's folder, never outside the root folder of the
-compile, reads and parses each file once per compile, bounds the expansion (depth and count),
-and reports a cycle at the include tag that closes it, with the chain of tags."""
+compile, reads (lang/size.py) and parses each file once per compile, bounds the expansion
+(depth, count, and the tags it brings in), and reports a cycle at the include tag that closes
+it, with the chain of tags."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from qrun.lang import ast
 from qrun.lang import expr as ex
 from qrun.lang.build import build_ast
 from qrun.lang.parser import parse
-from qrun.lang.text import check_encodable, decode_template, normalize_text
+from qrun.lang.size import NotAFile, Size, measure, read_template
+from qrun.lang.text import check_encodable, normalize_text
 from qrun.source import Source, Span
 
 MAX_INCLUDE_DEPTH = 32
@@ -25,20 +27,22 @@ MAX_INCLUDES = 1000
 included twice ... grows as a power)."""
 
 
-def load_template(source: Source) -> ast.Template:
-    """Stages 1 and 2 for one source: its text checked, parsed and built.
+def load_template(source: Source) -> tuple[ast.Template, Size]:
+    """Stages 1 and 2 for one source: its text checked (its tags counted: lang/size.py),
+    parsed and built; and its size.
 
     Raises:
         TemplateErrors: as compile_source.
     """
     try:
+        size = measure(source)
         unencodable = check_encodable(source)
         if unencodable is not None:
             raise unencodable
         tree = parse(source)
     except TemplateError as err:
         raise TemplateErrors([err]) from None
-    return build_ast(tree, source)
+    return build_ast(tree, source), size
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,23 +59,26 @@ class _Open:
 @dataclass
 class Includes:
     """The includes of one compile. `root` is the folder no include may leave (None: includes
-    are refused, a string template given no folder); `folder` the top template's own folder."""
+    are refused, a string template given no folder); `folder` the top template's own folder;
+    `counted` the tags and items of the compile so far (lang/size.py: the top template's, then
+    each expansion's)."""
 
     root: str | None
     folder: str = "."
     top_path: str | None = None
+    counted: Size = Size()
     expanded: int = field(default=0, init=False)  # includes expanded so far
     _stack: list[_Open] = field(default_factory=list, init=False)
     # Each file parsed once per compile (by real path): its AST, or its own syntax errors.
-    _parsed: dict[str, tuple[Source, ast.Template] | TemplateErrors] = field(
+    _parsed: dict[str, tuple[Source, ast.Template, Size] | TemplateErrors] = field(
         default_factory=dict, init=False)
 
     @classmethod
-    def for_file(cls, path: str, include_dir: str | None) -> Includes:
-        """A file's includes: relative to its folder, inside `include_dir` (default: that
-        folder)."""
+    def for_file(cls, path: str, include_dir: str | None, size: Size) -> Includes:
+        """A file's includes (the file holds `size`): relative to its folder, inside
+        `include_dir` (default: that folder)."""
         folder = os.path.dirname(path) or "."
-        return cls(include_dir if include_dir is not None else folder, folder, path)
+        return cls(include_dir if include_dir is not None else folder, folder, path, size)
 
     def start(self, source: Source) -> None:
         """The top template of the compile."""
@@ -107,14 +114,20 @@ class Includes:
             return fail(*refusal)
         if real not in self._parsed:
             text = _read(path)
-            if isinstance(text, str):
-                self._parsed[real] = _parse(Source(path, normalize_text(text)))
-            else:
+            if isinstance(text, tuple):
                 return fail(*text)
+            self._parsed[real] = (text if isinstance(text, TemplateErrors)
+                                  else _parse(Source(path, normalize_text(text))))
         parsed = self._parsed[real]
         if isinstance(parsed, TemplateErrors):
             return list(parsed.errors)
-        return (name, *parsed)
+        included, template, size = parsed
+        over = (self.counted + size).over()
+        if over is not None:
+            return fail(f"cannot include {ex.literal_text(name)}: the compile would hold {over}",
+                        "an included template counts each time it is included")
+        self.counted += size
+        return name, included, template
 
     @contextmanager
     def entered(self, source: Source, tag: Span) -> Iterator[None]:
@@ -142,12 +155,12 @@ class Includes:
                   for outer, inner in zip(chain, chain[1:], strict=False)))
 
 
-def _read(path: str) -> str | tuple[str]:
-    """The text of the file at `path`, or (why it cannot be read,)."""
+def _read(path: str) -> str | TemplateErrors | tuple[str]:
+    """The text of the file at `path`, its error (too large), or (why it cannot be read,)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-        return decode_template(data, path)
+        return read_template(path)
+    except NotAFile as err:
+        return (f"cannot include {path}: {err}",)
     except OSError as err:
         reason = "not found" if isinstance(err, FileNotFoundError) else err.strerror
         return (f"cannot include {path}: {reason}",)
@@ -155,13 +168,13 @@ def _read(path: str) -> str | tuple[str]:
         return (str(err),)
 
 
-def _parse(included: Source) -> tuple[Source, ast.Template] | TemplateErrors:
+def _parse(included: Source) -> tuple[Source, ast.Template, Size] | TemplateErrors:
     try:
-        template = load_template(included)
+        template, size = load_template(included)
     except TemplateErrors as errors:
         return errors
     if template.front_matter is not None:
         return TemplateErrors([TemplateCompileError(
             "an included template cannot have front matter", template.front_matter.span,
             included, ["front matter belongs to the template that is run"])])
-    return included, template
+    return included, template, size

@@ -93,6 +93,12 @@ def parse(source: Source) -> Tree[Token]:
     return tree
 
 
+def terminal_regex(name: str) -> str:
+    """The regular expression of terminal `name` of grammar.lark (lang/size.py scans templates
+    with the parser's own patterns for strings and front matter)."""
+    return str(_parser().get_terminal(name).pattern.to_regexp())
+
+
 # ---- error translation -----------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,30 @@ def test_bad_arguments(
 def test_unreadable_template(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "absent.tmpl")]) == 2
     assert "cannot read template" in capsys.readouterr().err
+
+
+def test_a_pipe_or_device_as_the_template_is_refused_without_reading_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Reading either used to block (a named pipe nobody writes to) or to fill the memory
+    # (/dev/zero never ends).
+    pipe = tmp_path / "p.tmpl"
+    os.mkfifo(pipe)
+    assert main([str(pipe), "--check"]) == 2
+    assert capsys.readouterr().err == (f"cannot read template {pipe}: it is a named pipe "
+                                       "(FIFO), not a file\n")
+    assert main(["/dev/zero", "--check"]) == 2
+    assert capsys.readouterr().err == ("cannot read template /dev/zero: it is a character "
+                                       "device, not a file\n")
+
+
+def test_a_template_over_a_size_limit_is_a_template_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "{{ x }}\n" * 20_000)
+    assert main([path, "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:10001:1: error: too many tags: 20,000 (at most 10,000)\n")
 
 
 def test_inputs_lines_keep_going_after_a_bad_line(
