@@ -110,6 +110,28 @@ FRUITS_SEPARATE = ("Three fruits as a JSON list:\n"
                    '"{{ gen b stop=\'"\' max_tokens=8 }}", "{{ gen c stop=\'"\' max_tokens=8 }}"]}')
 
 
+# How holes end, as data, on every backend (docs/language.md §7.6, §14.4, §14.5): an
+# unconstrained hole without a stop ends where the model begins the next text, keep_stop keeps
+# the stop in the value, and the template reads both endings.
+ENDINGS = ("The planets, one per line:\n1.{{ gen first max_tokens=12 }}\n"
+           '2.{{ gen second stop="a" keep_stop=true max_tokens=12 }}'
+           "|{{ holes.first.finish }}|{{ holes.second.finish }}|{{ holes.second.stop }}")
+
+
+def check_endings(r: qrun.Result) -> None:
+    first, second = r.holes["first"], r.holes["second"]
+    assert r.text.endswith(f"|{first.finish}|{second.finish}|{second.stop or ''}")
+    assert f"1.{r['first']}\n2.{r['second']}|" in r.text
+    if first.finish == "boundary":  # the model's "\n" is the next text's, kept
+        assert r.stats.boundary_kept >= 1
+    else:
+        assert first.finish in ("eos", "max_tokens")
+    if second.finish == "stop":
+        assert second.stop == "a" and r["second"].endswith("a") and r["second"].count("a") == 1
+    else:
+        assert second.stop is None and "a" not in r["second"]
+
+
 def check_seams(backend: Any, reference: Any) -> None:
     """The SEAMS templates give the same ids on `backend` as on `reference`."""
     for template, inputs in SEAMS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_examples import check_reproductions
+from test_examples import ENDINGS, check_endings, check_reproductions
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -106,3 +106,7 @@ def test_a_stop_string_spanning_two_tokens_is_honoured(smollm2: TransformersBack
 def test_a_joined_input_and_a_loop_answer_as_their_literal_versions(
         smollm2: TransformersBackend) -> None:
     check_reproductions(smollm2)
+
+
+def test_holes_end_at_the_next_text_and_keep_their_stop(smollm2: TransformersBackend) -> None:
+    check_endings(qrun.Query(ENDINGS).run(model=smollm2))

@@ -20,9 +20,11 @@ import pytest
 import regex
 from test_examples import (
     CONSTRAINED,
+    ENDINGS,
     EXAMPLES,
     INPUTS,
     check_constrained,
+    check_endings,
     check_seams,
     check_values,
 )
@@ -139,6 +141,15 @@ def test_greedy_outputs_agree_with_transformers() -> None:
 def test_seams_read_as_the_same_ids_as_on_transformers(
         vllm_local: Any, vllm_remote: Any, smollm2: TransformersBackend, mode: str) -> None:
     check_seams(vllm_local if mode == "local" else vllm_remote, smollm2)
+
+
+def test_holes_end_alike_in_process_and_on_a_server(vllm_local: Any, vllm_remote: Any) -> None:
+    # On a server the next text's tokens go as stop_token_ids; the replay ends the value as
+    # the in-process engine does.
+    local, remote = (qrun.Query(ENDINGS).run(model=b) for b in (vllm_local, vllm_remote))
+    check_endings(local)
+    check_endings(remote)
+    assert remote.text == local.text
 
 
 @pytest.mark.parametrize("mode", ["local", "server"])

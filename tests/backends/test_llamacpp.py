@@ -26,9 +26,11 @@ import numpy.typing as npt
 import pytest
 from test_examples import (
     CONSTRAINED,
+    ENDINGS,
     EXAMPLES,
     INPUTS,
     check_constrained,
+    check_endings,
     check_reproductions,
     check_seams,
     check_values,
@@ -300,6 +302,10 @@ def test_a_select_with_many_options_takes_several_tree_decodes(llama: LlamaCppBa
 def test_seams_read_as_the_same_ids_as_on_transformers(
         llama: LlamaCppBackend, smollm2: TransformersBackend) -> None:
     check_seams(llama, smollm2)
+
+
+def test_holes_end_as_on_transformers(llama: LlamaCppBackend) -> None:
+    check_endings(qrun.Query(ENDINGS).run(model=llama))
 
 
 def test_a_joined_input_and_a_loop_answer_as_their_literal_versions(

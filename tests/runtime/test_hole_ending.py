@@ -5,6 +5,9 @@ scripted server."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from doubles import ScriptedServer, SteeredModel, script
 
@@ -133,3 +136,14 @@ def test_is_defined_guards_a_hole_on_some_paths(tiny: TransformersBackend) -> No
                        "{% if holes.a is defined %}ran{% else %}skipped{% endif %}")
     assert query.run(model=tiny, x=False).text == "skipped"
     assert query.run(model=tiny, x=True).text.endswith("ran")
+
+
+def test_the_docs_example_runs(tiny: TransformersBackend) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text()
+    section = docs.split("### 7.6 How a hole ended")[1]
+    example = section.split("```\n")[1]
+    result = qrun.Query(example).run(model=tiny, seed=2)
+    record = gen_record(result, "answer")
+    ending = ("(cut short)" if record.finish == "max_tokens"
+              else f"(ended by {json.dumps(record.stop)})")
+    assert result.text.endswith(ending)
