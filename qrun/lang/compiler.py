@@ -317,7 +317,8 @@ class _Compiler:
             return False
         if name in ("loop", "holes"):
             role = "the loop variable" if name == "loop" else "how the holes so far ended"
-            self.fail(f"'{name}' is reserved for {role} and cannot be a {what}", span)
+            article = "an" if what[0] in "aeiou" else "a"
+            self.fail(f"'{name}' is reserved for {role} and cannot be {article} {what}", span)
             return False
         return True
 
@@ -391,12 +392,20 @@ class _Compiler:
             self.input_use(name, span, safe)
 
     def hole_use(self, name: str, span: Span, flow: Flow, ctx: Context, safe: bool) -> None:
-        """`holes.NAME`: how hole NAME ended (docs/language.md §7.6), known where NAME is."""
+        """`holes.NAME`: how hole NAME ended (docs/language.md §7.6), known where the capture
+        NAME is (a loop variable of that name does not make it known)."""
         if name not in self.holes:
             self.fail(f"'holes' has no hole '{name}'", span, *suggest(name, self.holes),
                       "holes: " + (", ".join(self.holes) or "none"))
+        elif name in flow.bound or safe or name in ctx.defined:
             return
-        self.use(name, span, flow, ctx, safe)
+        elif name in flow.captured:
+            self.fail(f"'{name}' is not captured on every path that reaches here", span,
+                      f"it is captured at {flow.captured[name]}",
+                      f"test it with `{{% if holes.{name} is defined %}}`")
+        else:
+            self.fail(f"'{name}' is used before it is captured", span,
+                      f"it is captured at {self.holes[name]}")
 
     def input_use(self, name: str, span: Span, safe: bool) -> None:
         self.first_use.setdefault(name, self.site or span)

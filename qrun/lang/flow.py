@@ -58,8 +58,9 @@ def guards(test: ex.Expr) -> tuple[frozenset[str], frozenset[str]]:
     defined` (and `is undefined`, `not`, `and`, `or` over such tests)."""
     none = frozenset[str]()
     match test:
-        case ex.Test(value=ex.Name(name=name), name="defined" | "undefined" as which,
-                     negated=negated):
+        case ex.Test(value=ex.Name(name=name) | ex.Attr(obj=ex.Name(name="holes"), attr=name),
+                     name="defined" | "undefined" as which, negated=negated):
+            # `holes.x is defined` holds where `x is defined` does (docs/language.md §7.6)
             defined = frozenset({name})
             return (defined, none) if (which == "defined") != negated else (none, defined)
         case ex.Unary(op="not", operand=operand):

@@ -40,7 +40,7 @@ from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
 from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stats import Stats
-from qrun.source import Span
+from qrun.source import Source, Span
 
 
 def execute(
@@ -97,7 +97,9 @@ class Run:
         self.pieces: list[str] = []
         self.generator = new_generator(self.options.seed)
         self.source = program.source  # what the op being run points into (an included file's)
-        self._last_text_span = program.source.span_at(0)  # where the last fixed text came from
+        # Where the last fixed text came from: a ContextFull when its stretch is tokenized
+        # (before the next hole, or at the end) is reported there.
+        self._last_text: tuple[Span, Source] = (program.source.span_at(0), program.source)
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
@@ -114,10 +116,8 @@ class Run:
         self._check_constraints()
         try:
             self._exec_block(self.program.ops)
-            try:
-                self.session.finish()
-            except ContextFull as exc:  # the text after the last hole, tokenized now
-                raise GenerationError(str(exc), self._last_text_span, self.source) from None
+            self._flush_text()
+            self.session.finish()
         finally:
             self.session.close()
         self.stats.wall_s = time.perf_counter() - started
@@ -186,13 +186,22 @@ class Run:
         if not text:
             return
         self.budget.output(text)
-        self._last_text_span = op.span if op is not None else self.source.span_at(0)
+        self._last_text = (op.span if op is not None else self.source.span_at(0), self.source)
         try:
             self.session.append_text(text, special=special)
         except ContextFull as exc:
             where = op.span if op is not None else self.source.span_at(0)
             raise GenerationError(str(exc), where, self.source) from None
         self._show(text)
+
+    def _flush_text(self) -> None:
+        """Tokenize the text collected since the last hole (Session.flush), before a hole or
+        at the end; a context too long for the model is reported at that text."""
+        try:
+            self.session.flush()
+        except ContextFull as exc:
+            span, source = self._last_text
+            raise GenerationError(str(exc), span, source) from None
 
     def _show(self, text: str) -> None:
         self.pieces.append(text)
@@ -207,6 +216,7 @@ class Run:
         """Around filling a hole: failures become a GenerationError at the hole; afterwards
         the backend may let go of what it holds for the next token."""
         kind = "gen" if isinstance(op, ir.Gen) else "select"
+        self._flush_text()
         self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
         try:
             yield

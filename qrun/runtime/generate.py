@@ -55,7 +55,10 @@ def generate(
     cursor = request.cursor
     streamed = len(request.prefix)
     finish = "max_tokens"
-    boundary = follow_of(session, request.follow).tokens
+    follow = follow_of(session, request.follow)
+    # Without a constraint any token is value text: only one holding the next text's whole
+    # first token ends the hole (docs/language.md §14.5).
+    boundary = follow.tokens if request.constraint is not None else follow.whole
     if request.drafter is not None:
         request.drafter.new_hole()
     while hole.value_tokens < request.max_tokens:

@@ -6,6 +6,7 @@ rule, and the one tail that turns a finished hole into its record. The local sam
 from __future__ import annotations
 
 import json
+import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ import numpy.typing as npt
 
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
-from qrun.runtime.session import Overshoot, Session, text_head
+from qrun.runtime.session import Overshoot, Session
 from qrun.runtime.speculate import PromptLookup
+from qrun.runtime.stretch import text_head
 
 
 class Cursor(Protocol):
@@ -118,6 +120,9 @@ class GenRequest:
     keep_stop: bool = False
 
 
+_PUNCTUATION = frozenset(string.punctuation.encode())
+
+
 @dataclass(frozen=True, slots=True)
 class Follow:
     """How the template text after a hole begins, as the model could write it.
@@ -126,10 +131,15 @@ class Follow:
         b"" when it begins with a control token
     tokens: the tokens that begin it: every ordinary token whose bytes start `plain`, or the
         control token it begins with; EOS never (it ends a hole already)
+    whole: those of `tokens` that hold at least the text's first token as the tokenizer reads
+        it (` Question` or longer for ` Question:`, not ` Q`), or only punctuation (`"` of
+        `",`): what ends a hole without a constraint, where any token is value text, ` Q` may
+        begin ` QR code` and a lone ` ` the number ` 42`, but a quote rarely goes on as value
     """
 
     plain: bytes = b""
     tokens: tuple[int, ...] = ()
+    whole: tuple[int, ...] = ()
 
 
 def follow_of(session: Session, text: str | None) -> Follow:
@@ -139,12 +149,17 @@ def follow_of(session: Session, text: str | None) -> Follow:
     backend = session.backend
     vocab = backend.vocabulary
     eos = backend.eos_token_ids
-    plain, control = text_head(backend, text, vocab.max_token_len)
+    head, control = text_head(backend, text, vocab.max_token_len)
+    plain = b"".join(vocab.token_bytes[t] or b"" for t in head)[: vocab.max_token_len]
     if not plain:
-        return Follow(b"", () if control is None or control in eos else (control,))
+        marker = () if control is None or control in eos else (control,)
+        return Follow(b"", marker, marker)
     tokens = tuple(token for cut in range(1, len(plain) + 1)
                    for token in vocab.ids_of(plain[:cut]) if token not in eos)
-    return Follow(plain, tokens)
+    first = len(vocab.token_bytes[head[0]] or b"")
+    whole = tuple(t for t in tokens if len(data := vocab.token_bytes[t] or b"") >= first
+                  or all(byte in _PUNCTUATION for byte in data))
+    return Follow(plain, tokens, whole)
 
 
 class HoleFiller(Protocol):
@@ -266,7 +281,9 @@ class Hole:
         """End the value at a stop string (after it, with keep_stop). Tokens wholly before
         that point stay; the tokens from the one holding its first byte on stay provisionally
         (Session.overshoot)."""
-        stop = next(s for s in self.request.stop if self.text.startswith(s.encode(), stop_at))
+        # Of the stop strings that begin there, the longest (["\n", "\n\n"] on "\n\n").
+        stop = max((s for s in self.request.stop if self.text.startswith(s.encode(), stop_at)),
+                   key=lambda s: len(s.encode()))
         self.record.stop = stop
         if self.request.keep_stop:
             stop_at += len(stop.encode())

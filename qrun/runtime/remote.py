@@ -95,8 +95,11 @@ def generate_remote(
     follow_at = follow_of(session, request.follow)
     follow = follow_at.plain
     # Without a constraint, a token that begins the next text ends the hole (as locally): the
-    # server stops after one, and the replay ends the value before it.
-    ends = follow_at.tokens if constraint is None else ()
+    # server stops after one, and the replay ends the value before it. The server is not told
+    # of one that fits inside the healed prefix (it may be the prefix itself, which does not
+    # end the hole); the replay still ends the value at it once the prefix is written.
+    ends = follow_at.whole if constraint is None else ()
+    server_ends = tuple(t for t in ends if not _inside_prefix(hole, t))
     if constraint is not None and constraint.engine == "llguidance":
         # The text the local cursor compiled: the server's llguidance reads it the same way.
         grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"),
@@ -119,7 +122,7 @@ def generate_remote(
     completion = sampler.complete(
         list(session.token_ids), limit, temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex,
-        grammar=grammar, stop_token_ids=ends)
+        grammar=grammar, stop_token_ids=server_ends)
     session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
     finish = _replay(hole, request, completion, follow, frozenset(ends))
     record = hole.finish(finish, f"the server's value does not complete the constraint within "
@@ -176,6 +179,12 @@ def _replay(hole: Hole, request: GenRequest, completion: Completion, follow: byt
     # Ended without a stop string qrun found: by EOS, by the token limit, or by a stop the
     # server matched where qrun's rule does not (inside the healed text): the value ends here.
     return "max_tokens" if completion.finish == "length" else "eos"
+
+
+def _inside_prefix(hole: Hole, token: int) -> bool:
+    """Whether `token`'s bytes fit inside the healed prefix (it may be written to give it)."""
+    data = hole.vocab.token_bytes[token] or b""
+    return bool(data) and hole.request.prefix.startswith(data)
 
 
 def _value_before_follow(hole: Hole, token: int, follow: bytes) -> bytes | None:

@@ -43,23 +43,6 @@ class Overshoot:
     token_bytes: bytes | None
 
 
-def text_head(backend: Backend, text: str, limit: int) -> tuple[bytes, int | None]:
-    """How the template text `text` begins as the model reads it (special tokens recognised):
-    its ordinary bytes before its first control token, at most `limit` of them, and that
-    control token when it comes within them (else None). Only a prefix of the text with room
-    for a whole marker after `limit` bytes is tokenized."""
-    token_bytes = backend.vocabulary.token_bytes
-    plain = bytearray()
-    for token in backend.encode(text[: limit + 256], special=True):
-        data = token_bytes[token]
-        if data is None:
-            return bytes(plain[:limit]), token if len(plain) < limit else None
-        if len(plain) >= limit:
-            break
-        plain += data
-    return bytes(plain[:limit]), None
-
-
 class Session:
     """Token ids and KV cache of one run.
 
@@ -119,13 +102,13 @@ class Session:
         markers) can it spell control tokens.
 
         Raises:
-            ContextFull: the context would surely grow past the model's maximum (checked with
-                a byte bound, counted exactly each time the collected text doubles).
+            ContextFull: the context would grow past the model's maximum (checked with a bound
+                from the text's bytes, counted exactly each time the collected text doubles).
         """
         self._stretch.add(text, special)
         limit = self.backend.max_context
         stretch = self._stretch
-        if (limit is None or len(self.token_ids) + stretch.size <= limit
+        if (limit is None or len(self.token_ids) + 2 * stretch.size <= limit
                 or stretch.size < 2 * stretch.counted_at):
             return
         stretch.counted_at = stretch.size

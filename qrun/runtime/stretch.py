@@ -3,7 +3,8 @@ renders between two model decisions (its own text, interpolated values, chat mar
 collected as they come and tokenized as one stretch, so the model reads the tokens the
 tokenizer gives the whole text (`Q: ` then `What` reads `[Q, :, ' What']`, not `[Q, :, ' ',
 What]`). Only the template's own pieces may spell control tokens: a value's `<|im_end|>` stays
-characters."""
+characters. Also how a template text begins as the model reads it (text_head), which the
+rule that a hole ends where the model begins the next text needs (runtime/hole.py)."""
 
 from __future__ import annotations
 
@@ -11,38 +12,30 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol
 
+from qrun.backends.base import Backend
 
-class Encoder(Protocol):
-    """What a stretch needs of a backend (backends/base.py Backend)."""
-
-    @property
-    def control_tokens(self) -> Mapping[str, int]:
-        ...
-
-    def encode(self, text: str, *, special: bool = False) -> list[int]:
-        ...
+MAX_SEAMS = 8
+"""Value pieces per run whose start is looked for among the run's tokens (each costs one more
+encode of the run's text before it): enough for the places where runs of one template part."""
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Ordinary text between two control tokens of a stretch, encoded as one. `seam_at`: the
-    character offset of the first value piece inside it (not at its start), where runs of one
-    template begin to differ; None when it has none."""
+    """Ordinary text between two control tokens of a stretch, encoded as one. `seams`: the
+    character offsets inside it (not at its start) where a value piece begins, at most
+    MAX_SEAMS of them: where runs of one template begin to differ."""
 
     text: str
-    seam_at: int | None = None
+    seams: tuple[int, ...] = ()
 
     def after(self, skip: int) -> Run:
         """The run without its first `skip` characters."""
-        seam = self.seam_at - skip if self.seam_at is not None else None
-        return Run(self.text[skip:], seam if seam is not None and seam > 0 else None)
+        return Run(self.text[skip:], tuple(s - skip for s in self.seams if s > skip))
 
     def before(self, text: str) -> Run:
         """The run with `text` in front."""
-        seam = self.seam_at + len(text) if self.seam_at is not None else None
-        return Run(text + self.text, seam)
+        return Run(text + self.text, tuple(s + len(text) for s in self.seams))
 
 
 Segment = Run | int
@@ -61,9 +54,9 @@ class Encoded:
 @dataclass
 class Stretch:
     """The pieces collected since the last model decision: (text, special) where `special`
-    marks the template's own text (may spell control tokens). `size` is their UTF-8 length, an
-    upper bound on their token count (every token is at least one byte; a control token's text
-    is longer than one)."""
+    marks the template's own text (may spell control tokens). `size` is their UTF-8 length;
+    twice that bounds their token count (a token has at least one byte, and a SentencePiece
+    tokenizer adds at most one `▁` token per run)."""
 
     pieces: list[tuple[str, bool]] = field(default_factory=list)
     size: int = 0
@@ -85,26 +78,27 @@ class Stretch:
         out: list[Segment] = []
         text: list[str] = []
         length = 0
-        seam: int | None = None
+        seams: list[int] = []
 
         def close_run() -> None:
-            nonlocal length, seam
-            if text:
-                out.append(Run("".join(text), seam))
+            nonlocal length
+            joined = "".join(text)
+            if joined:
+                out.append(Run(joined, tuple(seams)))
             text.clear()
-            length, seam = 0, None
+            seams.clear()
+            length = 0
 
         for piece, special in self.pieces:
             if not special:
-                if seam is None and length > 0:
-                    seam = length
+                if length > 0 and len(seams) < MAX_SEAMS:
+                    seams.append(length)
                 text.append(piece)
                 length += len(piece)
                 continue
             start = 0
             for match in pattern.finditer(piece) if pattern is not None else ():
                 text.append(piece[start:match.start()])
-                length += match.start() - start
                 close_run()
                 out.append(controls[match.group()])
                 start = match.end()
@@ -114,7 +108,7 @@ class Stretch:
         return out
 
 
-def encode_segments(backend: Encoder, segments: list[Segment]) -> Encoded:
+def encode_segments(backend: Backend, segments: list[Segment]) -> Encoded:
     """Token ids of the segments: each run encoded as ordinary text (no control tokens), each
     control token as itself."""
     ids: list[int] = []
@@ -125,11 +119,10 @@ def encode_segments(backend: Encoder, segments: list[Segment]) -> Encoded:
             ids.append(segment)
             continue
         run_ids = backend.encode(segment.text)
-        if segment.seam_at is not None:
+        for seam in segment.seams:
             # The tokens the run shares with its text before the value: where two runs with
             # other values part (`Q: ` + `What`: [Q, :] of [Q, :, ' What']).
-            before = backend.encode(segment.text[: segment.seam_at])
-            shared = _common_prefix(before, run_ids)
+            shared = _common_prefix(backend.encode(segment.text[:seam]), run_ids)
             if shared:
                 seams.add(len(ids) + shared)
         ids.extend(run_ids)
@@ -138,9 +131,29 @@ def encode_segments(backend: Encoder, segments: list[Segment]) -> Encoded:
     return Encoded(ids, frozenset(seams))
 
 
-def count_tokens(backend: Encoder, segments: list[Segment]) -> int:
+def count_tokens(backend: Backend, segments: list[Segment]) -> int:
     """How many tokens the segments encode to."""
     return sum(1 if isinstance(s, int) else len(backend.encode(s.text)) for s in segments)
+
+
+def text_head(backend: Backend, text: str, limit: int) -> tuple[list[int], int | None]:
+    """How the template text `text` begins as the model reads it (special tokens recognised):
+    its ordinary tokens before its first control token, as many as cover `limit` bytes (the
+    last may reach past them), and that control token when it comes within them (else None).
+    Only a prefix of the text with room for a whole marker after `limit` bytes is
+    tokenized."""
+    token_bytes = backend.vocabulary.token_bytes
+    head: list[int] = []
+    covered = 0
+    for token in backend.encode(text[: limit + 256], special=True):
+        data = token_bytes[token]
+        if data is None:
+            return head, token if covered < limit else None
+        if covered >= limit:
+            break
+        head.append(token)
+        covered += len(data)
+    return head, None
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

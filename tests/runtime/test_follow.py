@@ -154,6 +154,8 @@ def test_a_chat_marker_that_follows_is_the_control_token_only(tiny: Transformers
     assert result["n"] == 4 and result.holes["n"].finish == "boundary"
     assert result.token_ids.count(start) == 1
     assert result.text == "N: 4<|im_start|>user\nhi"
+    # The model's marker is kept as the text's own, not taken back and appended again.
+    assert result.stats.boundary_kept == 1 and result.stats.boundary_dropped == 0
     # Its text spelled as ordinary tokens ("<") does not end the hole.
     backend = scripted(tiny, "N: ", [one(tiny, "4"), one(tiny, "<")])
     result = qrun.Query(template).run(model=backend, speculate=False)
@@ -231,3 +233,53 @@ def test_a_server_ends_an_unconstrained_hole_at_the_next_text(tiny: Transformers
     server = ScriptedServer(tiny, ['Ann"\nand more'])
     result = qrun.Query('N: "{{ gen v heal=false stop="and" }}"\nM').run(model=server)
     assert result["v"] == 'Ann"\n' and server.requests[0]["stop_token_ids"] == ()
+
+
+def test_an_unconstrained_hole_ends_only_at_the_next_texts_whole_first_token(
+        tiny: TransformersBackend) -> None:
+    # " Q" begins " Question:" but may as well begin " QR code": only " Question" (the
+    # tokenizer's first token of the text) or a longer prefix ends a hole without a
+    # constraint.
+    template = "A:{{ gen a max_tokens=3 heal=false }} Question: next"
+    backend = scripted(tiny, "A:", [one(tiny, " Q"), one(tiny, "R"), one(tiny, " code")])
+    result = qrun.Query(template).run(model=backend, speculate=False)
+    assert result["a"] == " QR code" and result.holes["a"].finish == "max_tokens"
+    backend = scripted(tiny, "A:", [one(tiny, " yes"), one(tiny, " Question"), one(tiny, "x")])
+    result = qrun.Query(template).run(model=backend, speculate=False)
+    assert result["a"] == " yes" and result.holes["a"].finish == "boundary"
+    assert result.text == "A: yes Question: next" and result.stats.boundary_kept == 1
+
+
+def test_a_server_is_not_stopped_inside_the_healed_prefix(tiny: TransformersBackend) -> None:
+    # "Code: " heals its " ", and " 7" begins with " " as the tokenizer reads it: the lone
+    # " " would stop the server at the healed prefix itself, so it is not sent; the replay
+    # still ends the value at it once the prefix is written.
+    server = ScriptedServer(tiny, [" X 7 and more"])
+    result = qrun.Query("Code: {{ gen c }} 7").run(model=server)
+    assert result["c"] == "X" and result.holes["c"].finish == "boundary"
+    assert result.text == "Code: X 7"
+    assert one(tiny, " ") not in server.requests[0]["stop_token_ids"]
+    # Where the next text's first token is longer than the prefix, it is sent.
+    server = ScriptedServer(tiny, [" Bob is"])
+    result = qrun.Query("Name: {{ gen n }} is tall").run(model=server)
+    assert result["n"] == "Bob" and one(tiny, " is") in server.requests[0]["stop_token_ids"]
+
+
+def test_a_quote_ends_a_hole_before_a_quote_and_comma(tiny: TransformersBackend) -> None:
+    # The text after the hole is '",' (one token) and the model writes '"' then "\n": only
+    # punctuation, so it ends the value (the model closing the string), as in guidance.
+    backend = scripted(tiny, 'N: "', [one(tiny, "Ann"), one(tiny, '"'), one(tiny, "\n")])
+    result = qrun.Query('N: "{{ gen v max_tokens=4 heal=false }}",\nM').run(
+        model=backend, speculate=False)
+    assert result["v"] == "Ann" and result.holes["v"].finish == "boundary"
+    assert result.text == 'N: "Ann",\nM'
+
+
+def test_a_lone_space_before_a_number_does_not_end_a_hole(tiny: TransformersBackend) -> None:
+    # SmolLM2 writes " 42" as " ", "4", "2": the " " begins " years" but is not its token.
+    backend = scripted(tiny, "Age:", [one(tiny, " "), one(tiny, "4"), one(tiny, "2"),
+                                      one(tiny, " years")])
+    result = qrun.Query("Age:{{ gen a max_tokens=5 heal=false }} years old").run(
+        model=backend, speculate=False)
+    assert result["a"] == " 42" and result.holes["a"].finish == "boundary"
+    assert result.text == "Age: 42 years old"

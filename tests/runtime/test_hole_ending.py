@@ -121,6 +121,8 @@ def test_keep_going_until_a_stop_fired(tiny: TransformersBackend) -> None:
     ("{% if x %}{{ gen a }}{% endif %}{{ holes.a.stop }}",
      "'a' is not captured on every path", 36),
     ("{% set holes = 1 %}", "'holes' is reserved", 8),
+    ("{% for x in [1] %}{{ holes.x.finish }}{% endfor %}{{ gen x }}",
+     "'x' is used before it is captured", 22),
     ("{{ gen holes }}", "'holes' is reserved", 8),
 ])
 def test_holes_are_checked_when_the_template_compiles(template: str, message: str,
@@ -139,7 +141,7 @@ def test_is_defined_guards_a_hole_on_some_paths(tiny: TransformersBackend) -> No
 
 
 def test_the_docs_example_runs(tiny: TransformersBackend) -> None:
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text()
     section = docs.split("### 7.6 How a hole ended")[1]
     example = section.split("```\n")[1]
     result = qrun.Query(example).run(model=tiny, seed=2)
@@ -147,3 +149,18 @@ def test_the_docs_example_runs(tiny: TransformersBackend) -> None:
     ending = ("(cut short)" if record.finish == "max_tokens"
               else f"(ended by {json.dumps(record.stop)})")
     assert result.text.endswith(ending)
+
+
+def test_the_longest_stop_at_a_place_is_kept(tiny: TransformersBackend) -> None:
+    backend = steered(tiny, "X: ", ["a", "\n\n", "b"])
+    for stops in ('["\\n", "\\n\\n"]', '["\\n\\n", "\\n"]'):
+        result = qrun.Query(f"X: {{{{ gen v stop={stops} keep_stop=true max_tokens=4 "
+                            "heal=false }}").run(model=backend, speculate=False)
+        assert result["v"] == "a\n\n" and gen_record(result, "v").stop == "\n\n"
+
+
+def test_a_guarded_hole_ending_is_known_in_the_guard(tiny: TransformersBackend) -> None:
+    query = qrun.Query("{% if x %}{{ gen a max_tokens=1 }}{% endif %}"
+                       "{% if holes.a is defined %}[{{ holes.a.finish }}]{% endif %}")
+    assert query.run(model=tiny, x=True).text.endswith("[max_tokens]")
+    assert query.run(model=tiny, x=False).text == ""

@@ -103,3 +103,14 @@ def test_clear_cache_forgets_everything(tiny: TransformersBackend) -> None:
     backend.clear_cache()
     assert backend.prefix_cache.nbytes == 0 and len(backend.prefix_cache) == 0
     assert qrun.Query(FEW_SHOT).run(model=backend, question="?").stats.cached_tokens == 0
+
+
+def test_a_document_shared_by_runs_is_computed_once(tiny: TransformersBackend) -> None:
+    # One stretch holds the document and the question: a snapshot before each value lets the
+    # next run with the same document and another question start after the document.
+    backend = cached(tiny)
+    query = qrun.Query("Doc: {{ doc }}\nQ: {{ q }}\nA:{{ gen a max_tokens=2 }}")
+    doc = "The lighthouse was built in 1887 on the northern cape. " * 8
+    query.run(model=backend, doc=doc, q="When was it built?")
+    later = query.run(model=backend, doc=doc, q="Where is it?")
+    assert later.stats.cached_tokens >= len(tiny.encode(f"Doc: {doc}\nQ:"))

@@ -189,3 +189,18 @@ def test_text_after_a_capture_is_read_whole_when_complete(tiny: TransformersBack
     after_a = stretches(result)[1]
     assert spelled(tiny, after_a).endswith("Again: " + result["a"].upper() + "!\nQ:")
     assert after_a == reads(tiny, spelled(tiny, after_a))
+
+
+def test_a_stretch_too_long_for_the_model_fails_at_its_text(tiny: TransformersBackend,
+                                                           tmp_path: Path) -> None:
+    # The stretch is tokenized before the hole (or at the end): the error names the text that
+    # made it, in the file it came from, not the hole or the top template.
+    (tmp_path / "part.tmpl").write_text("Intro\n{{ 'many words ' * 3000 }}")
+    for tail in ("{{ gen x }}", ""):
+        top = tmp_path / "top.tmpl"
+        top.write_text('{% include "part.tmpl" %}' + tail)
+        with pytest.raises(qrun.GenerationError) as caught:
+            qrun.Query.from_file(str(top)).run(model=tiny)
+        error = caught.value
+        assert "more than model 'tiny-llama-seed0' takes (4096)" in error.message
+        assert error.source.name.endswith("part.tmpl") and error.span.line == 2
