@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from qrun.runtime.result import Result
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+MAX_INPUT_BYTES = 256 << 20
+"""The most bytes `--vars` and `--inputs` read (a file or stdin)."""
 FIELDS = ("text", "vars", "stats", "holes")
 DEFAULT_FIELDS = "text,vars,stats"
 
@@ -292,10 +294,20 @@ def _json_kind(text: str) -> str:
 
 
 def _read_bytes(path: str, flag: str) -> bytes:
+    """The bytes of an inputs file (or stdin), at most MAX_INPUT_BYTES: `--vars /dev/zero`
+    read until memory ran out."""
     try:
-        return sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with Path(path).open("rb") as handle:
+                data = handle.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{flag}: cannot read {path}: {exc}") from exc
+    if len(data) > MAX_INPUT_BYTES:
+        raise UsageError(f"{flag}: {path} holds more than {MAX_INPUT_BYTES:,} bytes, the most "
+                         "qrun reads as inputs")
+    return data
 
 
 def _options(args: argparse.Namespace) -> RunOptions:

@@ -121,6 +121,19 @@ def test_the_same_values_through_v_and_vars_are_usage_errors(
     assert message in err and "internal error" not in err
 
 
+@pytest.mark.parametrize("flag", ["--vars", "--inputs"])
+def test_an_endless_inputs_file_is_refused(tmp_path: Path, flag: str,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # /dev/zero never ends: it was read until memory ran out. (The limit is lowered here so
+    # the test reads 1 KiB, not 256 MiB.)
+    monkeypatch.setattr("qrun.cli.MAX_INPUT_BYTES", 1024)
+    template = write(tmp_path, "{{ x }}")
+    assert main([template, flag, "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: /dev/zero holds more than 1,024 bytes" in err
+
+
 def test_vars_file_with_bad_utf8_or_a_bom(
     tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
