@@ -69,12 +69,14 @@ $(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
 
-# The vllm tier runs in a pytest process of its own: vLLM's CPU worker binds the OpenMP threads
-# of the process that starts it, which would slow every other test after it. The llamacpp tier
-# too (llama.cpp's OpenMP threads; QRUN_REQUIRE_LLAMACPP=1: a missing build fails instead of
-# skipping). The browser tier comes last (`make browser`: it installs chromium with apt-get
-# where it is missing).
+# Lint and types first (`make check`, ~40 s cold): a change that breaks them fails before the
+# tests run. The vllm tier runs in a pytest process of its own: vLLM's CPU worker binds the
+# OpenMP threads of the process that starts it, which would slow every other test after it. The
+# llamacpp tier too (llama.cpp's OpenMP threads; QRUN_REQUIRE_LLAMACPP=1: a missing build fails
+# instead of skipping). The browser tier comes last (`make browser`: it installs chromium with
+# apt-get where it is missing).
 test: setup vllm llamacpp
+	$(MAKE) --no-print-directory check
 	$(PY) -m pytest -q -m "not vllm and not llamacpp and not browser"
 	$(PY) -m pytest -q -m vllm
 	QRUN_REQUIRE_LLAMACPP=1 $(PY) -m pytest -q -m llamacpp
