@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from qrun.backends.base import PromptScorer, TreeScorer
 from qrun.runtime.hole import HoleFailure
@@ -147,11 +148,19 @@ class PromptScoring:
         return _score_prompts(session, self.scorer, rows)
 
 
+TREE_NODES = 256
+"""The most fed nodes one tree forward takes: it returns float32 logits of [nodes, V] (50 MB at
+256 nodes for SmolLM2's 49,152 tokens); a select over 20,002 options asked for 3.66 GiB in one
+forward and died with MemoryError. Larger trees are scored in parts (_score_in_parts)."""
+
+
 def _score_tree(
     session: Session, backend: TreeScorer, rows: list[list[int]]
 ) -> tuple[list[list[float]], Commit]:
     first = log_softmax(session.next_logits())  # [V], after the whole context
     tree = OptionTree.build(rows)
+    if len(tree.fed) > TREE_NODES:
+        return _score_in_parts(session, backend, rows, first)
     logprobs = np.empty((0, first.shape[-1]), dtype=np.float32)
     logits = logprobs
     fed_cache = session.cache
@@ -179,6 +188,52 @@ def _score_tree(
         session.append_tokens(row[-1:])
 
     return token_logprobs, commit
+
+
+def _score_in_parts(
+    session: Session, backend: TreeScorer, rows: list[list[int]],
+    first: npt.NDArray[np.float32],
+) -> tuple[list[list[float]], Commit]:
+    """As _score_tree, one part of the options at a time (each part's tree at most TREE_NODES
+    fed nodes, but for a single longer option), so memory stays bounded whatever the number of
+    options. No part's positions are kept: the winner is appended afterwards and fed with what
+    follows, and every node fed for scoring counts in rollback_tokens."""
+    session.sync()
+    token_logprobs: list[list[float]] = []
+    fed = 0
+    for part in _parts(rows):
+        tree = OptionTree.build(part)
+        logprobs = np.empty((0, first.shape[-1]), dtype=np.float32)
+        if tree.fed:
+            t0 = time.perf_counter()
+            logits, _ = backend.forward_tree(tree.fed, tree.parents, session.cache)
+            session.count_model_call(time.perf_counter() - t0, len(tree.fed))
+            fed += len(tree.fed)
+            logprobs = log_softmax(logits)
+        token_logprobs.extend(
+            [float(first[row[0]])] + [float(logprobs[node, token])
+                                      for node, token in zip(path, row[1:], strict=True)]
+            for row, path in zip(part, tree.paths, strict=True))
+
+    def commit(chosen: int) -> None:
+        session.stats.rollback_tokens += fed
+        session.append_tokens(rows[chosen])
+
+    return token_logprobs, commit
+
+
+def _parts(rows: list[list[int]]) -> list[list[list[int]]]:
+    """The rows in order, cut into parts whose trees feed at most TREE_NODES nodes (a row
+    feeds at most all of its tokens but the last)."""
+    parts: list[list[list[int]]] = [[]]
+    nodes = 0
+    for row in rows:
+        if parts[-1] and nodes + len(row) - 1 > TREE_NODES:
+            parts.append([])
+            nodes = 0
+        parts[-1].append(row)
+        nodes += len(row) - 1
+    return parts
 
 
 def _score_prompts(

@@ -296,6 +296,21 @@ def test_a_select_with_many_options_takes_several_tree_decodes(llama: LlamaCppBa
     assert r["pick"] in options
 
 
+def test_a_select_scored_in_parts_gives_the_same_choice(
+        llama: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tree larger than TREE_NODES is scored a part at a time (memory bounded whatever the
+    # number of options): the same scores and choice as one tree.
+    options = [f" {w} {v}" for w in ("red", "green", "blue", "sea") for v in ("one", "two")]
+    query = qrun.Query("The best colour is{{ select c options=opts }}.")
+    whole = query.run({"opts": options}, model=llama)
+    monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 2)
+    parts = query.run({"opts": options}, model=llama)
+    assert parts.text == whole.text
+    for option in options:
+        assert abs(parts.holes["c"].option_logprobs[option]  # type: ignore[attr-defined]
+                   - whole.holes["c"].option_logprobs[option]) < 0.3
+
+
 # --- seams -----------------------------------------------------------------------------------
 
 

@@ -4,9 +4,12 @@ winner's KV kept."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+import pytest
 
+import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.runtime.sampler import log_softmax, new_generator
 from qrun.runtime.select import OptionTree, SelectRequest, TreeScoring, choose, select
@@ -133,3 +136,41 @@ def test_select_heals_the_text_before_it(tiny: TransformersBackend) -> None:
     # Options were scored as " yes" / " no": the space belongs to their first token.
     assert r.holes["p"].token_ids == tiny.encode(" " + r["p"])
     assert r.token_ids == tiny.encode("Paid:") + tiny.encode(" " + r["p"]) + tiny.encode(".")
+
+
+def test_a_large_tree_is_scored_in_parts_with_the_same_scores(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    words = [" red", " green and blue", " ultramarine violet", " sky", " deep sea green",
+             " the colour of old paper", " pale", " burnt orange and gold"]
+    options = [f"{a}{b}" for a in words for b in words]  # 64 options, shared first tokens
+    query = qrun.Query("My favourite colour is{{ select c options=opts }}. Yes.")
+    whole = query.run(model=tiny, opts=options)
+    monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 6)
+    sizes: list[int] = []
+    forward_tree = tiny.forward_tree
+
+    def spy(token_ids: Any, parents: Any, cache: Any) -> Any:
+        sizes.append(len(token_ids))
+        return forward_tree(token_ids, parents, cache)
+
+    monkeypatch.setattr(tiny, "forward_tree", spy)
+    parts = query.run(model=tiny, opts=options)
+    assert len(sizes) > 5 and max(sizes) <= 6 + max(len(tiny.encode(o)) for o in options)
+    assert parts.text == whole.text and parts["c"] == whole["c"]
+    for option in options:
+        assert math.isclose(parts.holes["c"].option_logprobs[option],  # type: ignore[attr-defined]
+                            whole.holes["c"].option_logprobs[option], abs_tol=1e-3)
+    # Every node fed for scoring was dropped; the winner is fed again with what follows.
+    stats = parts.stats
+    assert stats.rollback_tokens == sum(sizes)
+    assert stats.forward_tokens <= stats.context_tokens + stats.rework_tokens
+
+
+@pytest.mark.slow
+def test_twenty_thousand_options_stay_within_memory(tiny: TransformersBackend) -> None:
+    # One forward over the whole tree asked for 3.66 GiB of logits and died with MemoryError;
+    # in parts, the largest forward is TREE_NODES nodes (~50 MB of logits).
+    options = [f"{i} is the number" for i in range(20_002)]
+    result = qrun.Query("Pick one: {{ select n options=opts }}").run(model=tiny, opts=options)
+    assert result["n"] in options
+    assert len(result.holes["n"].option_logprobs) == 20_002  # type: ignore[attr-defined]
