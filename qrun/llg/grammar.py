@@ -23,6 +23,7 @@ from typing import Any
 
 import llguidance
 
+from qrun.llg.lark_size import grammar_size_error
 from qrun.llg.rewrite import rewrite
 from qrun.llg.schema import close_objects, escape, non_finite, schema_positions
 
@@ -66,7 +67,8 @@ class GrammarError(ValueError):
         if pointer is not None:
             where = f" (at {pointer or '/'})"
         elif line is not None:
-            where = f" (line {line}, column {column} of the grammar)"
+            at = f"line {line}" if column is None else f"line {line}, column {column}"
+            where = f" ({at} of the grammar)"
         super().__init__(f"{reason}{where}")
 
 
@@ -136,6 +138,10 @@ def check_lark(text: str) -> GrammarError | None:
     one), or None when it compiles."""
     if _OPTIONS_LINE.search(text):
         return GrammarError("a grammar cannot set %llguidance options: qrun sets them")
+    too_large = grammar_size_error(text)
+    if too_large is not None:
+        line = too_large[1]
+        return GrammarError(too_large[0], line=line, column=None if line is None else 1)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
         lark_grammar(text), None, limits=LIMITS)
     return _lark_error(messages[0]) if is_error else None

@@ -220,7 +220,7 @@ class Run:
         self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
         try:
             yield
-        except (HoleFailure, BackendError, ContextFull) as exc:
+        except (HoleFailure, BackendError, ContextFull, GrammarError) as exc:
             raise GenerationError(str(exc), op.span, self.source) from None
         finally:
             self.session.pause()

@@ -231,14 +231,17 @@ class LlgCursor:
         """Consume a token the mask allowed.
 
         Raises:
-            ValueError: it was not allowed (the cursor is then unusable).
+            ValueError: it was not allowed (the cursor is then unusable); GrammarError (a
+                ValueError) where llguidance's parser stopped.
         """
         if not self.index.ordinary[token_id]:
             raise ValueError(f"token id {token_id} is a special token")
         self._mask_cache = None
         if not self.matcher.consume_token(token_id):
+            # Masks allow only tokens llguidance takes, so this is its parser giving up (its
+            # row limit: "Current row has 20001 items"): the run fails at the hole with it.
             reason = clean_reason(self.matcher.get_error())[:300]
-            raise ValueError(f"token id {token_id} is not allowed: {reason}")
+            raise GrammarError(f"llguidance's parser stopped at token id {token_id}: {reason}")
         self._since += 1
         data = self.index.vocab.token_bytes[token_id] or b""
         self._tail = (self._tail + data)[-_MAX_REPEAT:]
