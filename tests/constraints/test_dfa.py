@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import regex
+from hang import alarm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -204,3 +205,21 @@ def test_more_refusals(pattern: str, fragment: str) -> None:
 def test_braces_and_brackets_that_are_not_regex_extensions(pattern: str, text: str) -> None:
     assert regex.fullmatch(pattern, text, flags=regex.ASCII)
     assert compile_dfa(pattern).matches(text.encode())
+
+
+@pytest.mark.parametrize(("pattern", "states"), [
+    ("x{19999}", 20_000), ("[a-z0-9]{1,19999}", 20_000), ("(ab){3000}", 6_001),
+    ("[0-9]{2,4}(-[0-9]{2,4}){1,3}", None),
+])
+def test_long_bounded_repeats_minimise_without_one_round_per_state(
+        pattern: str, states: int | None) -> None:
+    # Minimisation started from accepting/not, so a chain of n states took n rounds
+    # (quadratic: x{19999} compiled for over a minute). Starting from the distance to
+    # acceptance and the longest word left, it takes a few; the automaton is still the
+    # minimal one (n + 1 live states for x{n}), and the language unchanged.
+    with alarm(20):
+        dfa = compile_dfa.__wrapped__(pattern)
+    if states is not None:
+        assert dfa.num_states == states
+    for text in ["x" * 19999, "x" * 19998, "a1" * 10, "ab" * 3000, "12-345-67", "1-2"]:
+        assert dfa.matches(text.encode()) == bool(regex.fullmatch(pattern, text)), text

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import Any
 
+from hang import alarm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,24 +30,6 @@ LIMITS = Limits(steps=20_000, output_chars=20_000)
 ALARM_S = 10
 """A single example running this long is a hang (they take milliseconds)."""
 NAMES = ["x", "y", "s", "xs", "d", "n"]
-
-
-class Hang(Exception):
-    """Raised by the alarm: an example did not finish."""
-
-
-@contextmanager
-def alarm(seconds: int) -> Iterator[None]:
-    def ring(signum: int, frame: FrameType | None) -> None:
-        raise Hang(f"no result after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
