@@ -1,14 +1,15 @@
 """The model cache's bookkeeping, below backends/loading.py: the manifest a converted model
-folder carries (what it was made from, and each file's size and a checksum of its head and
-tail), the cheap checks run on every load, structural checks of a safetensors file, clearing
-the leftovers of killed conversions, and one-line messages for a cache that cannot be written.
-No hashing of whole weight files: a check reads at most a few MiB."""
+folder carries (what it was made from, and each file's size and BLAKE3 checksum), the checks
+run on every load, structural checks of a safetensors file, clearing the leftovers of killed
+conversions, and one-line messages for a cache that cannot be written. Whole files are hashed:
+a weights file with bytes flipped in its middle loaded silently and changed the output when
+only its first and last MiB were (BLAKE3 over SmolLM2's 538 MB file: 0.09 s on this 2-core
+machine from the page cache, 0.40 s on one thread; SHA-256 took 0.53 s)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -17,13 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import blake3
+
 MANIFEST = "qrun-manifest.json"
-MANIFEST_VERSION = 1
-# Files up to this size are hashed whole; larger ones by their first and last CHUNK bytes
-# (a safetensors header, which names every tensor and offset, is at the head). SmolLM2's
-# folder: 2 MiB of a 517 MB weights file plus the 3.5 MB tokenizer.json, a few ms.
-WHOLE_BELOW = 8 << 20
-CHUNK = 1 << 20
+MANIFEST_VERSION = 2  # 1: SHA-256 of each file's first and last MiB only
 # A temporary folder of a conversion whose process is gone is a leftover; one whose name
 # carries no process id (older qrun) is a leftover once it is this old.
 STALE_AFTER_S = 3600.0
@@ -137,15 +135,10 @@ def safetensors_problem(path: Path) -> str | None:
 
 def _fingerprint(path: Path) -> dict[str, Any]:
     size = path.stat().st_size
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        if size <= WHOLE_BELOW:
-            digest.update(f.read())
-        else:
-            digest.update(f.read(CHUNK))
-            f.seek(size - CHUNK)
-            digest.update(f.read(CHUNK))
-    return {"size": size, "sha256_head_tail": digest.hexdigest()}
+    digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if size:
+        digest.update_mmap(str(path))  # memory-mapped, hashed on every core
+    return {"size": size, "blake3": digest.hexdigest()}
 
 
 def remove_leftovers(models: Path) -> None:
