@@ -49,7 +49,7 @@ from bench.workloads import Workload
 
 def replay_raw(backend: Any, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
     """Raw llama.cpp decodes for every run's stretches; returns the wall time."""
-    from qrun.backends.llamacpp import llama_threads
+    from qrun.backends.llama_threads import llama_threads
     from qrun.backends.llamacpp_api import Batch, Context
 
     context = Context(backend.model, 8192, 1, 2048, llama_threads())
@@ -168,7 +168,7 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
     """Every named workload on the transformers backend, then on llama.cpp (one process)."""
     from bench.report import machine
     from bench.workloads import WORKLOADS
-    from qrun.backends.llamacpp import llama_threads
+    from qrun.backends.llama_threads import llama_threads
 
     out: dict[str, Any] = {}
     transformers_backend = qrun.load_model("smollm2")

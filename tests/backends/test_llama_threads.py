@@ -1,4 +1,4 @@
-"""llama.cpp's thread count (qrun/backends/llamacpp.py llama_threads): every physical core on
+"""llama.cpp's thread count (qrun/backends/llama_threads.py): every physical core on
 an idle machine, one core fewer for each CPU that other work keeps busy now, or what
 QRUN_LLAMACPP_THREADS says. No llama.cpp needed: the choice is made before the library is
 loaded."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from qrun.backends import llamacpp
-from qrun.backends.llamacpp import llama_threads, physical_cores
+from qrun.backends import llama_threads as threads
+from qrun.backends.llama_threads import llama_threads, physical_cores
 
 
 @pytest.mark.parametrize(("cpus", "cores", "load", "expected"), [
@@ -27,9 +27,9 @@ from qrun.backends.llamacpp import llama_threads, physical_cores
 def test_the_default_follows_other_work(monkeypatch: pytest.MonkeyPatch, cpus: int, cores: int,
                                         load: float, expected: int) -> None:
     monkeypatch.delenv("QRUN_LLAMACPP_THREADS", raising=False)
-    monkeypatch.setattr(llamacpp, "usable_cpus", lambda: cpus)
-    monkeypatch.setattr(llamacpp, "physical_cores", lambda: cores)
-    monkeypatch.setattr(llamacpp, "other_work", lambda: load)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(threads, "physical_cores", lambda: cores)
+    monkeypatch.setattr(threads, "other_work", lambda: load)
     assert llama_threads() == expected
 
 
@@ -47,21 +47,21 @@ def test_other_work_is_the_median_of_instant_readings(monkeypatch: pytest.Monkey
     # The one-minute load average says 9; what runs now is this thread alone, but for one
     # read where a task woke briefly: nothing else is busy.
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
-    monkeypatch.setattr(llamacpp, "PROC_STAT", _Stat([1, 1, 4, 1, 1, 1, 1, 1, 1]))
-    assert llamacpp.other_work() == 0.0
+    monkeypatch.setattr(threads, "PROC_STAT", _Stat([1, 1, 4, 1, 1, 1, 1, 1, 1]))
+    assert threads.other_work() == 0.0
     # Two other tasks running at most reads: two CPUs busy.
-    monkeypatch.setattr(llamacpp, "PROC_STAT", _Stat([3, 3, 1, 3, 3, 2, 3, 3, 3]))
-    assert llamacpp.other_work() == 2.0
+    monkeypatch.setattr(threads, "PROC_STAT", _Stat([3, 3, 1, 3, 3, 2, 3, 3, 3]))
+    assert threads.other_work() == 2.0
 
 
 def test_without_proc_stat_the_load_average_counts(monkeypatch: pytest.MonkeyPatch,
                                                    tmp_path: Path) -> None:
     monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
-    monkeypatch.setattr(llamacpp, "PROC_STAT", tmp_path / "missing")
-    assert llamacpp.other_work() == 1.5
+    monkeypatch.setattr(threads, "PROC_STAT", tmp_path / "missing")
+    assert threads.other_work() == 1.5
     (tmp_path / "odd").write_text("cpu 1 2 3\n")  # no procs_running line
-    monkeypatch.setattr(llamacpp, "PROC_STAT", tmp_path / "odd")
-    assert llamacpp.other_work() == 1.5
+    monkeypatch.setattr(threads, "PROC_STAT", tmp_path / "odd")
+    assert threads.other_work() == 1.5
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc/stat")
@@ -73,7 +73,7 @@ def test_busy_processes_are_seen() -> None:
     try:
         for spinner in spinners:
             assert spinner.stdout is not None and spinner.stdout.readline() == b"\n"
-        assert llamacpp.other_work() >= 2
+        assert threads.other_work() >= 2
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -83,7 +83,7 @@ def test_busy_processes_are_seen() -> None:
 
 
 def test_the_environment_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llamacpp, "other_work", lambda: 9.0)
+    monkeypatch.setattr(threads, "other_work", lambda: 9.0)
     monkeypatch.setenv("QRUN_LLAMACPP_THREADS", "3")
     assert llama_threads() == 3
     monkeypatch.setenv("QRUN_LLAMACPP_THREADS", "zero")  # not a count: the default
@@ -109,7 +109,7 @@ def test_hyperthreads_of_one_core_count_once(monkeypatch: pytest.MonkeyPatch,
         return folder
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(llamacpp, "Path", fake_path)
+    monkeypatch.setattr(threads, "Path", fake_path)
     assert physical_cores() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert physical_cores() == 2
