@@ -217,9 +217,7 @@ class Hole:
         if self.speculative:
             self.speculative = False
             if session.token_ids[self.start :] == [token]:
-                session.fixed_tail = 0
-                if session.recorder is not None:  # the fixed token becomes the hole's
-                    session.recorder.drop(self.start, "heal")
+                session.adopt_healed()
             else:
                 session.rollback(self.start, "heal")
                 session.append_tokens([token])
@@ -270,8 +268,8 @@ class Hole:
             self.record.forced.append(False)
             self.text += value_bytes
             self.ends.append(len(self.text))
-        session.overshoot = Overshoot(start=position, value_bytes=value_bytes,
-                                      token_bytes=self.vocab.token_bytes[token])
+        session.hold(Overshoot(start=position, value_bytes=value_bytes,
+                               token_bytes=self.vocab.token_bytes[token]))
 
     def _matches_before(self, offset: int) -> bool:
         cursor = self.request.cursor
@@ -290,11 +288,11 @@ class Hole:
         kept = sum(1 for end in self.ends if end <= stop_at)
         begin = self.ends[kept - 1] if kept else 0
         if kept < len(self.ends):
-            self.session.overshoot = Overshoot(
+            self.session.hold(Overshoot(
                 start=self.start + kept,
                 value_bytes=bytes(self.text[begin:stop_at]),
                 token_bytes=bytes(self.text[begin:]),
-            )
+            ))
         del self.text[stop_at:]
 
     def value(self) -> str:

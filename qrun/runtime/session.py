@@ -237,6 +237,19 @@ class Session:
             return segments
         return [first.before(value), *rest]
 
+    def hold(self, overshoot: Overshoot) -> None:
+        """Keep the tokens a hole sampled past its end provisionally, until the next fixed
+        text settles them (flush) or no text comes (settle)."""
+        assert self.overshoot is None, "a hole's overshoot is settled before the next"
+        self.overshoot = overshoot
+
+    def adopt_healed(self) -> None:
+        """The model wrote the healed token again (Session.heal keep_last): it stays, now the
+        hole's first token, no longer fixed text healing may take back."""
+        self.fixed_tail = 0
+        if self.recorder is not None:
+            self.recorder.drop(len(self.token_ids) - 1, "heal")
+
     def _keep_overshoot(self) -> None:
         self.stats.boundary_kept += 1
         self.fixed_tail = 0
