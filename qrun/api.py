@@ -87,10 +87,11 @@ class Query:
 
         chosen, named = RunOptions.split(values)
         run_options = chosen.over(options or RunOptions())
-        inputs = {**(inputs or {}), **named}
-        self.program.check_inputs(inputs)
+        if named or inputs is None:
+            inputs = {**(inputs or {}), **named}
+        checked = self.program.check_inputs(inputs)
         backend = self._model(model)
-        return Run(self.program, backend, inputs, run_options, on_text,
+        return Run(self.program, backend, checked, run_options, on_text,
                    self._constraint_compiler(backend)).execute()
 
     def run_many(

@@ -151,18 +151,18 @@ def _run(args: argparse.Namespace) -> int:
     inputs, typed_strings = _inputs(args)
     if args.inputs:
         return _run_lines(query, args, options, inputs, _Rows(fields, args.id, typed_strings))
-    query.program.check_inputs(inputs)  # before the model is loaded
+    checked = query.program.check_inputs(inputs)  # before the model is loaded
     if args.json:
         model = _load(query, args)
-        result = _hinted(lambda: query.run(inputs, model=model, options=options), typed_strings)
+        result = _hinted(lambda: query.run(checked, model=model, options=options), typed_strings)
         print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
     else:
         early = leading_text(query.program)
         write(early)  # the template's opening text, before the model loads
         model = _load(query, args)
         echo = SkipEcho(early, write)
-        result = _hinted(lambda: query.run(inputs, model=model, options=options, on_text=echo),
-                         typed_strings)
+        result = _hinted(lambda: query.run(checked, model=model, options=options,
+                                           on_text=echo), typed_strings)
         if not result.text.endswith("\n"):
             write("\n")
     if args.stats:

@@ -22,6 +22,14 @@ _INT_BOUND = 10 ** MAX_INPUT_INT_DIGITS
 _PLAIN = "inputs hold only str, int, float, bool, None, and lists and dicts of them"
 
 
+class CheckedInputs(dict[str, Any]):
+    """A run's inputs as a program's check_inputs returned them (plain copies). Checked again
+    by the same program, they are returned as they are: the CLI, Query.run and the run itself
+    each check inputs, and the copy is made once (docs/language.md §5)."""
+
+    checked_by: object = None
+
+
 def plain_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
     """Plain copies of `values`: Mappings become dicts and Sequences (tuples, ranges...) lists,
     recursively; str, int and float subclasses become the base type.

@@ -10,7 +10,7 @@ from typing import Any, assert_never
 from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
-from qrun.lang.inputs import plain_inputs
+from qrun.lang.inputs import CheckedInputs, plain_inputs
 from qrun.options import RunOptions
 from qrun.source import Source, Span
 
@@ -244,16 +244,20 @@ class Program:
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs the template reads (the optional ones that are given), as plain data
         (lang/inputs.py), checked before any model work; a missing one is reported where it is
-        first used.
+        first used. What this returns is returned as it is when checked again.
 
         Raises:
             InputError: an input is missing.
             UsageError: an input is not plain data (a function, an object, a cycle...).
         """
+        if isinstance(inputs, CheckedInputs) and inputs.checked_by is self:
+            return inputs
         missing = [name for name in self.inputs if name not in inputs]
         if not missing:
             given = [*self.inputs, *(n for n in self.optional_inputs if n in inputs)]
-            return plain_inputs({name: inputs[name] for name in given})
+            checked = CheckedInputs(plain_inputs({name: inputs[name] for name in given}))
+            checked.checked_by = self
+            return checked
         first = missing[0]
         span = self.input_spans.get(first) or self.source.span_at(0)
         names = ", ".join(repr(m) for m in missing)

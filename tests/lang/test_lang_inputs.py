@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import qrun
 import qrun.lang.inputs
 from qrun.errors import EvaluationError, TemplateErrors, UsageError
 from qrun.lang import ast as ast_nodes
@@ -237,3 +238,26 @@ def test_keyword_table_names_only_documented_functions() -> None:
                         "default": ("default_value", "boolean"), "tojson": ("indent",),
                         "trim": ("chars",), "sort": ("reverse", "case_sensitive", "attribute"),
                         "unique": ("case_sensitive", "attribute")}
+
+
+def test_inputs_are_copied_once_per_run(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Query.run and the run both check a run's inputs (the command line too, before the model
+    # loads): the plain copy, whose cost grows with the inputs, is made once.
+    from qrun.lang import ir
+
+    copies: list[int] = []
+    real = ir.plain_inputs
+
+    def counting(values: Any) -> Any:
+        copies.append(1)
+        return real(values)
+
+    monkeypatch.setattr(ir, "plain_inputs", counting)
+    query = qrun.Query("{{ doc | length }}")
+    assert query.run({"doc": "x" * 1000}, model=tiny).text == "1000"
+    assert len(copies) == 1
+    checked = query.program.check_inputs({"doc": "abc"})
+    assert query.run(checked, model=tiny).text == "3" and len(copies) == 2
+    # Checked by another program, they are checked again.
+    assert qrun.Query("{{ doc }}!").run(checked, model=tiny).text == "abc!"
+    assert len(copies) == 3
