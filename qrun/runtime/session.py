@@ -17,7 +17,7 @@ from qrun.backends.base import Backend, KVCache, StepModel
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.stats import Stats
-from qrun.runtime.stretch import Run, Segment, Stretch, count_tokens, encode_segments
+from qrun.runtime.stretch import Segment, Stretch, TextRun, count_tokens, encode_segments
 
 
 class ContextFull(Exception):
@@ -213,8 +213,8 @@ class Session:
         assert self.overshoot is not None
         over, self.overshoot = self.overshoot, None
         kept = self.token_ids[over.start :]
-        first = segments[0] if segments and isinstance(segments[0], Run) else Run("")
-        rest = segments[1:] if segments and isinstance(segments[0], Run) else segments
+        first = segments[0] if segments and isinstance(segments[0], TextRun) else TextRun("")
+        rest = segments[1:] if segments and isinstance(segments[0], TextRun) else segments
         if over.token_bytes is None:
             if not over.value_bytes and segments and [segments[0]] == kept:
                 self._keep_overshoot()

@@ -21,7 +21,7 @@ encode of the run's text before it): enough for the places where runs of one tem
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class TextRun:
     """Ordinary text between two control tokens of a stretch, encoded as one. `seams`: the
     character offsets inside it (not at its start) where a value piece begins, at most
     MAX_SEAMS of them: where runs of one template begin to differ."""
@@ -29,16 +29,16 @@ class Run:
     text: str
     seams: tuple[int, ...] = ()
 
-    def after(self, skip: int) -> Run:
+    def after(self, skip: int) -> TextRun:
         """The run without its first `skip` characters."""
-        return Run(self.text[skip:], tuple(s - skip for s in self.seams if s > skip))
+        return TextRun(self.text[skip:], tuple(s - skip for s in self.seams if s > skip))
 
-    def before(self, text: str) -> Run:
+    def before(self, text: str) -> TextRun:
         """The run with `text` in front."""
-        return Run(text + self.text, tuple(s + len(text) for s in self.seams))
+        return TextRun(text + self.text, tuple(s + len(text) for s in self.seams))
 
 
-Segment = Run | int
+Segment = TextRun | int
 """A stretch as the model reads it: runs of ordinary text and control token ids."""
 
 
@@ -84,7 +84,7 @@ class Stretch:
             nonlocal length
             joined = "".join(text)
             if joined:
-                out.append(Run(joined, tuple(seams)))
+                out.append(TextRun(joined, tuple(seams)))
             text.clear()
             seams.clear()
             length = 0
