@@ -6,7 +6,7 @@ generated character of `qrun examples/hello.tmpl` on stdout, the model cache war
 
 Each run starts a fresh `qrun` process (the console script's interpreter, `python -m qrun.cli`)
 and reads its stdout unbuffered: the CLI prints fixed text as soon as it is known and each
-hole's text as it is sampled (qrun/cli_output.py), so the first byte after the fixed text that
+hole's text as it is sampled (qrun/cli/output.py), so the first byte after the fixed text that
 precedes the first hole ("City: ") is the first generated token. Also reported: when that fixed
 text appeared (before the model loads, since hello.tmpl starts with text), and the whole run.
 One warm-up run first converts the model if the cache is cold (not counted). `--write` stores

@@ -73,7 +73,8 @@ def test_layers_below_the_runtime_do_not_import_it() -> None:
 # the random generator), so `--backend llamacpp` starts without importing torch.
 TORCH_FREE = ("qrun.runtime", "qrun.api", "qrun.cli", "qrun.backends.base",
               "qrun.backends.prefix_cache", "qrun.backends.kv_cache", "qrun.backends.vocab",
-              "qrun.backends.llamacpp", "qrun.backends.llamacpp_api")
+              "qrun.backends.llamacpp", "qrun.backends.llamacpp_api",
+              "qrun.backends.llama_threads")
 
 
 def test_the_runtime_and_the_llamacpp_path_do_not_import_torch() -> None:

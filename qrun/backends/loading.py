@@ -297,7 +297,7 @@ def _discard(folder: Path) -> None:
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
     """No progress bars or notices on stderr while loading or converting (the CLI says what
-    it is doing itself: qrun/cli_output.py LoadingNotice); the caller's settings come back."""
+    it is doing itself: qrun/cli/output.py LoadingNotice); the caller's settings come back."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from cli_helpers import QA, rows, write
 
-from qrun import cli_output
 from qrun.backends import loading
 from qrun.cli import main
-from qrun.cli_output import LoadingNotice, SkipEcho
+from qrun.cli import output as cli_output
+from qrun.cli.output import LoadingNotice, SkipEcho
 from qrun.errors import ModelLoadError
 
 

@@ -127,7 +127,7 @@ def test_an_endless_inputs_file_is_refused(tmp_path: Path, flag: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     # /dev/zero never ends: it was read until memory ran out. (The limit is lowered here so
     # the test reads 1 KiB, not 256 MiB.)
-    monkeypatch.setattr("qrun.cli.MAX_INPUT_BYTES", 1024)
+    monkeypatch.setattr("qrun.cli.command.MAX_INPUT_BYTES", 1024)
     template = write(tmp_path, "{{ x }}")
     assert main([template, flag, "/dev/zero"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""What the `qrun` command shows while it works (qrun/cli.py decides when): the template's
+"""What the `qrun` command shows while it works (qrun/cli/command.py decides when): the template's
 opening text before the model loads, a notice on a terminal while loading takes long, JSON
 Lines printed in input order, and Ctrl-C during batched runs, which ends the command
 with every line already printed whole (docs/language.md §16.2)."""
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from qrun.jsonio import dumps_line
+from qrun.cli.jsonio import dumps_line
 from qrun.lang import ir
 
 # Loading shorter than this shows nothing: a notice that flashes is noise.

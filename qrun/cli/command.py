@@ -1,6 +1,6 @@
 """`qrun FILE.tmpl`: argument parsing, printing results or errors, exit codes; no logic. The
-JSON it reads and writes goes through qrun/jsonio.py, the feedback around a run (early text,
-the loading notice, ordered JSON Lines, Ctrl-C) through qrun/cli_output.py."""
+JSON it reads and writes goes through qrun/cli/jsonio.py, the feedback around a run (early
+text, the loading notice, ordered JSON Lines, Ctrl-C) through qrun/cli/output.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qrun.cli_output import (
+from qrun.cli.jsonio import (
+    BadInput,
+    check_text,
+    dumps_line,
+    finite,
+    parse_line,
+    parse_value,
+    split_lines,
+)
+from qrun.cli.output import (
     Interrupted,
     LoadingNotice,
     OrderedPrinter,
@@ -25,15 +34,6 @@ from qrun.cli_output import (
     write,
 )
 from qrun.errors import PositionedError, QrunError, TemplateErrors, UsageError
-from qrun.jsonio import (
-    BadInput,
-    check_text,
-    dumps_line,
-    finite,
-    parse_line,
-    parse_value,
-    split_lines,
-)
 from qrun.options import RunOptions
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ def _fields(text: str) -> tuple[str, ...]:
 
 
 def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
-    """The inputs of -v and --vars, read strictly (qrun/jsonio.py); and the -v NAME=VALUE
+    """The inputs of -v and --vars, read strictly (qrun/cli/jsonio.py); and the -v NAME=VALUE
     strings that read as other JSON values (for the `:=` hint)."""
     inputs: dict[str, Any] = {}
     if args.vars:
@@ -405,6 +405,3 @@ def _reads_as_json(value: str) -> bool:
     except BadInput:
         return False
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""JSON at the command line's edge (qrun/cli.py): run inputs read strictly, one value or one
+"""JSON at the command line's edge (qrun/cli/command.py): run inputs read strictly, one value or one
 line at a time, so a hostile line fails alone with a message instead of an internal error;
 and output written so that every line is valid JSON that qrun reads back line by line
 (docs/language.md §16.2)."""
