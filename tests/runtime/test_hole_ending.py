@@ -28,6 +28,14 @@ def gen_record(result: qrun.Result, name: str) -> GenRecord:
     return record
 
 
+def check_the_one_error(template: str, message: str, column: int) -> None:
+    """The template does not compile, for one reason: `message`, at `column` of its line."""
+    with pytest.raises(TemplateErrors) as caught:
+        qrun.Query(template)
+    (error,) = caught.value.errors
+    assert message in error.message and error.span.column == column
+
+
 def test_the_stop_that_fired_is_in_the_record(tiny: TransformersBackend) -> None:
     backend = steered(tiny, "X: ", ["a", "!", "b", "\n"])
     result = qrun.Query('X: {{ gen v stop=["\\n", "!"] max_tokens=6 heal=false }}').run(
@@ -78,10 +86,7 @@ def test_keep_stop_on_a_server(tiny: TransformersBackend) -> None:
 ])
 def test_keep_stop_needs_a_stop_and_no_constraint(template: str, message: str,
                                                    column: int) -> None:
-    with pytest.raises(TemplateErrors) as caught:
-        qrun.Query(template)
-    (error,) = caught.value.errors
-    assert message in error.message and error.span.column == column
+    check_the_one_error(template, message, column)
 
 
 # ---- `holes.NAME`: the template reads how a hole ended ----------------------------------------
@@ -127,10 +132,7 @@ def test_keep_going_until_a_stop_fired(tiny: TransformersBackend) -> None:
 ])
 def test_holes_are_checked_when_the_template_compiles(template: str, message: str,
                                                       column: int) -> None:
-    with pytest.raises(TemplateErrors) as caught:
-        qrun.Query(template)
-    (error,) = caught.value.errors
-    assert message in error.message and error.span.column == column
+    check_the_one_error(template, message, column)
 
 
 def test_is_defined_guards_a_hole_on_some_paths(tiny: TransformersBackend) -> None:
