@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.base import PromptScorer, TreeScorer
+from qrun.backends.base import KVCache, PromptScorer, TreeScorer
 from qrun.runtime.hole import HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import SelectRecord
@@ -161,21 +161,8 @@ def _score_tree(
     tree = OptionTree.build(rows)
     if len(tree.fed) > TREE_NODES:
         return _score_in_parts(session, backend, rows, first)
-    logprobs = np.empty((0, first.shape[-1]), dtype=np.float32)
-    logits = logprobs
-    fed_cache = session.cache
     context = len(session.token_ids)
-    if tree.fed:
-        session.sync()
-        t0 = time.perf_counter()
-        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
-        session.count_model_call(time.perf_counter() - t0, len(tree.fed))
-        logprobs = log_softmax(logits)  # [len(fed), V]
-    token_logprobs = [
-        [float(first[row[0]])] + [float(logprobs[node, token])
-                                  for node, token in zip(path, row[1:], strict=True)]
-        for row, path in zip(rows, tree.paths, strict=True)
-    ]
+    token_logprobs, logits, fed_cache = _forward_tree(session, backend, tree, rows, first)
 
     def commit(chosen: int) -> None:
         row, path = rows[chosen], tree.paths[chosen]
@@ -190,6 +177,29 @@ def _score_tree(
     return token_logprobs, commit
 
 
+def _forward_tree(
+    session: Session, backend: TreeScorer, tree: OptionTree, rows: list[list[int]],
+    first: npt.NDArray[np.float32],
+) -> tuple[list[list[float]], npt.NDArray[np.float32], KVCache]:
+    """Each row's token log-probabilities from one forward of `tree` (built from `rows`) on
+    top of the context, whose next-token log-probabilities are `first`; and that forward's
+    logits [len(tree.fed), V] and cache (the context's own when nothing is fed)."""
+    logits = np.empty((0, first.shape[-1]), dtype=np.float32)
+    logprobs, fed_cache = logits, session.cache
+    if tree.fed:
+        session.sync()
+        t0 = time.perf_counter()
+        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
+        session.count_model_call(time.perf_counter() - t0, len(tree.fed))
+        logprobs = log_softmax(logits)  # [len(fed), V]
+    token_logprobs = [
+        [float(first[row[0]])] + [float(logprobs[node, token])
+                                  for node, token in zip(path, row[1:], strict=True)]
+        for row, path in zip(rows, tree.paths, strict=True)
+    ]
+    return token_logprobs, logits, fed_cache
+
+
 def _score_in_parts(
     session: Session, backend: TreeScorer, rows: list[list[int]],
     first: npt.NDArray[np.float32],
@@ -198,22 +208,12 @@ def _score_in_parts(
     fed nodes, but for a single longer option), so memory stays bounded whatever the number of
     options. No part's positions are kept: the winner is appended afterwards and fed with what
     follows, and every node fed for scoring counts in rollback_tokens."""
-    session.sync()
     token_logprobs: list[list[float]] = []
     fed = 0
     for part in _parts(rows):
         tree = OptionTree.build(part)
-        logprobs = np.empty((0, first.shape[-1]), dtype=np.float32)
-        if tree.fed:
-            t0 = time.perf_counter()
-            logits, _ = backend.forward_tree(tree.fed, tree.parents, session.cache)
-            session.count_model_call(time.perf_counter() - t0, len(tree.fed))
-            fed += len(tree.fed)
-            logprobs = log_softmax(logits)
-        token_logprobs.extend(
-            [float(first[row[0]])] + [float(logprobs[node, token])
-                                      for node, token in zip(path, row[1:], strict=True)]
-            for row, path in zip(part, tree.paths, strict=True))
+        token_logprobs.extend(_forward_tree(session, backend, tree, part, first)[0])
+        fed += len(tree.fed)
 
     def commit(chosen: int) -> None:
         session.stats.rollback_tokens += fed
