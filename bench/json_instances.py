@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from qrun.backends.vocab import Vocabulary
+from qrun.constraint.vocab import Vocabulary
 
 __all__ = [
     "RegexTimeout",

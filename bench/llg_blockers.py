@@ -16,8 +16,8 @@ from collections import Counter
 from typing import Any
 
 from bench.schema_corpus import load_corpus
-from qrun.llg import JsonFormat, check_schema
-from qrun.llg.schema import schema_positions
+from qrun.constraint.grammar import JsonFormat, check_schema
+from qrun.constraint.grammar.schema import schema_positions
 
 _MAX_ROUNDS = 8
 

@@ -1,16 +1,15 @@
 """Differential check of one JSON Schema through `qrun.Matcher` (llguidance, qrun/matcher.py)
-against the `jsonschema` validator, token by token with a model's vocabulary; and the same
-instances through the old engine (qrun/stdlib/json_schema.py: schema -> regex -> DFA) when it
-compiles the schema. Used by bench/llg_corpus.py (the whole corpus, timings) and
-tests/constraints/test_llg_corpus.py (a fixed sample).
+against the `jsonschema` validator, token by token with a model's vocabulary; and the same instances
+through the old engine (bench/old_json_schema.py: schema -> regex -> DFA) when it compiles the
+schema. Used by bench/llg_corpus.py (the whole corpus, timings) and
+tests/constraint/test_llg_corpus.py (a fixed sample).
 
 Per schema: time to build the Matcher (compile) and to its first mask; valid instances
 (hypothesis-jsonschema, bench/json_instances.py) in llguidance's key order, walked with the
-tokenizer's own tokens and with a random tokenization: every token must be in `allowed()`,
-`consume` must agree, and the end must be `accepting()`; invalid mutants must be refused
-somewhere; random generations (uniform over the budget-aware mask of runtime/llg.py) must
-end complete and validate.
-"""
+tokenizer's own tokens and with a random tokenization: every token must be in `allowed()`, `consume`
+must agree, and the end must be `accepting()`; invalid mutants must be refused somewhere; random
+generations (uniform over the budget-aware mask of qrun/constraint/grammar_index.py) must end
+complete and validate."""
 
 from __future__ import annotations
 
@@ -32,13 +31,13 @@ from bench.json_instances import (
     valid_instances,
     validators,
 )
-from qrun.backends.vocab import Vocabulary
+from bench.old_json_schema import schema_to_regex
+from qrun.constraint.grammar import FIXED, JsonFormat, json_grammar
+from qrun.constraint.grammar_index import LlgCache, LlgCursor, LlgIndex
+from qrun.constraint.regex_index import DEAD, TokenIndex
+from qrun.constraint.vocab import Vocabulary
 from qrun.errors import ConstraintError
-from qrun.llg import FIXED, JsonFormat, json_grammar
 from qrun.matcher import Matcher
-from qrun.runtime.llg import LlgCache, LlgCursor, LlgIndex
-from qrun.runtime.masks import DEAD, TokenIndex
-from qrun.stdlib.json_schema import schema_to_regex
 
 __all__ = ["Checker", "OldEngine", "SchemaReport", "search_order"]
 

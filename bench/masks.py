@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from bench.old_json_schema import schema_to_regex
+from qrun.backends.hf_tokenizer import vocabulary_of
 from qrun.backends.loading import ensure_converted, locate_model
-from qrun.backends.vocab import Vocabulary
+from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.regex_index import EAGER_MAX_STATES, TokenIndex
 from qrun.regex.dfa import compile_dfa
-from qrun.runtime.masks import EAGER_MAX_STATES, TokenIndex
-from qrun.stdlib.json_schema import schema_to_regex
-from qrun.stdlib.patterns import PATTERNS
 
 SCHEMA = {
     "type": "object",
@@ -104,7 +104,7 @@ def main() -> None:
 
     tokenizer: Any = AutoTokenizer.from_pretrained(ensure_converted(locate_model("smollm2")))
     started = time.perf_counter()
-    vocab = Vocabulary.from_tokenizer(tokenizer)
+    vocab = vocabulary_of(tokenizer)
     print(f"vocabulary: {vocab.size} ids, built in {time.perf_counter() - started:.2f} s\n")
     rng = random.Random(0)
     header = (

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from bench.workloads import Gen, Select, Step, Text
-from qrun.runtime.masks import IndexCache, MaskCursor
+from qrun.constraint.regex_index import IndexCache, MaskCursor
 
 
 @dataclass

@@ -22,7 +22,7 @@ import regex
 import torch
 
 import qrun
-from qrun.stdlib.patterns import PATTERNS
+from qrun.constraint.patterns import PATTERNS
 
 LABELS = {
     "DATE": ["Date of birth", "Start date", "Invoice date", "Due date", "Shipped on"],

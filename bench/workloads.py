@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qrun.stdlib.patterns import PATTERNS
+from qrun.constraint.patterns import PATTERNS
 
 # --- parts -------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ says: rendered like an error, with "warning:"."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -156,3 +157,9 @@ class TemplateWarning:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def suggest(name: str, known: Iterable[str]) -> list[str]:
+    """A "did you mean ...?" note for the closest known name, if any is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return [f"did you mean '{close[0]}'?"] if close else []

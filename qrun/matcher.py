@@ -1,7 +1,7 @@
-"""qrun.Matcher: a hole's constraint engine without a model run (docs/language.md §16.4), for
-users who validate or test their constraints and for benchmarks. The same engines as holes:
-llguidance for JSON Schemas and Lark grammars (runtime/llg.py), qrun's DFA for regexes, named
-patterns and option lists (runtime/masks.py), over a model's own token bytes."""
+"""qrun.Matcher: a hole's constraint engine without a model run (docs/language.md §16.4), for users
+who validate or test their constraints and for benchmarks. The same engines as holes: llguidance for
+JSON Schemas and Lark grammars (qrun/constraint/grammar_index.py), qrun's DFA for regexes, named
+patterns and option lists (qrun/constraint/regex_index.py), over a model's own token bytes."""
 
 from __future__ import annotations
 
@@ -14,16 +14,15 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.backends.vocab import Vocabulary
-from qrun.errors import ConstraintError, UsageError
-from qrun.lang.args import suggest
-from qrun.llg import JsonFormat, check_lark, check_schema, json_grammar
-from qrun.llg import lark_grammar as lark_text
+from qrun.constraint.grammar import JsonFormat, check_lark, check_schema, json_grammar
+from qrun.constraint.grammar import lark_grammar as lark_text
+from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
+from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
+from qrun.constraint.vocab import Vocabulary
+from qrun.errors import ConstraintError, UsageError, suggest
 from qrun.regex import PatternError, escape
-from qrun.runtime.llg import LlgCache, LlgCursor, greedy_tokens
-from qrun.runtime.masks import DEAD, IndexCache, TokenIndex
 from qrun.source import Source
-from qrun.stdlib.patterns import PATTERNS
 
 __all__ = ["Matcher"]
 

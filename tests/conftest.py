@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
+from qrun.backends.hf_tokenizer import vocabulary_of
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.vocab import Vocabulary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,3 +75,18 @@ def smollm2() -> TransformersBackend:
     backend = load_model("smollm2")
     assert isinstance(backend, TransformersBackend)
     return backend
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer() -> Any:
+    """SmolLM2's tokenizer (no weights), loaded once per session."""
+    from transformers import AutoTokenizer
+
+    from qrun.backends.loading import ensure_converted, locate_model
+
+    return AutoTokenizer.from_pretrained(ensure_converted(locate_model("smollm2")))
+
+
+@pytest.fixture(scope="session")
+def smol_vocab(smol_tokenizer: Any) -> Vocabulary:
+    return vocabulary_of(smol_tokenizer)

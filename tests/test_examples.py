@@ -15,8 +15,8 @@ import regex
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.patterns import PATTERNS
 from qrun.runtime.result import SelectRecord
-from qrun.stdlib.patterns import PATTERNS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 INVOICE = (

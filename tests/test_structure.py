@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "qrun"
 
 # Packages that must not import the runtime (they sit below it).
-BELOW_RUNTIME = ("qrun.lang", "qrun.stdlib", "qrun.regex", "qrun.llg", "qrun.backends")
+BELOW_RUNTIME = ("qrun.lang", "qrun.constraint", "qrun.regex", "qrun.backends")
 # CPython's private regex parser: read in one module only.
 SRE_READER = "qrun.regex.syntax"
 
@@ -72,7 +72,7 @@ def test_layers_below_the_runtime_do_not_import_it() -> None:
 # Modules a llama.cpp run goes through: the runtime works on numpy arrays (logits, masks,
 # the random generator), so `--backend llamacpp` starts without importing torch.
 TORCH_FREE = ("qrun.runtime", "qrun.api", "qrun.cli", "qrun.backends.base",
-              "qrun.backends.prefix_cache", "qrun.backends.kv_cache", "qrun.backends.vocab",
+              "qrun.backends.prefix_cache", "qrun.backends.kv_cache", "qrun.constraint",
               "qrun.backends.llamacpp", "qrun.backends.llamacpp_api",
               "qrun.backends.llama_threads")
 
@@ -91,17 +91,30 @@ def test_the_regex_engine_imports_nothing_else_of_qrun() -> None:
     assert bad == []
 
 
+# The constraint core (issue #24) sits below the language, the runtime and the backends: what
+# a constraint is and how its masks are computed knows nothing of templates or models.
+CONSTRAINT_MAY_IMPORT = ("qrun.constraint", "qrun.regex", "qrun.source", "qrun.errors")
+
+
+def test_the_constraint_core_imports_only_regex_and_base_modules() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun/constraint") for i in imports(path)
+           if (i.module.startswith("qrun") and not i.module.startswith(CONSTRAINT_MAY_IMPORT))
+           or i.module.split(".")[0] in ("torch", "transformers")]
+    assert bad == []
+
+
 def test_the_grammar_package_imports_nothing_else_of_qrun() -> None:
     bad = [f"{i.source}:{i.line} imports {i.module}"
-           for path in python_files("qrun/llg") for i in imports(path)
-           if i.module.startswith("qrun") and not i.module.startswith("qrun.llg")]
+           for path in python_files("qrun/constraint/grammar") for i in imports(path)
+           if i.module.startswith("qrun") and not i.module.startswith("qrun.constraint.grammar")]
     assert bad == []
 
 
 def test_backends_do_not_import_the_language() -> None:
     bad = [f"{i.source}:{i.line} imports {i.module}"
            for path in python_files("qrun/backends") for i in imports(path)
-           if i.module.startswith(("qrun.lang", "qrun.stdlib", "qrun.api", "qrun.cli"))]
+           if i.module.startswith(("qrun.lang", "qrun.api", "qrun.cli"))]
     assert bad == []
 
 

@@ -32,8 +32,8 @@ from test_examples import (
 import qrun
 from qrun.backends.loading import ensure_converted, locate_model
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.patterns import PATTERNS
 from qrun.errors import ConstraintError, GenerationError, ModelLoadError
-from qrun.stdlib.patterns import PATTERNS
 
 pytestmark = pytest.mark.vllm
 

@@ -19,7 +19,7 @@ from qrun.backends.kv_cache import KVCache
 
 if TYPE_CHECKING:
     from qrun.backends.prefix_cache import PrefixCache
-    from qrun.backends.vocab import Vocabulary
+    from qrun.constraint.vocab import Vocabulary
 
 __all__ = [
     "Backend", "BackendDefaults", "BatchForward", "Capabilities", "Completion", "HoleSampler",

@@ -6,22 +6,21 @@ defaults."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from qrun.errors import ConstraintError, TemplateCompileError, TemplateError
+from qrun.constraint.grammar import FIXED, JsonFormat, check_lark, check_schema
+from qrun.constraint.patterns import PATTERNS
+from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
-from qrun.llg import FIXED, JsonFormat, check_lark, check_schema
 from qrun.options import CHECKS, RunOptions, is_number
 from qrun.regex import PatternError, compile_dfa
 from qrun.source import Source, Span
-from qrun.stdlib.patterns import PATTERNS
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "grammar",
             "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
@@ -269,12 +268,6 @@ def pattern_name(arg: ast.HoleArg) -> str | None:
             r"[A-Z][A-Z0-9_]*", arg.expr.name):
         return arg.expr.name
     return None
-
-
-def suggest(name: str, known: Iterable[str]) -> list[str]:
-    """A "did you mean ...?" note for the closest known name, if any is close."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return [f"did you mean '{close[0]}'?"] if close else []
 
 
 def prefix(span: Span, length: int) -> Span:

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError
+from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.args import ArgChecker, pattern_name, suggest
+from qrun.lang.args import ArgChecker, pattern_name
 from qrun.lang.build import MAX_ERRORS
 from qrun.lang.evaluate import LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards

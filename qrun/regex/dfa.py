@@ -1,7 +1,8 @@
-"""Regex -> byte-level DFA: the automaton every token mask is computed from (runtime/masks.py
-walks the vocabulary through `ByteDFA.transitions`). The front end (syntax.py) gives an AST with
-qrun's meaning applied; here it becomes a Thompson NFA over UTF-8 byte ranges, then a DFA by
-subset construction over byte classes, pruned to co-reachable states and minimised."""
+"""Regex -> byte-level DFA: the automaton every token mask is computed from
+(qrun/constraint/regex_index.py walks the vocabulary through `ByteDFA.transitions`). The front end
+(syntax.py) gives an AST with qrun's meaning applied; here it becomes a Thompson NFA over UTF-8 byte
+ranges, then a DFA by subset construction over byte classes, pruned to co-reachable states and
+minimised."""
 
 from __future__ import annotations
 

@@ -12,20 +12,25 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from qrun.backends.base import Backend
+from qrun.constraint.grammar import (
+    JsonFormat,
+    check_lark,
+    check_schema,
+    json_grammar,
+    lark_grammar,
+    with_prefix,
+)
+from qrun.constraint.grammar_index import LlgCache
+from qrun.constraint.healing import HealCursor, PrefixMasks
+from qrun.constraint.regex_index import IndexCache
+from qrun.constraint.spec import PATTERN_TYPES, ConstraintSpec, Cursor
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
-from qrun.llg import JsonFormat, check_lark, check_schema, json_grammar, lark_grammar, with_prefix
-from qrun.runtime.healing import HealCursor, PrefixMasks
-from qrun.runtime.hole import ConstraintSpec, Cursor
-from qrun.runtime.llg import LlgCache
-from qrun.runtime.masks import IndexCache
 from qrun.source import Source
 
-# Named patterns whose values are read as Python values (docs/language.md §15.2).
-PATTERN_TYPES = {"INT": "int", "FLOAT": "float", "BOOL": "bool"}
 # Schemas and grammars checked per compiler (a hole in a loop is checked once).
 _CHECKED_MAX = 256
 

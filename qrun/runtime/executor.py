@@ -13,6 +13,8 @@ from typing import Any, assert_never
 import numpy as np
 
 from qrun.backends.base import Backend
+from qrun.constraint.grammar import GrammarError
+from qrun.constraint.spec import Cursor
 from qrun.errors import (
     BackendError,
     ConstraintError,
@@ -26,13 +28,12 @@ from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.lang.functions import type_name
 from qrun.limits import Budget
-from qrun.llg import GrammarError
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
-from qrun.runtime.hole import Cursor, GenRequest, HoleFailure
+from qrun.runtime.hole import GenRequest, HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord, Result
 from qrun.runtime.sampler import SamplingParams, new_generator

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from qrun.constraint.spec import ConstraintSpec, Cursor
 from qrun.regex import PatternError, compile_dfa
-from qrun.runtime.hole import ConstraintSpec, Cursor, GenRequest, Hole, HoleFailure, follow_of
+from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import sample
 from qrun.runtime.session import Session

@@ -1,20 +1,19 @@
 """What every way of filling a `gen` hole shares: the request (the hole's arguments evaluated),
-the constraint cursor's interface, the hole's bytes and tokens in progress with its stop-string
+the hole's bytes and tokens in progress with its stop-string
 rule, and the one tail that turns a finished hole into its record. The local sampling loop
 (generate.py) and the server replay (remote.py) are the two fillers built on it."""
 
 from __future__ import annotations
 
-import json
 import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
+from qrun.constraint.spec import ConstraintSpec, Cursor, typed_value
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.session import Overshoot, Session
@@ -22,76 +21,9 @@ from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stretch import text_head
 
 
-class Cursor(Protocol):
-    """A hole's constraint state (runtime/masks.py MaskCursor, runtime/llg.py LlgCursor,
-    runtime/healing.py HealCursor)."""
-
-    def allowed(self, tokens_left: int) -> npt.NDArray[np.bool_]:
-        """Bool mask [V] of tokens that keep a full match reachable within
-        `tokens_left` tokens, EOS included where the text so far is a full match."""
-        ...
-
-    def can_end(self) -> bool:
-        """The text so far is a full match."""
-        ...
-
-    def can_continue(self) -> bool:
-        """Some non-empty continuation is still possible."""
-        ...
-
-    def advance(self, token_id: int) -> None:
-        """Consume a token (one that allowed() admitted)."""
-        ...
-
-    def copy(self) -> Cursor:
-        """An independent cursor in the same state."""
-        ...
-
-    def forced_bytes(self) -> bytes:
-        """The bytes every continuation must start with (b"" when there is a choice)."""
-        ...
-
-    def accepts(self, data: bytes) -> bool:
-        """Whether `data`, read from the constraint's start, is a full match."""
-        ...
-
-
 class HoleFailure(Exception):
     """A hole cannot be completed legally; the executor turns it into a GenerationError
     carrying the hole's span."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConstraintSpec:
-    """A hole's constraint as evaluated for this run: its text for its engine (`engine`
-    "dfa": a regex for qrun's DFA; "llguidance": a Lark grammar, a JSON Schema already
-    written as one, see qrun/llg), a short description for records and traces, and the type
-    its values are read as (docs/language.md §15.2): "json" (parsed JSON), "int", "float",
-    "bool" (the INT, FLOAT and BOOL patterns), or "text"."""
-
-    pattern: str
-    description: str
-    value_type: str = "text"
-    engine: str = "dfa"
-
-
-def typed_value(text: str, value_type: str) -> Any:
-    """The value of a hole's text, read as its constraint's type.
-
-    Raises:
-        ValueError: the text cannot be read so (the constraint guarantees it can, but Python
-            refuses integers of more than 4,300 digits).
-    """
-    match value_type:
-        case "json":
-            return json.loads(text)
-        case "int":
-            return int(text)
-        case "float":
-            return float(text)
-        case "bool":
-            return text == "true"
-    return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 
 from qrun.backends.base import Completion, HoleSampler
-from qrun.llg import with_prefix
+from qrun.constraint.grammar import with_prefix
+from qrun.constraint.spec import ConstraintSpec
 from qrun.regex import PatternError, portable_regex
-from qrun.runtime.hole import ConstraintSpec, GenRequest, Hole, HoleFailure, follow_of
+from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.session import Session
 

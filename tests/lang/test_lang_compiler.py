@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import qrun.lang
+from qrun.constraint.patterns import PATTERNS
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_file, compile_source, compile_template, ir
 from qrun.lang import expr as ex
 from qrun.options import RunOptions
-from qrun.stdlib.patterns import PATTERNS
 
 
 def ops_of(text: str) -> tuple[ir.Op, ...]:

@@ -12,9 +12,9 @@ import regex
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.patterns import PATTERNS
 from qrun.runtime.result import HoleRecord
 from qrun.runtime.sampler import log_softmax
-from qrun.stdlib.patterns import PATTERNS
 
 
 def hole_bytes(backend: TransformersBackend, record: HoleRecord) -> bytes:

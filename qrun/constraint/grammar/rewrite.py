@@ -1,7 +1,7 @@
 """The sound rewrite of a JSON Schema before llguidance compiles it (grammar.py): forms
 llguidance 1.7 refuses are turned into equivalent ones it takes. Each rewrite keeps the set
 of valid instances exactly, or (where said) makes it smaller, so no invalid instance gets
-through (tests/constraints/test_llg_rewrite.py checks each against the `jsonschema`
+through (tests/constraint/test_llg_rewrite.py checks each against the `jsonschema`
 validator):
 
 - `format` values llguidance does not know, or that the schema's draft does not define, are
@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from qrun.llg.schema import draft_of, resolve, schema_positions
+from qrun.constraint.grammar.schema import draft_of, resolve, schema_positions
 
 __all__ = ["rewrite"]
 
@@ -85,7 +85,7 @@ def _formats(sub: dict[str, Any], draft: int) -> None:
     elif fmt in ("date", "date-time"):
         # llguidance's dates are calendar-exact but take year 0000, which RFC 3339 allows
         # and no Python date holds (the validators' format checks use Python dates): left
-        # out, as the DATE pattern leaves it out (stdlib/patterns.py).
+        # out, as the DATE pattern leaves it out (qrun/constraint/patterns.py).
         if "pattern" not in sub:
             sub["pattern"] = _NONZERO_YEAR
         else:

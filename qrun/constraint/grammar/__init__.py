@@ -2,9 +2,10 @@
 lexer DFA, PyPI `llguidance`): JSON Schemas rewritten into forms it takes (rewrite.py), the
 Lark text of a schema or a grammar with qrun's options and healed prefix, and its refusals
 located in the user's schema or grammar (grammar.py). Free of torch and models, so `qrun
---check` compiles with it; the token-level cursor is runtime/llg.py."""
+--check` compiles with it; the token-level cursor is qrun/constraint/grammar_index.py."""
 
-from qrun.llg.grammar import (
+from qrun.constraint.grammar.rewrite import rewrite
+from qrun.constraint.grammar.text import (
     FIXED,
     FLEXIBLE,
     LIMITS,
@@ -18,7 +19,6 @@ from qrun.llg.grammar import (
     validate,
     with_prefix,
 )
-from qrun.llg.rewrite import rewrite
 
 __all__ = [
     "FIXED",

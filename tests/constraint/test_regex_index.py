@@ -15,10 +15,10 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qrun.backends.vocab import Vocabulary
+from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.regex_index import DEAD, IllegalTokenError, IndexCache, TokenIndex
+from qrun.constraint.vocab import Vocabulary
 from qrun.regex.dfa import compile_dfa
-from qrun.runtime.masks import DEAD, IllegalTokenError, IndexCache, TokenIndex
-from qrun.stdlib.patterns import PATTERNS
 
 Walk = Callable[[TokenIndex, list[int], int], bytes]
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from qrun.backends.vocab import Vocabulary
-from qrun.llg import check_lark
+from qrun.constraint.grammar import check_lark
+from qrun.constraint.vocab import Vocabulary
 from qrun.matcher import Matcher
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"```lark\n(?P<grammar>.*?)```\s*\naccepts `(?P<good>[^`]+)`,\s+refuses\s+"
                    r"`(?P<bad>[^`]+)`", re.S)
 

@@ -1,12 +1,12 @@
-"""Soundness of json= and grammar= holes (llguidance, runtime/llg.py), end to end on the tiny
-model at temperature 1: every value validates against its JSON Schema (the `jsonschema`
-validator, formats asserted) or is a sentence of its grammar (checked by a Matcher and by
-parsing it), in the fixed layout, within max_tokens, and the rendered text is exactly fixed
-text + values; healing, fast-forward, stop strings, speculation, batching, the server replay
-and the trace record work as for regex holes.
+"""Soundness of json= and grammar= holes (llguidance, qrun/constraint/grammar_index.py), end to end
+on the tiny model at temperature 1: every value validates against its JSON Schema (the `jsonschema`
+validator, formats asserted) or is a sentence of its grammar (checked by a Matcher and by parsing
+it), in the fixed layout, within max_tokens, and the rendered text is exactly fixed text + values;
+healing, fast-forward, stop strings, speculation, batching, the server replay and the trace record
+work as for regex holes.
 
-Budgets are the greedy shortest completion's tokens (LlgCursor.completion) plus a slack of
-0, 1 or 12 tokens: the budget-aware mask must close every value in time."""
+Budgets are the greedy shortest completion's tokens (LlgCursor.completion) plus a slack of 0, 1 or
+12 tokens: the budget-aware mask must close every value in time."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from doubles import ScriptedServer
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.grammar import json_grammar, lark_grammar, with_prefix
+from qrun.constraint.grammar_index import LlgIndex, greedy_tokens
 from qrun.errors import ConstraintError
-from qrun.llg import json_grammar, lark_grammar, with_prefix
-from qrun.runtime.llg import LlgIndex, greedy_tokens
 
 SCHEMAS: list[Any] = [
     {"type": "object",

@@ -1,6 +1,6 @@
-"""The vectorised vocabulary build (backends/vocab.py) gives exactly what the former per-prefix
-Python build gave: every trie array (values, dtype, shape, read-only), the duplicates, the
-single-byte table and every query, on random vocabularies and on SmolLM2's."""
+"""The vectorised vocabulary build (qrun/constraint/vocab.py) gives exactly what the former
+per-prefix Python build gave: every trie array (values, dtype, shape, read-only), the duplicates,
+the single-byte table and every query, on random vocabularies and on SmolLM2's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qrun.backends.vocab import TokenTrie, Vocabulary
+from qrun.constraint.vocab import TokenTrie, Vocabulary
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Token masks from llguidance for json= and grammar= holes: an LlgIndex is one grammar
-(qrun/llg/grammar.py text) compiled for one Vocabulary, immutable and shared through an
+(qrun/constraint/grammar/text.py text) compiled for one Vocabulary, immutable and shared through an
 LlgCache; an LlgCursor is one hole's parser state and implements the hole Cursor protocol
 (runtime/hole.py) as masks.py's MaskCursor does for regexes.
 
@@ -21,8 +21,8 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.vocab import Vocabulary
-from qrun.llg import LIMITS, GrammarError, clean_reason
+from qrun.constraint.grammar import LIMITS, GrammarError, clean_reason
+from qrun.constraint.vocab import Vocabulary
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
 
@@ -113,7 +113,7 @@ class LlgIndex:
         """Compile `grammar`.
 
         Raises:
-            GrammarError: llguidance refused it (its reason; qrun/llg/grammar.py locates it).
+            GrammarError: llguidance refused it (its reason; grammar/text.py locates it).
         """
         self.grammar = grammar
         self.vocab = vocab

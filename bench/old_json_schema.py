@@ -20,8 +20,8 @@ import json
 import re
 from typing import Any
 
+from qrun.constraint.patterns import PATTERNS
 from qrun.regex import PatternError, compile_dfa
-from qrun.stdlib.patterns import PATTERNS
 
 __all__ = ["SchemaError", "schema_to_regex"]
 

@@ -3,7 +3,7 @@ temperature 1, which wanders through many paths: every captured value full-match
 (`regex.fullmatch(..., flags=regex.ASCII)`, the DFA's documented semantics), stays within
 max_tokens, and the rendered text is exactly fixed text + values. A GenerationError is only
 allowed where no match fits the budget. (json= and grammar= holes, on llguidance:
-tests/runtime/test_llg_soundness.py.)
+tests/constraint/test_grammar_soundness.py.)
 
 Budgets are tight: the fewest tokens a match needs (min_tokens) or at most 2 more, for every
 kind of hole (healed or not, with forced text, stop strings), so the hole must never fail.
@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.masks import EAGER_MAX_STATES, IndexCache
+from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.regex_index import EAGER_MAX_STATES, IndexCache
 from qrun.runtime.result import HoleRecord
-from qrun.stdlib.patterns import PATTERNS
 
 FINISHES = {"eos", "match", "max_tokens", "stop", "boundary"}
 # One index cache for the file: the feasibility bounds below use the runtime's own indexes.

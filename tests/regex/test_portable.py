@@ -12,9 +12,9 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qrun.constraint.patterns import PATTERNS
 from qrun.regex import PatternError, compile_dfa
 from qrun.regex.portable import PortableError, escape, portable_regex
-from qrun.stdlib.patterns import PATTERNS
 
 TRICKY = [
     r"\d+", r"\w+@\w+", r"a\sb", r"[^\d]x", r"\D\W\S", r".+", r"(?s:.+)", r"(?i)abc[d-f]",

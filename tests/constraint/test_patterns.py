@@ -1,5 +1,5 @@
 """The stdlib pattern table: every named pattern compiles to a small DFA and accepts/rejects
-exactly what its comment in qrun/stdlib/patterns.py promises (checked against the DFA and
+exactly what its comment in qrun/constraint/patterns.py promises (checked against the DFA and
 against `regex.fullmatch`)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import regex
 
+from qrun.constraint.patterns import PATTERNS
 from qrun.regex.dfa import compile_dfa
-from qrun.stdlib.patterns import PATTERNS
 
 TABLE: list[tuple[str, str, bool]] = [
     ("INT", "0", True),

@@ -1,8 +1,9 @@
-"""LlgIndex / LlgCursor (runtime/llg.py) and the grammar text (qrun/llg/grammar.py) on the real
-SmolLM2 vocabulary and a byte vocabulary: masks agree with what llguidance consumes, any
-tokenization of a valid text is accepted, EOS only where complete, special tokens never,
-healed prefixes, layouts and closed objects, fast-forward bytes, budgets that close the
-value, rollback and copies, and errors located in the schema or the Lark text."""
+"""LlgIndex / LlgCursor (qrun/constraint/grammar_index.py) and the grammar text
+(qrun/constraint/grammar/text.py) on the real SmolLM2 vocabulary and a byte vocabulary: masks agree
+with what llguidance consumes, any tokenization of a valid text is accepted, EOS only where
+complete, special tokens never, healed prefixes, layouts and closed objects, fast-forward bytes,
+budgets that close the value, rollback and copies, and errors located in the schema or the Lark
+text."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from qrun.backends.vocab import Vocabulary
-from qrun.llg import (
+from qrun.constraint.grammar import (
     FLEXIBLE,
     JsonFormat,
     check_lark,
@@ -25,10 +25,11 @@ from qrun.llg import (
     lark_grammar,
     with_prefix,
 )
-from qrun.llg.grammar import GrammarError
+from qrun.constraint.grammar.text import GrammarError
+from qrun.constraint.grammar_index import LlgCursor, LlgIndex, greedy_tokens
+from qrun.constraint.vocab import Vocabulary
 from qrun.runtime.generate import generate
 from qrun.runtime.hole import GenRequest
-from qrun.runtime.llg import LlgCursor, LlgIndex, greedy_tokens
 from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.session import Session
 

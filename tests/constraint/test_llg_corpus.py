@@ -25,7 +25,7 @@ from bench.json_instances import invalid_instances
 from bench.llg_check import Checker, SchemaReport
 from bench.llg_corpus import summarize
 from bench.schema_corpus import load_corpus
-from qrun.backends.vocab import Vocabulary
+from qrun.constraint.vocab import Vocabulary
 from qrun.matcher import Matcher
 
 pytest.importorskip("hypothesis_jsonschema")

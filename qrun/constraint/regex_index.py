@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.vocab import TokenTrie, Vocabulary
+from qrun.constraint.vocab import TokenTrie, Vocabulary
 from qrun.regex.dfa import (
     UNREACHABLE,
     ByteDFA,

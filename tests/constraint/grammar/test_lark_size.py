@@ -1,7 +1,7 @@
-"""Hostile Lark grammars get a clear error, never a crash (qrun/llg/lark_size.py): a chain of
-3,000 rules killed the process with SIGSEGV inside llguidance, a megabyte of alternatives
-compiled for seconds and stopped mid-sampling; and llguidance's parser giving up while a hole
-runs is a GenerationError at the hole, not a traceback."""
+"""Hostile Lark grammars get a clear error, never a crash (qrun/constraint/grammar/lark_size.py): a
+chain of 3,000 rules killed the process with SIGSEGV inside llguidance, a megabyte of alternatives
+compiled for seconds and stopped mid-sampling; and llguidance's parser giving up while a hole runs
+is a GenerationError at the hole, not a traceback."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.grammar import check_lark
+from qrun.constraint.grammar.lark_size import MAX_GRAMMAR_CHARS, MAX_RULE_DEPTH
 from qrun.errors import TemplateErrors
-from qrun.llg import check_lark
-from qrun.llg.lark_size import MAX_GRAMMAR_CHARS, MAX_RULE_DEPTH
 
 
 def chain(n: int) -> str:
@@ -26,7 +26,7 @@ def chain(n: int) -> str:
 
 def test_a_chain_of_3000_rules_is_refused_not_a_crash() -> None:
     # In a process of its own: before the limit, this call died with SIGSEGV.
-    code = ("from qrun.llg import check_lark\n"
+    code = ("from qrun.constraint.grammar import check_lark\n"
             f"e = check_lark({chain(3000)!r})\n"
             "print(e.reason, e.line)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -69,7 +69,8 @@ def test_the_parser_giving_up_mid_hole_is_a_generation_error(
     # llguidance's rows hold at most max_items_in_row items; 20,000 alternatives passed the
     # check and then stopped the parser at the first token, which escaped as a ValueError.
     # (The limit is lowered so a small grammar meets it.)
-    monkeypatch.setattr("qrun.runtime.llg.LIMITS", llguidance.LLParserLimits(max_items_in_row=50))
+    monkeypatch.setattr("qrun.constraint.grammar_index.LIMITS",
+                        llguidance.LLParserLimits(max_items_in_row=50))
     grammar = "start: " + " | ".join(f'"w{i}"' for i in range(200))
     with pytest.raises(qrun.GenerationError) as caught:
         qrun.Query("A: {{ gen w grammar=g max_tokens=4 }}").run(model=tiny, g=grammar)

@@ -1,16 +1,15 @@
-"""Grammar text for llguidance (json= and grammar= holes): a JSON Schema (after the sound
-rewrite, rewrite.py) or a user's Lark grammar as one Lark text, the healed prefix put in front,
-and llguidance's refusals turned into positions: a JSON pointer into the user's schema, a line
-and column in the user's grammar. Compiles without a tokenizer, so `qrun --check` needs
-neither torch nor a model (tests/test_structure.py).
+"""Grammar text for llguidance (json= and grammar= holes): a JSON Schema (after the sound rewrite,
+rewrite.py) or a user's Lark grammar as one Lark text, the healed prefix put in front, and
+llguidance's refusals turned into positions: a JSON pointer into the user's schema, a line and
+column in the user's grammar. Compiles without a tokenizer, so `qrun --check` needs neither torch
+nor a model (tests/test_structure.py).
 
-Every text starts with `%llguidance {"no_forcing": true}`: masks are then byte-level (a token
-is allowed iff its bytes keep the text in the language), as qrun's own engine's are
-(runtime/masks.py), instead of allowing only the canonical tokenization of forced text; qrun
-fast-forwards forced text itself (runtime/generate.py). That line is also what only
+Every text starts with `%llguidance {"no_forcing": true}`: masks are then byte-level (a token is
+allowed iff its bytes keep the text in the language), as qrun's own engine's are
+(qrun/constraint/regex_index.py), instead of allowing only the canonical tokenization of forced
+text; qrun fast-forwards forced text itself (runtime/generate.py). That line is also what only
 llguidance reads, so a vLLM server in its default "auto" mode routes these grammars to its
-llguidance backend (runtime/remote.py).
-"""
+llguidance backend (runtime/remote.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +22,9 @@ from typing import Any
 
 import llguidance
 
-from qrun.llg.lark_size import grammar_size_error
-from qrun.llg.rewrite import rewrite
-from qrun.llg.schema import close_objects, escape, non_finite, schema_positions
+from qrun.constraint.grammar.lark_size import grammar_size_error
+from qrun.constraint.grammar.rewrite import rewrite
+from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
 
 __all__ = [
     "FIXED",

@@ -1,29 +1,14 @@
-"""Fixtures for the constraint engine tests: the real SmolLM2 vocabulary (tokenizer only, no
-weights; loaded once per session) and a tiny hand-made byte vocabulary."""
+"""Fixtures for the constraint engine tests (the real SmolLM2 vocabulary is tests/conftest.py's
+`smol_vocab`): a tiny hand-made byte vocabulary, a shared index cache, a random walk."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from qrun.backends.vocab import Vocabulary
-from qrun.runtime.masks import IndexCache, TokenIndex
-
-
-@pytest.fixture(scope="session")
-def smol_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from qrun.backends.loading import ensure_converted, locate_model
-
-    return AutoTokenizer.from_pretrained(ensure_converted(locate_model("smollm2")))
-
-
-@pytest.fixture(scope="session")
-def smol_vocab(smol_tokenizer: Any) -> Vocabulary:
-    return Vocabulary.from_tokenizer(smol_tokenizer)
+from qrun.constraint.regex_index import IndexCache, TokenIndex
+from qrun.constraint.vocab import Vocabulary
 
 
 @pytest.fixture(scope="session")

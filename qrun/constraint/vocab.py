@@ -1,48 +1,19 @@
 """The byte view of a tokenizer's vocabulary, built once per tokenizer: what bytes each token id
-stands for, plus the level-ordered token trie that masks.py walks through a DFA in numpy."""
+stands for, plus the level-ordered token trie that regex_index.py walks through a DFA in numpy."""
 
 from __future__ import annotations
 
 import bisect
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = ["TokenTrie", "Vocabulary", "VocabularyError"]
 
-# SentencePiece marks a leading space with U+2581 and spells raw bytes as <0xNN>.
-_SP_SPACE = "\u2581"
-_SP_BYTE_PREFIX, _SP_BYTE_LEN = "<0x", 6
-
-
 class VocabularyError(ValueError):
     """The tokenizer's token strings cannot be mapped to bytes (unsupported tokenizer kind)."""
-
-
-def _gpt2_unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's `bytes_to_unicode`: printable bytes map to themselves, the other 68
-    bytes to U+0100.. in order. Byte-level BPE token strings are spelled in these characters."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-_BYTE_OF_CHAR = _gpt2_unicode_to_byte()
-# The same map for str.translate: a byte-level piece becomes the text whose code points are its
-# bytes, which latin-1 encodes one to one (17 ms for SmolLM2's 49k pieces; a per-character
-# generator took 42 ms).
-_BYTE_TRANSLATION = {ord(ch): byte for ch, byte in _BYTE_OF_CHAR.items()}
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
@@ -199,7 +170,8 @@ class Vocabulary:
     trie: the level-ordered trie of all ordinary tokens (see TokenTrie).
     single_byte_tokens: bool [256], which byte values are a token on their own; distances in
         bytes over these bytes bound the number of tokens still needed (docs/internals.md §3.8).
-    Identity-compared (eq=False): build one per tokenizer with `from_tokenizer`.
+    Identity-compared (eq=False): build one per tokenizer (a Hugging Face tokenizer's:
+        qrun/backends/hf_tokenizer.py vocabulary_of).
     """
 
     token_bytes: tuple[bytes | None, ...]
@@ -260,99 +232,3 @@ class Vocabulary:
             more_ids[first] = (*more_ids.get(first, ()), token_id)
         return Vocabulary(cleaned, tuple(eos_token_ids), trie, singles, distinct.first_id,
                           more_ids, distinct.ordered)
-
-    @staticmethod
-    def from_tokenizer(tokenizer: Any, size: int | None = None) -> Vocabulary:
-        """The vocabulary of a Hugging Face tokenizer, cached per tokenizer object (and size).
-
-        Byte-level BPE token strings are decoded by inverting GPT-2's `bytes_to_unicode`;
-        SentencePiece-style ones (`▁` for space, `<0xNN>` byte tokens) are also understood.
-
-        Raises:
-            VocabularyError: the token strings are neither byte-level nor SentencePiece-style,
-                or `size` is smaller than the tokenizer.
-        """
-        return _CACHE.get(tokenizer, size)
-
-
-class _VocabularyCache:
-    """Vocabularies keyed weakly by tokenizer object: built once, dropped with the tokenizer."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_tokenizer: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Vocabulary]]
-        self._by_tokenizer = weakref.WeakKeyDictionary()
-
-    def get(self, tokenizer: Any, size: int | None) -> Vocabulary:
-        length = len(tokenizer)
-        key = (length, length if size is None else size)
-        with self._lock:
-            built = self._by_tokenizer.setdefault(tokenizer, {})
-            if key not in built:
-                built[key] = _build_from_tokenizer(tokenizer, key[1])
-            return built[key]
-
-
-_CACHE = _VocabularyCache()
-
-
-def _build_from_tokenizer(tokenizer: Any, size: int) -> Vocabulary:
-    length = len(tokenizer)
-    if size < length:
-        raise VocabularyError(
-            f"model vocabulary size {size} is smaller than the tokenizer ({length})"
-        )
-    special = set(getattr(tokenizer, "all_special_ids", ()))
-    special.update(getattr(tokenizer, "added_tokens_decoder", {}).keys())
-    pieces: list[str | None] = list(tokenizer.convert_ids_to_tokens(list(range(length))))
-    ordinary = [p for i, p in enumerate(pieces) if i not in special and p is not None]
-    decode = _pick_decoder(ordinary)
-    token_bytes: list[bytes | None] = [
-        None if i in special or piece is None else decode(piece) for i, piece in enumerate(pieces)
-    ]
-    token_bytes.extend([None] * (size - length))
-    eos = _eos_ids(tokenizer)
-    return Vocabulary.from_token_bytes(token_bytes, eos)
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return []
-    return list(eos) if isinstance(eos, list | tuple) else [int(eos)]
-
-
-def _pick_decoder(pieces: Sequence[str]) -> Any:
-    """Byte-level if every ordinary piece is spelled in the GPT-2 byte alphabet, SentencePiece if
-    the vocabulary has `▁` pieces and <0xNN> byte pieces; otherwise unsupported."""
-    if set().union(*pieces) <= _BYTE_OF_CHAR.keys():
-        return _decode_byte_level
-    has_byte_pieces = any(_is_sp_byte(p) for p in pieces)
-    if has_byte_pieces and any(_SP_SPACE in p for p in pieces):
-        return _decode_sentencepiece
-    bad = next(p for p in pieces if not all(ch in _BYTE_OF_CHAR for ch in p))
-    raise VocabularyError(
-        f"unsupported tokenizer: token {bad!r} is neither byte-level BPE (GPT-2 byte alphabet) "
-        "nor SentencePiece with <0xNN> byte tokens, so token bytes cannot be known exactly"
-    )
-
-
-def _decode_byte_level(piece: str) -> bytes:
-    return piece.translate(_BYTE_TRANSLATION).encode("latin-1")
-
-
-def _is_sp_byte(piece: str) -> bool:
-    return (
-        len(piece) == _SP_BYTE_LEN
-        and piece.startswith(_SP_BYTE_PREFIX)
-        and piece.endswith(">")
-        and all(c in "0123456789ABCDEFabcdef" for c in piece[3:5])
-    )
-
-
-def _decode_sentencepiece(piece: str) -> bytes:
-    # The tokenizer's own "add a leading space" normalisation is a tokenizer concern; here a
-    # `▁` is simply the space byte it stands for inside the text.
-    if _is_sp_byte(piece):
-        return bytes([int(piece[3:5], 16)])
-    return piece.replace(_SP_SPACE, " ").encode("utf-8")

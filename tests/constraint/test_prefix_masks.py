@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.healing import PrefixMasks
+from qrun.constraint.healing import PrefixMasks
 
 
 @pytest.mark.parametrize("prefix", [b" ", b":", b" Par", b"http:", b"\xc3", b"\n\n", b"ing"])

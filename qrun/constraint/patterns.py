@@ -1,6 +1,6 @@
 """Named regex constraints (`regex=DATE` in a template, and the JSON Schema formats). Each is
 `regex` package syntax matched in full with ASCII classes (regex/dfa.py) and compiles to a
-small byte DFA; tests/constraints/test_patterns.py pins what each accepts and rejects."""
+small byte DFA; tests/constraint/test_patterns.py pins what each accepts and rejects."""
 
 from __future__ import annotations
 

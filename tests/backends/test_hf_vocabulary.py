@@ -1,5 +1,6 @@
-"""Vocabulary: byte decoding of SmolLM2's byte-level BPE, special tokens, caching, the token
-trie, SentencePiece-style and unsupported tokenizers."""
+"""A Hugging Face tokenizer's byte vocabulary (qrun/backends/hf_tokenizer.py vocabulary_of):
+byte decoding of SmolLM2's byte-level BPE, special tokens, caching per tokenizer and size,
+SentencePiece-style and unsupported tokenizers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from qrun.backends.vocab import TokenTrie, Vocabulary, VocabularyError
+from qrun.backends.hf_tokenizer import vocabulary_of
+from qrun.constraint.vocab import Vocabulary, VocabularyError
 
 
 def test_smollm2_bytes(smol_tokenizer: Any, smol_vocab: Vocabulary) -> None:
@@ -39,30 +41,12 @@ def _utf8(data: bytes) -> bool:
 
 
 def test_cached_per_tokenizer_and_size(smol_tokenizer: Any, smol_vocab: Vocabulary) -> None:
-    assert Vocabulary.from_tokenizer(smol_tokenizer) is smol_vocab
-    wider = Vocabulary.from_tokenizer(smol_tokenizer, size=49160)
+    assert vocabulary_of(smol_tokenizer) is smol_vocab
+    wider = vocabulary_of(smol_tokenizer, size=49160)
     assert wider.size == 49160 and wider.token_bytes[49155] is None
-    assert Vocabulary.from_tokenizer(smol_tokenizer, size=49160) is wider
+    assert vocabulary_of(smol_tokenizer, size=49160) is wider
     with pytest.raises(VocabularyError, match="smaller"):
-        Vocabulary.from_tokenizer(smol_tokenizer, size=100)
-
-
-def test_has_extension(smol_vocab: Vocabulary) -> None:
-    assert smol_vocab.has_extension(b" th")
-    assert smol_vocab.has_extension(b"")
-    assert not smol_vocab.has_extension(b"\x00\x00\x00")
-    longest = max((b for b in smol_vocab.token_bytes if b), key=len)
-    assert not smol_vocab.has_extension(longest)
-
-
-def test_trie_layout() -> None:
-    trie = TokenTrie.build([b"a", b"ab", b"b", None, b"ab", b"abc", b""])
-    assert trie.max_len == 3
-    assert trie.duplicates == ((4, 1),)
-    assert list(trie.byte[1]) == [ord("a"), ord("b")]
-    assert list(trie.token_at[1]) == [0, 2]
-    assert list(trie.child_count[1]) == [1, 0]  # 'a' has child 'ab'; 'b' none
-    assert list(trie.token_at[3]) == [5]
+        vocabulary_of(smol_tokenizer, size=100)
 
 
 class _FakeTokenizer:
@@ -83,7 +67,7 @@ class _FakeTokenizer:
 
 def test_sentencepiece_style() -> None:
     pieces = ["<unk>", "<s>", "</s>", "<0x0A>", "<0xC3>", "▁the", "é", "▁", "ab"]
-    vocab = Vocabulary.from_tokenizer(_FakeTokenizer(pieces, [0, 1, 2], eos=2))
+    vocab = vocabulary_of(_FakeTokenizer(pieces, [0, 1, 2], eos=2))
     assert vocab.token_bytes == (
         None,
         None,
@@ -100,4 +84,4 @@ def test_sentencepiece_style() -> None:
 
 def test_unsupported_tokenizer() -> None:
     with pytest.raises(VocabularyError, match="unsupported tokenizer"):
-        Vocabulary.from_tokenizer(_FakeTokenizer(["<s>", "hello world", "日本"], [0], eos=0))
+        vocabulary_of(_FakeTokenizer(["<s>", "hello world", "日本"], [0], eos=0))

@@ -1,0 +1,24 @@
+"""Vocabulary (qrun/constraint/vocab.py): extension queries and the token trie. Decoding a
+Hugging Face tokenizer's pieces into bytes is tests/backends/test_hf_vocabulary.py."""
+
+from __future__ import annotations
+
+from qrun.constraint.vocab import TokenTrie, Vocabulary
+
+
+def test_has_extension(smol_vocab: Vocabulary) -> None:
+    assert smol_vocab.has_extension(b" th")
+    assert smol_vocab.has_extension(b"")
+    assert not smol_vocab.has_extension(b"\x00\x00\x00")
+    longest = max((b for b in smol_vocab.token_bytes if b), key=len)
+    assert not smol_vocab.has_extension(longest)
+
+
+def test_trie_layout() -> None:
+    trie = TokenTrie.build([b"a", b"ab", b"b", None, b"ab", b"abc", b""])
+    assert trie.max_len == 3
+    assert trie.duplicates == ((4, 1),)
+    assert list(trie.byte[1]) == [ord("a"), ord("b")]
+    assert list(trie.token_at[1]) == [0, 2]
+    assert list(trie.child_count[1]) == [1, 0]  # 'a' has child 'ab'; 'b' none
+    assert list(trie.token_at[3]) == [5]
