@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import JsonFormat, check_lark, check_schema, json_grammar
+from qrun.constraint.grammar import GrammarError, JsonFormat, check_lark
 from qrun.constraint.grammar import lark_grammar as lark_text
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
 from qrun.constraint.patterns import PATTERNS
@@ -183,10 +183,12 @@ class Matcher:
             except ValueError as exc:
                 raise ConstraintError(f"the JSON Schema is not valid JSON: {exc}",
                                       *_whole(str(schema))) from None
-        error = check_schema(schema, fmt)
-        if error is not None:
-            raise ConstraintError(f"JSON Schema: {error}", *_whole(repr(schema)[:2000]))
-        return _LlgEngine(_GRAMMARS.get(json_grammar(schema, fmt), self.vocab).start())
+        try:  # one llguidance compile, which is also the check (LlgCache.schema)
+            index = _GRAMMARS.schema(schema, self.vocab, fmt)
+        except GrammarError as error:
+            raise ConstraintError(f"JSON Schema: {error}",
+                                  *_whole(repr(schema)[:2000])) from None
+        return _LlgEngine(index.start())
 
     def _regex(self, pattern: str) -> _Engine:
         try:

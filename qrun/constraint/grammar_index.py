@@ -16,12 +16,21 @@ import hashlib
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
 import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from qrun.constraint.grammar import LIMITS, GrammarError, clean_reason
+from qrun.constraint.grammar import (
+    FIXED,
+    LIMITS,
+    GrammarError,
+    JsonFormat,
+    check_schema,
+    clean_reason,
+    schema_grammar,
+)
 from qrun.constraint.vocab import Vocabulary
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
@@ -104,6 +113,22 @@ def _ordinary(vocab: Vocabulary) -> npt.NDArray[np.bool_]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _byte_tokens(vocab: Vocabulary) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                             npt.NDArray[np.int64]]:
+    """Per byte its single-byte token (-1: none); the bytes that have one, and those tokens
+    (the completion walk reads the mask at these ids). Per vocabulary, not per grammar: 256
+    lookups are ~5 % of a small schema's compile."""
+    tokens = np.array([(vocab.ids_of(bytes([b])) or (-1,))[0] for b in range(256)],
+                      dtype=np.int64)
+    spelled = np.flatnonzero(tokens >= 0)
+    for array in (tokens, spelled):
+        array.flags.writeable = False
+    ids = tokens[spelled]
+    ids.flags.writeable = False
+    return tokens, spelled, ids
+
+
 class LlgIndex:
     """One grammar compiled for one vocabulary. `start()` hands out cursors: copies of a fresh
     matcher that share its lexer cache (llguidance guards it with a mutex), so later holes
@@ -124,12 +149,7 @@ class LlgIndex:
         if self._template.is_error():
             raise GrammarError(clean_reason(self._template.get_error()))
         self._lock = threading.Lock()
-        self.byte_tokens = np.array([(vocab.ids_of(bytes([b])) or (-1,))[0] for b in range(256)],
-                                    dtype=np.int64)
-        # The bytes that have a single-byte token, and those tokens (the completion walk
-        # reads the mask at these ids).
-        self.spelled_bytes = np.flatnonzero(self.byte_tokens >= 0)
-        self.spelled_ids = self.byte_tokens[self.spelled_bytes]
+        self.byte_tokens, self.spelled_bytes, self.spelled_ids = _byte_tokens(vocab)
 
     def __repr__(self) -> str:
         return f"LlgIndex({len(self.grammar)} chars, vocab={self.vocab.size})"
@@ -450,6 +470,24 @@ class LlgCache:
         self._max_entries = max(1, max_entries)
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[Vocabulary, str], LlgIndex] = OrderedDict()
+
+    def schema(self, schema: Any, vocab: Vocabulary, fmt: JsonFormat = FIXED) -> LlgIndex:
+        """The index of a JSON Schema (a dict or a bool) in layout `fmt`, compiled once:
+        the grammar text comes from grammar/text.py's memo (the rewrite runs once per
+        schema text), and building the index is llguidance's check, so a schema that
+        compiles is compiled once, with the tokenizer (check_schema first and then `get`
+        compiles it twice: once without a tokenizer to check, once to build). Only a refused
+        schema is compiled again, by check_schema, to locate the fault.
+
+        Raises:
+            GrammarError: the schema is refused (with its JSON pointer where found).
+        """
+        grammar = schema_grammar(schema, fmt)
+        try:
+            return self.get(grammar, vocab)
+        except GrammarError as exc:
+            located = check_schema(schema, fmt)
+            raise (located if located is not None else exc) from None
 
     def get(self, grammar: str, vocab: Vocabulary) -> LlgIndex:
         """The index of `grammar` over `vocab`, built on first use.

@@ -7,8 +7,10 @@ text."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +27,10 @@ from qrun.constraint.grammar import (
     lark_grammar,
     with_prefix,
 )
+from qrun.constraint import grammar_index
+from qrun.constraint.grammar import text
 from qrun.constraint.grammar.text import GrammarError
-from qrun.constraint.grammar_index import LlgCursor, LlgIndex, greedy_tokens
+from qrun.constraint.grammar_index import LlgCache, LlgCursor, LlgIndex, greedy_tokens
 from qrun.constraint.vocab import Vocabulary
 from qrun.runtime.generate import generate
 from qrun.runtime.hole import GenRequest
@@ -299,6 +303,84 @@ def test_schema_errors_are_located() -> None:
     assert check_schema({"id": "x", "x-foo": 1, "example": 3, "type": "string"}) is None
     error = check_schema({"items": [{"minimum": float("nan")}]})
     assert error is not None and error.pointer == "/items/0/minimum"
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts of rewrites, llguidance checks (no tokenizer) and index builds (a compile
+    with the tokenizer) from here on."""
+    counts: Counter[str] = Counter()
+
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(text, "rewrite", counting("rewrite", text.rewrite))
+    monkeypatch.setattr(text, "validate", counting("check", text.validate))
+    monkeypatch.setattr(grammar_index, "LlgIndex", counting("build", LlgIndex))
+    return counts
+
+
+def test_a_schema_is_rewritten_and_compiled_once(smol_vocab: Vocabulary,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue #24 item 4: building the index is llguidance's check, so a new schema compiles
+    # once; the rewrite and the check's verdict are kept per schema text.
+    counts = _count_calls(monkeypatch)
+    schema = {**PERSON, "title": "compiled once"}
+    cache = LlgCache()
+    index = cache.schema(schema, smol_vocab, FLEXIBLE)
+    assert counts == {"rewrite": 1, "build": 1}
+    assert cache.schema(json.loads(json.dumps(schema)), smol_vocab, FLEXIBLE) is index
+    assert json_grammar(schema, FLEXIBLE) == index.grammar
+    assert counts == {"rewrite": 1, "build": 1}
+    assert check_schema(schema, FLEXIBLE) is None and check_schema(schema, FLEXIBLE) is None
+    assert counts == {"rewrite": 1, "build": 1, "check": 1}
+    # Another layout is another grammar.
+    assert cache.schema(schema, smol_vocab).grammar != index.grammar
+    assert counts == {"rewrite": 2, "build": 2, "check": 1}
+
+
+def test_the_memo_follows_the_schema_text_not_the_object(smol_vocab: Vocabulary) -> None:
+    schema = copy.deepcopy(PERSON)
+    cache = LlgCache()
+    before = cache.schema(schema, smol_vocab)
+    schema["properties"]["name"]["maxLength"] = 2
+    after = cache.schema(schema, smol_vocab)
+    assert before.accepts(b'{"name": "abc", "age": 1}')
+    assert not after.accepts(b'{"name": "abc", "age": 1}')
+    assert after.accepts(b'{"name": "ab", "age": 1}')
+
+
+def test_a_refused_schema_is_located_once(smol_vocab: Vocabulary,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    schema = {"title": "refused once",
+              "properties": {"b": {"items": {"uniqueItems": True, "type": "array"}}}}
+    cache = LlgCache()
+    with pytest.raises(GrammarError) as caught:
+        cache.schema(schema, smol_vocab)
+    assert caught.value.pointer == "/properties/b/items/uniqueItems"
+    assert caught.value.reason == 'Unimplemented keys: ["uniqueItems"]'
+    counts = _count_calls(monkeypatch)
+    with pytest.raises(GrammarError) as again:
+        cache.schema(schema, smol_vocab)
+    assert again.value is caught.value and not counts
+    # Errors found before any compile keep their pointers.
+    for bad, pointer in (([1], ""), ({"items": [{"minimum": float("inf")}]}, "/items/0/minimum"),
+                         ({"properties": {"a": {"enum": {1, 2}}}}, "/properties/a/enum")):
+        with pytest.raises(GrammarError) as early:
+            cache.schema(bad, smol_vocab)
+        assert early.value.pointer == pointer
+    deep: list[Any] = []
+    deep.append(deep)
+    with pytest.raises(GrammarError, match="inside itself"):
+        cache.schema({"enum": deep}, smol_vocab)
+    nested: Any = {}
+    for _ in range(100_000):
+        nested = {"not": nested}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        cache.schema(nested, smol_vocab)
+    assert counts["build"] == 0
 
 
 def test_lark_errors_have_positions(smol_vocab: Vocabulary) -> None:

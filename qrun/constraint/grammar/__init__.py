@@ -16,6 +16,7 @@ from qrun.constraint.grammar.text import (
     clean_reason,
     json_grammar,
     lark_grammar,
+    schema_grammar,
     validate,
     with_prefix,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "json_grammar",
     "lark_grammar",
     "rewrite",
+    "schema_grammar",
     "validate",
     "with_prefix",
 ]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,7 @@ __all__ = [
     "clean_reason",
     "json_grammar",
     "lark_grammar",
+    "schema_grammar",
     "validate",
     "with_prefix",
 ]
@@ -49,6 +52,12 @@ _OPTIONS_LINE = re.compile(r"(?m)^[ \t]*%llguidance\b")
 # matcher then stops with an error in the middle of a value. 20,000 costs nothing where
 # rows stay small.
 LIMITS = llguidance.LLParserLimits(max_items_in_row=20_000)
+# Grammar texts and check verdicts are kept per schema text (its json.dumps) and layout, for this
+# many schemas: a schema met again (a hole in a loop, one Matcher per instance checked, the
+# compile-time check and then the run) costs a json.dumps and a lookup instead of the rewrite
+# (a deep copy and walks: up to ~10 ms on MaskBench's largest schemas) and, for the check,
+# an llguidance compile. Texts of schemas refused before the compile are kept too.
+_MEMO_ENTRIES = 128
 
 
 class GrammarError(ValueError):
@@ -99,8 +108,32 @@ FLEXIBLE = JsonFormat(whitespace_flexible=True)
 
 def json_grammar(schema: Any, fmt: JsonFormat = FIXED) -> str:
     """The Lark text of JSON valid against `schema` (a dict or a bool), rewritten
-    (rewrite.py). Check it with `check_schema` first for a located error."""
-    return f"{HEADER}start: %json {_schema_text(schema, fmt)}\n"
+    (rewrite.py). Check it with `check_schema` first for a located error (or take it from
+    `schema_grammar`, which checks what needs no compile). Memoized per schema text."""
+    entry = _memo_entry(schema, fmt)
+    if entry is None or entry.grammar is None:
+        return _grammar_text(schema, fmt)
+    return entry.grammar
+
+
+def schema_grammar(schema: Any, fmt: JsonFormat = FIXED) -> str:
+    """`json_grammar` after the checks that need no llguidance compile (the schema is an
+    object or a boolean, has only finite numbers, is not nested too deeply), for a caller
+    that compiles the text anyway and so checks it once (grammar_index.py LlgCache.schema);
+    where llguidance then refuses it, `check_schema` locates the fault.
+
+    Raises:
+        GrammarError: one of those checks failed (located as check_schema locates it).
+    """
+    entry = _memo_entry(schema, fmt)
+    if entry is None:
+        raise _not_json(schema)
+    if entry.early is not None:
+        raise entry.early
+    if entry.checked and entry.error is not None:
+        raise entry.error
+    assert entry.grammar is not None  # set whenever `early` is None
+    return entry.grammar
 
 
 def lark_grammar(text: str) -> str:
@@ -148,15 +181,110 @@ def check_lark(text: str) -> GrammarError | None:
 
 def check_schema(schema: Any, fmt: JsonFormat = FIXED) -> GrammarError | None:
     """Why llguidance refuses `schema` after the rewrite, located in the user's schema (see
-    `_locate`), or None when it compiles. A few ms for most schemas."""
+    `_locate`), or None when it compiles. A few ms for most schemas; memoized per schema
+    text, so checking a schema again costs a json.dumps."""
+    entry = _memo_entry(schema, fmt)
+    if entry is None:
+        return _not_json(schema)
+    if entry.early is not None:
+        return entry.early
+    if not entry.checked:
+        entry.error = _compile_error(schema, entry.grammar, fmt)
+        entry.checked = True
+    return entry.error
+
+
+def _early_error(schema: Any) -> GrammarError | None:
+    """What is wrong with `schema` before llguidance reads it, or None."""
     if not isinstance(schema, dict | bool):
         return GrammarError(f"a JSON Schema is an object or a boolean, not "
                             f"{type(schema).__name__}", pointer="")
     bad = non_finite(schema)
     if bad is not None:
         return GrammarError("JSON has no Infinity or NaN: use a finite number", pointer=bad)
-    reason = _schema_reason(schema, fmt)
+    return None
+
+
+def _not_json(schema: Any) -> GrammarError:
+    """The error for a schema json.dumps refuses: the first value that is not JSON data (a
+    set, a date...), or a container that holds itself."""
+    try:
+        found = _non_json_value(schema, "", set())
+    except RecursionError:
+        return GrammarError("the schema is nested too deeply", pointer="")
+    if found is None:
+        return GrammarError("the schema is not JSON data", pointer="")
+    pointer, what = found
+    return GrammarError(f"the schema is not JSON data: {what}", pointer=pointer)
+
+
+def _non_json_value(value: Any, pointer: str, open_ids: set[int]) -> tuple[str, str] | None:
+    if value is None or isinstance(value, str | int | float):
+        return None
+    if not isinstance(value, dict | list | tuple):
+        return pointer, f"a {type(value).__name__}"
+    if id(value) in open_ids:
+        return pointer, "a container inside itself"
+    open_ids.add(id(value))
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        if isinstance(value, dict) and not (key is None or isinstance(key, str | int | float)):
+            return pointer, f"a key of type {type(key).__name__}"
+        found = _non_json_value(item, f"{pointer}/{escape(str(key))}", open_ids)
+        if found is not None:
+            return found
+    open_ids.discard(id(value))
+    return None
+
+
+def _compile_error(schema: Any, grammar: str | None, fmt: JsonFormat) -> GrammarError | None:
+    """llguidance's refusal of `schema` (its grammar text when known), located."""
+    reason = _schema_reason(schema, fmt) if grammar is None else validate(grammar)
     return None if reason is None else _locate(schema, reason, fmt)
+
+
+class _Entry:
+    """What is known of one schema text in one layout: its grammar text (None when the
+    rewrite recursed too deeply), an error found without compiling (`early`), and, once
+    `checked`, llguidance's verdict (`error`)."""
+
+    __slots__ = ("grammar", "early", "error", "checked")
+
+    def __init__(self, schema: Any, fmt: JsonFormat) -> None:
+        self.grammar: str | None = None
+        self.error: GrammarError | None = None
+        self.checked = False
+        self.early = _early_error(schema)
+        if self.early is None:
+            try:
+                self.grammar = _grammar_text(schema, fmt)
+            except RecursionError:
+                self.early = GrammarError("the schema is nested too deeply", pointer="")
+
+
+_memo: OrderedDict[tuple[str, JsonFormat], _Entry] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _memo_entry(schema: Any, fmt: JsonFormat) -> _Entry | None:
+    """The memo entry of `schema` in `fmt`, made on first use; None when the schema is not
+    JSON data (json.dumps refuses it), which is then not memoized."""
+    try:
+        text = json.dumps(schema, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    key = (text, fmt)
+    with _memo_lock:
+        entry = _memo.get(key)
+        if entry is not None:
+            _memo.move_to_end(key)
+            return entry
+    entry = _Entry(schema, fmt)  # outside the lock: two threads may both build it, harmlessly
+    with _memo_lock:
+        entry = _memo.setdefault(key, entry)
+        if len(_memo) > _MEMO_ENTRIES:
+            _memo.popitem(last=False)
+    return entry
 
 
 def clean_reason(message: str) -> str:
@@ -180,6 +308,10 @@ def clean_reason(message: str) -> str:
     return first.strip()
 
 
+def _grammar_text(schema: Any, fmt: JsonFormat) -> str:
+    return f"{HEADER}start: %json {_schema_text(schema, fmt)}\n"
+
+
 def _schema_text(schema: Any, fmt: JsonFormat) -> str:
     body = rewrite(close_objects(schema) if fmt.closed else schema)
     if body is True:
@@ -192,7 +324,7 @@ def _schema_text(schema: Any, fmt: JsonFormat) -> str:
 
 def _schema_reason(schema: Any, fmt: JsonFormat) -> str | None:
     try:
-        text = json_grammar(schema, fmt)
+        text = _grammar_text(schema, fmt)
     except RecursionError:
         return "the schema is nested too deeply"
     return validate(text)
