@@ -144,6 +144,10 @@ def render(results: Mapping[str, Any]) -> str:
         from bench.llg_corpus import corpus_section
 
         lines += corpus_section(results["json_corpus"])
+    if "maskbench" in results:
+        from bench.maskbench import maskbench_section
+
+        lines += maskbench_section(results["maskbench"])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"
 

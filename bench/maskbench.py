@@ -1,0 +1,533 @@
+"""MaskBench through `qrun.Matcher`: the public JSON Schema suite of guidance-ai/jsonschemabench
+(maskbench/data: 11,305 real schemas, each with valid and invalid instances), checked token by
+token with SmolLM2's tokenizer, as the published harnesses do (jsonschemabench
+maskbench/maskbench/runner.py, llguidance json_stats/src/json_stats.rs):
+
+- per schema, `Matcher("smollm2", json=schema)` (layout "flexible": any JSON whitespace, the
+  harnesses' `whitespace_flexible`) is built and its first mask computed; that time is the
+  time to first mask (json_stats' `ttfm_us`: compile + first mask). A schema qrun refuses
+  (ConstraintError) is "refused", any other exception an "error".
+- each test instance is serialized as runner.py does, `json.dumps(data, indent=None,
+  ensure_ascii=False)` (`--compact`: without blanks, as json_stats' `serde_json::to_string`),
+  tokenized with the tokenizer (no special tokens), and fed token by token: at each step the
+  mask is computed (`allowed()`, timed) and the token must be in it, then consumed. After the
+  last token the mask must allow EOS (json_stats' `is_accepting` check; runner.py checks no
+  end). A valid instance must pass every step; an invalid one must be refused at some token
+  or not be complete at the end.
+- key order: JSON objects are unordered and llguidance generates properties in the schema's
+  order (llguidance docs/json_schema.md, "Property order"). Each instance is fed with its keys
+  in the schema's order (bench/json_instances.py schema_key_order) and, where that text
+  differs, also with the instance's own order (the harnesses' way); both counts are
+  reported, the schema order's are the headline.
+- a schema passes when it compiles and every test comes out right (schema order), as in the
+  published tables (schemas without tests pass when they compile). A test whose text the
+  tokenizer cannot spell byte for byte (SmolLM2 has no token for a few bytes) is skipped and
+  counted.
+
+Schemas run in `--workers` processes (default 2), each with a per-schema time limit
+(`--timeout`, default 60 s; the worker is killed and replaced). Times are wall-clock on
+whatever machine runs it: per-token mask times (the step's `allowed()`, a fresh bool array
+over the vocabulary), and first-mask times only for schemas the worker had not compiled before
+(a repeated schema text hits qrun's cache and would flatter the figures).
+
+Run: python -m bench.maskbench [--data DIR] [--limit N [--spread]] [--match TEXT] [--workers 2]
+     [--timeout 60] [--compact] [--out FILE.jsonl] [--json] [--write]
+The data: `git clone https://github.com/guidance-ai/jsonschemabench` and pass
+`--data jsonschemabench/maskbench/data` (or set QRUN_MASKBENCH); default /work/maskbench/data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["SchemaResult", "check_schema_file", "main", "maskbench_section", "summarize"]
+
+HERE = Path(__file__).parent
+DEFAULT_DATA = "/work/maskbench/data"
+MODEL = "smollm2"
+# Targets of issue #24 (the MaskBench method on the public suite).
+TARGETS = {"passing": (">=", 10_500), "invalid_accepted": ("<=", 0),
+           "valid_rejected": ("<=", 20), "refused": ("<=", 600),
+           "mask_us_p99": ("<=", 500.0), "first_mask_ms_p99": ("<=", 20.0)}
+# Per-schema lists of failures keep at most this many examples.
+_EXAMPLES = 3
+
+
+@dataclass
+class SchemaResult:
+    """What one schema file gave. `status`: "ok" (compiled), "refused" (ConstraintError),
+    "error" (any other exception while compiling), "timeout"."""
+
+    name: str
+    status: str = "ok"
+    reason: str = ""
+    cold: bool = True
+    compile_ms: float = 0.0
+    first_mask_ms: float = 0.0
+    first_mask_cpu_ms: float = 0.0
+    valid: int = 0
+    invalid: int = 0
+    untokenizable: int = 0
+    reordered: int = 0
+    valid_rejected: int = 0
+    invalid_accepted: int = 0
+    examples: list[str] = field(default_factory=list)
+    own_valid_rejected: int = 0
+    own_invalid_accepted: int = 0
+    test_errors: list[str] = field(default_factory=list)
+    tokens: int = 0
+    mask_us: list[float] = field(default_factory=list)
+
+    @property
+    def passing(self) -> bool:
+        return (self.status == "ok" and not self.valid_rejected and not self.invalid_accepted
+                and not self.test_errors)
+
+
+class _Disagreement(Exception):
+    """allowed() and consume()/accepting() disagree: a bug in the Matcher, not a verdict."""
+
+
+class Runner:
+    """One process's Matcher factory and tokenizer (loaded once)."""
+
+    def __init__(self, compact: bool = False) -> None:
+        from transformers import AutoTokenizer
+
+        from qrun.backends.loading import ensure_converted, locate_model
+        from qrun.matcher import Matcher
+
+        self.matcher_class = Matcher
+        hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model(MODEL)))
+        self.encode: Callable[[str], list[int]] = (
+            lambda text: hf.encode(text, add_special_tokens=False))
+        self.separators = (",", ":") if compact else (", ", ": ")
+        warm = Matcher(MODEL, json={"type": "object"})  # the tokenizer, llguidance's too
+        warm.allowed()
+        self.vocab = warm.vocab
+        self.eos = sorted(warm.eos_token_ids)
+        self.seen: set[str] = set()
+
+    def dumps(self, value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=self.separators)
+
+    def check(self, name: str, data: dict[str, Any]) -> SchemaResult:
+        from bench.json_instances import schema_key_order
+        from qrun.errors import ConstraintError
+
+        result = SchemaResult(name)
+        schema = data["schema"]
+        key = json.dumps(schema, ensure_ascii=False)
+        result.cold = key not in self.seen
+        self.seen.add(key)
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        try:
+            matcher = self.matcher_class(MODEL, json=schema)
+            compiled = time.perf_counter()
+            matcher.allowed()
+        except ConstraintError as exc:
+            result.status, result.reason = "refused", exc.message
+            return result
+        except Exception as exc:  # a crash of the compile path: reported, never hidden
+            result.status, result.reason = "error", f"{type(exc).__name__}: {exc}"[:300]
+            return result
+        result.compile_ms = (compiled - started) * 1000
+        result.first_mask_ms = (time.perf_counter() - started) * 1000
+        result.first_mask_cpu_ms = (time.thread_time() - started_cpu) * 1000
+        for number, test in enumerate(data.get("tests", [])):
+            valid = bool(test["valid"])
+            own = self.dumps(test["data"])
+            try:
+                ordered = self.dumps(schema_key_order(test["data"], schema))
+            except Exception:  # a schema the heuristic cannot follow: the instance's order
+                ordered = own
+            tokens = self._tokens(ordered)
+            if tokens is None:
+                result.untokenizable += 1
+                continue
+            result.valid += valid
+            result.invalid += not valid
+            try:
+                accepted = self._walk(matcher, tokens, result.mask_us)
+                if accepted != valid:
+                    if valid:
+                        result.valid_rejected += 1
+                    else:
+                        result.invalid_accepted += 1
+                    if len(result.examples) < _EXAMPLES:
+                        verdict = "valid, rejected" if valid else "invalid, accepted"
+                        result.examples.append(f"test #{number} ({verdict}): {ordered[:300]}")
+                if ordered != own:
+                    result.reordered += 1
+                    own_tokens = self._tokens(own)
+                    if own_tokens is not None:
+                        accepted = self._walk(matcher, own_tokens, None)
+                if accepted != valid:
+                    if valid:
+                        result.own_valid_rejected += 1
+                    else:
+                        result.own_invalid_accepted += 1
+            except Exception as exc:
+                result.test_errors.append(f"test #{number}: {type(exc).__name__}: {exc}"[:300])
+        result.tokens = len(result.mask_us)
+        return result
+
+    def _tokens(self, text: str) -> list[int] | None:
+        tokens = self.encode(text)
+        spelled = b"".join(self.vocab.token_bytes[t] or b"" for t in tokens)
+        return tokens if spelled == text.encode() else None
+
+    def _walk(self, matcher: Any, tokens: list[int], times: list[float] | None) -> bool:
+        """Whether `tokens` pass mask by mask and end complete; `times` gets each mask's
+        µs (the final one, which must allow EOS, included)."""
+        matcher.reset()
+        clock = time.perf_counter
+        for position, token in enumerate(tokens):
+            started = clock()
+            mask = matcher.allowed()
+            if times is not None:
+                times.append((clock() - started) * 1e6)
+            if not mask[token]:
+                return False
+            if not matcher.consume(token):
+                raise _Disagreement(f"token {token} at {position} allowed but not consumed")
+        started = clock()
+        mask = matcher.allowed()
+        if times is not None:
+            times.append((clock() - started) * 1e6)
+        complete = bool(mask[self.eos].any())
+        if complete != matcher.accepting():
+            raise _Disagreement(f"EOS allowed {complete}, accepting() {not complete}")
+        return complete
+
+
+def check_schema_file(runner: Runner, path: Path) -> SchemaResult:
+    """One suite file through `runner` (a schema file that is not JSON is an "error")."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return SchemaResult(path.name, status="error", reason=f"unreadable: {exc}"[:300])
+    return runner.check(path.name, data)
+
+
+def _worker(conn: Connection, compact: bool) -> None:
+    runner = Runner(compact)
+    conn.send("ready")
+    while True:
+        path = conn.recv()
+        if path is None:
+            return
+        conn.send(asdict(check_schema_file(runner, Path(path))))
+
+
+class _Pool:
+    """Worker processes fed one file at a time; a worker past the time limit is killed (its
+    own process, by its handle) and replaced, and its schema recorded as a timeout."""
+
+    def __init__(self, workers: int, compact: bool, timeout_s: float) -> None:
+        self.context = multiprocessing.get_context("spawn")
+        self.compact, self.timeout_s = compact, timeout_s
+        self.slots = [self._start() for _ in range(max(1, workers))]
+
+    def _start(self) -> tuple[Any, Connection]:
+        parent, child = self.context.Pipe()
+        process = self.context.Process(target=_worker, args=(child, self.compact), daemon=True)
+        process.start()
+        child.close()
+        if parent.recv() != "ready":
+            raise RuntimeError("a maskbench worker failed to start")
+        return process, parent
+
+    def run(self, paths: list[Path]) -> Iterator[SchemaResult]:
+        from multiprocessing.connection import wait
+
+        queue = list(reversed(paths))
+        busy: dict[int, tuple[Path, float]] = {}
+        for slot in range(len(self.slots)):
+            if queue:
+                busy[slot] = self._send(slot, queue.pop())
+        while busy:
+            conns = {self.slots[slot][1]: slot for slot in busy}
+            deadline = min(started for _, started in busy.values()) + self.timeout_s
+            ready = wait(list(conns), timeout=max(0.0, deadline - time.monotonic()))
+            for conn in ready:
+                slot = conns[conn]  # type: ignore[index]
+                path, _ = busy.pop(slot)
+                try:
+                    reply = conn.recv()  # type: ignore[union-attr]
+                except EOFError:  # the worker died (a crash in native code)
+                    yield SchemaResult(path.name, status="error", reason="worker process died")
+                    self._replace(slot)
+                else:
+                    yield SchemaResult(**reply)
+                if queue:
+                    busy[slot] = self._send(slot, queue.pop())
+            now = time.monotonic()
+            for slot, (path, started) in list(busy.items()):
+                if now - started >= self.timeout_s:
+                    del busy[slot]
+                    yield SchemaResult(path.name, status="timeout",
+                                       reason=f"over {self.timeout_s:g} s")
+                    self._replace(slot)
+                    if queue:
+                        busy[slot] = self._send(slot, queue.pop())
+
+    def _send(self, slot: int, path: Path) -> tuple[Path, float]:
+        self.slots[slot][1].send(str(path))
+        return path, time.monotonic()
+
+    def _replace(self, slot: int) -> None:
+        process, conn = self.slots[slot]
+        process.kill()
+        process.join()
+        conn.close()
+        self.slots[slot] = self._start()
+
+    def close(self) -> None:
+        for process, conn in self.slots:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+
+def _pct(values: npt.NDArray[np.float64], q: float, digits: int = 1) -> float | None:
+    return round(float(np.percentile(values, q)), digits) if len(values) else None
+
+
+def _category(reason: str) -> str:
+    reason = reason.removeprefix("JSON Schema: ")
+    if reason.startswith("Resource ") or "Invalid URI reference" in reason:
+        return "external or invalid $ref"
+    if reason.startswith("Unknown format"):
+        return "unknown format"
+    return reason.split(" (at ", 1)[0].split("\n", 1)[0][:80]
+
+
+def summarize(results: list[SchemaResult]) -> dict[str, Any]:
+    """The suite's figures from per-schema results."""
+    ok = [r for r in results if r.status == "ok"]
+    cold = [r for r in ok if r.cold]
+    masks = np.array([t for r in ok for t in r.mask_us], dtype=np.float64)
+    first = np.array([r.first_mask_ms for r in cold], dtype=np.float64)
+    first_cpu = np.array([r.first_mask_cpu_ms for r in cold], dtype=np.float64)
+    compile_ms = np.array([r.compile_ms for r in cold], dtype=np.float64)
+    refused = Counter(_category(r.reason) for r in results if r.status == "refused")
+    errors = Counter(r.reason[:120] for r in results if r.status == "error")
+    return {
+        "schemas": len(results),
+        "passing": sum(r.passing for r in results),
+        "compiled": len(ok),
+        "refused": sum(r.status == "refused" for r in results),
+        "errors": len([r for r in results if r.status == "error"]),
+        "timeouts": sum(r.status == "timeout" for r in results),
+        "tests_valid": sum(r.valid for r in ok),
+        "tests_invalid": sum(r.invalid for r in ok),
+        "untokenizable": sum(r.untokenizable for r in ok),
+        "reordered": sum(r.reordered for r in ok),
+        "valid_rejected": sum(r.valid_rejected for r in ok),
+        "invalid_accepted": sum(r.invalid_accepted for r in ok),
+        "schemas_valid_rejected": sum(bool(r.valid_rejected) for r in ok),
+        "schemas_invalid_accepted": sum(bool(r.invalid_accepted) for r in ok),
+        "own_order_valid_rejected": sum(r.own_valid_rejected for r in ok),
+        "own_order_invalid_accepted": sum(r.own_invalid_accepted for r in ok),
+        "test_errors": sum(len(r.test_errors) for r in ok),
+        "tokens": int(len(masks)),
+        "mask_us": {"p50": _pct(masks, 50), "p90": _pct(masks, 90), "p99": _pct(masks, 99),
+                    "p999": _pct(masks, 99.9), "max": _pct(masks, 100),
+                    "mean": round(float(masks.mean()), 1) if len(masks) else None},
+        "first_mask_ms": {"n": len(first), "p50": _pct(first, 50, 3), "p90": _pct(first, 90, 3),
+                          "p99": _pct(first, 99, 3), "max": _pct(first, 100, 3)},
+        # The same in CPU time of the worker's thread (llguidance compiles in it): without
+        # the waits of a shared machine.
+        "first_mask_cpu_ms": {"p50": _pct(first_cpu, 50, 3), "p90": _pct(first_cpu, 90, 3),
+                              "p99": _pct(first_cpu, 99, 3), "max": _pct(first_cpu, 100, 3)},
+        "compile_ms": {"p50": _pct(compile_ms, 50, 3), "p99": _pct(compile_ms, 99, 3)},
+        "warm_schemas": len(ok) - len(cold),
+        "refused_reasons": dict(refused.most_common(15)),
+        "error_reasons": dict(errors.most_common(10)),
+    }
+
+
+def targets(summary: dict[str, Any]) -> dict[str, bool]:
+    values = {"passing": summary["passing"], "invalid_accepted": summary["invalid_accepted"],
+              "valid_rejected": summary["valid_rejected"], "refused": summary["refused"],
+              "mask_us_p99": summary["mask_us"]["p99"],
+              "first_mask_ms_p99": summary["first_mask_ms"]["p99"]}
+    out = {}
+    for name, (op, bound) in TARGETS.items():
+        value = values[name]
+        out[name] = value is not None and (value >= bound if op == ">=" else value <= bound)
+    return out
+
+
+def _files(data: Path, match: str, limit: int, spread: bool) -> list[Path]:
+    paths = sorted(p for p in data.glob("*.json") if match in p.name)
+    if not limit or limit >= len(paths):
+        return paths
+    if spread:  # every k-th file: a sample of every split
+        return [paths[i * len(paths) // limit] for i in range(limit)]
+    return paths[:limit]
+
+
+def _text(summary: dict[str, Any]) -> str:
+    s, verdict = summary, targets(summary)
+    mask, first = s["mask_us"], s["first_mask_ms"]
+
+    def mark(name: str) -> str:
+        op, bound = TARGETS[name]
+        return f"  (target {op} {bound:,}: {'PASS' if verdict[name] else 'MISS'})"
+
+    return "\n".join([
+        f"schemas {s['schemas']:,}: passing {s['passing']:,}{mark('passing')}",
+        f"  compiled {s['compiled']:,}, refused {s['refused']:,}{mark('refused')}, "
+        f"errors {s['errors']}, timeouts {s['timeouts']}",
+        f"tests: {s['tests_valid']:,} valid, {s['tests_invalid']:,} invalid "
+        f"({s['untokenizable']} untokenizable, skipped; {s['reordered']:,} reordered)",
+        f"  valid rejected {s['valid_rejected']} on {s['schemas_valid_rejected']} schemas"
+        f"{mark('valid_rejected')}",
+        f"  invalid accepted {s['invalid_accepted']} on {s['schemas_invalid_accepted']} "
+        f"schemas{mark('invalid_accepted')}",
+        f"  in the instances' own key order: valid rejected "
+        f"{s['own_order_valid_rejected']}, invalid accepted "
+        f"{s['own_order_invalid_accepted']}; test errors {s['test_errors']}",
+        f"mask us ({s['tokens']:,} masks): p50 {mask['p50']} p90 {mask['p90']} p99 "
+        f"{mask['p99']}{mark('mask_us_p99')} p99.9 {mask['p999']} max {mask['max']}",
+        f"first mask ms ({first['n']:,} schemas): p50 {first['p50']} p90 {first['p90']} p99 "
+        f"{first['p99']}{mark('first_mask_ms_p99')} max {first['max']}",
+        f"  in thread CPU time: p50 {s['first_mask_cpu_ms']['p50']} p90 "
+        f"{s['first_mask_cpu_ms']['p90']} p99 {s['first_mask_cpu_ms']['p99']}",
+        f"wall {s['wall_s']} s on {s['workers']} worker(s)",
+        "refused: " + "; ".join(f"{k} {v}" for k, v in s["refused_reasons"].items()),
+    ])
+
+
+def maskbench_section(result: dict[str, Any]) -> list[str]:
+    """The RESULTS.md section (bench/report.py render) for a stored summary."""
+    s = result["summary"]
+    verdict = targets(s)
+    rows = [("passing schemas", s["passing"], "passing"),
+            ("refused (compile errors)", s["refused"], "refused"),
+            ("errors / timeouts", f"{s['errors']} / {s['timeouts']}", None),
+            ("valid instances rejected (schema key order)", s["valid_rejected"],
+             "valid_rejected"),
+            ("invalid instances accepted (schema key order)", s["invalid_accepted"],
+             "invalid_accepted"),
+            ("valid rejected / invalid accepted, instances' own key order",
+             f"{s['own_order_valid_rejected']} / {s['own_order_invalid_accepted']}", None),
+            ("mask µs p50 / p99 / max", f"{s['mask_us']['p50']} / {s['mask_us']['p99']} / "
+             f"{s['mask_us']['max']}", "mask_us_p99"),
+            ("first mask ms p50 / p99 / max", f"{s['first_mask_ms']['p50']} / "
+             f"{s['first_mask_ms']['p99']} / {s['first_mask_ms']['max']}",
+             "first_mask_ms_p99"),
+            ("first mask ms in thread CPU time p50 / p99", f"{s['first_mask_cpu_ms']['p50']} / "
+             f"{s['first_mask_cpu_ms']['p99']}", None),
+            ("wall time", f"{s['wall_s']} s, {s['workers']} worker(s)", None)]
+    lines = ["## MaskBench (qrun.Matcher on the jsonschemabench suite)", "",
+             f"`{result['command']}` ({result['date']}; {s['schemas']:,} schemas, "
+             f"{s['tests_valid']:,} valid and {s['tests_invalid']:,} invalid instances, "
+             f"{s['tokens']:,} masks; llguidance {result.get('llguidance', '?')}; "
+             "SmolLM2's tokenizer; bench/maskbench.py says the method). Wall-clock times on "
+             "the shared VM: p99s include preemption.", "",
+             "| | qrun.Matcher | target |", "| --- | ---: | --- |"]
+    for label, value, key in rows:
+        target = ""
+        if key is not None:
+            op, bound = TARGETS[key]
+            target = f"{op} {bound:,} {'PASS' if verdict[key] else 'MISS'}"
+        shown = f"{value:,}" if isinstance(value, int) else value
+        lines.append(f"| {label} | {shown} | {target} |")
+    lines += ["", "Refused (first cause): " + "; ".join(
+        f"{k} {v}" for k, v in s["refused_reasons"].items()) + ".", ""]
+    return lines
+
+
+def _write(summary: dict[str, Any], command: str) -> None:
+    from datetime import UTC, datetime
+    from importlib.metadata import version
+
+    from bench.report import write_results
+
+    path = HERE / "results.json"
+    merged = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    merged["maskbench"] = {"summary": summary, "command": command,
+                           "llguidance": version("llguidance"),
+                           "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    path.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+    write_results(merged, HERE / "RESULTS.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.maskbench",
+                                description=__doc__.split("\n\n", 1)[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=os.environ.get("QRUN_MASKBENCH", DEFAULT_DATA),
+                   help="the suite's data folder (jsonschemabench/maskbench/data)")
+    p.add_argument("--limit", type=int, default=0, help="the first N files (name order) only")
+    p.add_argument("--spread", action="store_true",
+                   help="--limit N takes N files evenly spaced in name order")
+    p.add_argument("--match", default="", help="only files whose name contains this")
+    p.add_argument("--workers", type=int, default=2, help="processes")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per schema")
+    p.add_argument("--compact", action="store_true",
+                   help="serialize instances without blanks (json_stats' serde_json)")
+    p.add_argument("--out", default="", help="write every schema's result here (JSON lines)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--write", action="store_true",
+                   help="store the summary in bench/results.json and bench/RESULTS.md")
+    args = p.parse_args(argv)
+    data = Path(args.data)
+    paths = _files(data, args.match, args.limit, args.spread)
+    if not paths:
+        print(f"no *.json schema files in {data} (get the suite: git clone "
+              "https://github.com/guidance-ai/jsonschemabench, then --data "
+              "jsonschemabench/maskbench/data)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    pool = _Pool(args.workers, args.compact, args.timeout)
+    results: list[SchemaResult] = []
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
+    try:
+        for result in pool.run(paths):
+            results.append(result)
+            if out is not None:
+                row = asdict(result)
+                del row["mask_us"]
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            if len(results) % 250 == 0 or result.status in ("error", "timeout"):
+                print(f"[{len(results)}/{len(paths)}] {result.name}: {result.status} "
+                      f"{result.reason[:80]}", file=sys.stderr)
+    finally:
+        pool.close()
+        if out is not None:
+            out.close()
+    summary = summarize(results)
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    summary["workers"] = args.workers
+    summary["targets"] = targets(summary)
+    print(json.dumps(summary, indent=2) if args.json else _text(summary))
+    if args.write:
+        _write(summary, "python -m bench.maskbench " + " ".join(
+            argv if argv is not None else sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
