@@ -1,6 +1,7 @@
-"""json= engines over the schema corpus (bench/schema_corpus.py): `qrun.Matcher` on llguidance
-against the `jsonschema` validator (bench/llg_check.py), and the old engine (schema -> regex ->
-DFA) in the same run, both with the default model's vocabulary.
+"""json= engines over the schema corpus (tests/constraint/corpus/schema_corpus.py): `qrun.Matcher`
+on llguidance against the `jsonschema` validator (tests/constraint/corpus/llg_check.py), and the
+old engine (schema -> regex -> DFA, bench/llg_check.py) in the same run, both with the default
+model's vocabulary.
 
 Prints, per engine: schemas compiled (and schemas/s), compile time and time to first mask
 p50/p99/max, mask time per token p50/p99 (the old engine's over the same token sequences, up
@@ -25,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.llg_check import Checker, SchemaReport
-from bench.schema_corpus import load_corpus
+from bench.llg_check import CorpusReport, OldEngineChecker
+from tests.constraint.corpus.schema_corpus import load_corpus
 
 __all__ = ["corpus_section", "main", "summarize"]
 
@@ -51,7 +52,7 @@ def _timings(compile_s: list[float], first: list[float], masks: list[float]) \
     }
 
 
-def summarize(reports: list[SchemaReport]) -> dict[str, Any]:
+def summarize(reports: list[CorpusReport]) -> dict[str, Any]:
     """Counts and timing percentiles over all reports. A generation is "unfinished" when the
     budgeted mask could not close the value in time (a budget miss, not a wrong value)."""
     ok = [r for r in reports if r.status == "ok"]
@@ -104,8 +105,9 @@ def corpus_section(result: dict[str, Any]) -> list[str]:
     lines = ["## json= engines over the schema corpus", "",
              f"`{result['command']}` ({result['date']}; {s['schemas']} schemas, the first "
              "in corpus order when a run was cut short, from the pip packages of the dev "
-             "extra, bench/schema_corpus.py; the default model's tokenizer; Matcher layout "
-             f"{result['layout']}). Each schema is compiled once, one at a time; the old "
+             "extra, tests/constraint/corpus/schema_corpus.py; the default model's "
+             f"tokenizer; Matcher layout {result['layout']}). Each schema is compiled once, "
+             "one at a time; the old "
              "engine (schema -> regex -> DFA, closed objects, 10 s limit) gets the same "
              "schemas and the same token sequences. Wall-clock times on the shared 2-core "
              "VM: p99s include preemption.", "",
@@ -141,11 +143,11 @@ def corpus_section(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _load(path: str) -> list[SchemaReport]:
+def _load(path: str) -> list[CorpusReport]:
     """Reports already written to `path` (JSON lines), so an interrupted run resumes."""
     try:
         with open(path) as fp:
-            return [SchemaReport(**json.loads(line)) for line in fp if line.strip()]
+            return [CorpusReport(**json.loads(line)) for line in fp if line.strip()]
     except FileNotFoundError:
         return []
 
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from qrun.backends.loading import ensure_converted, locate_model
 
     hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model("smollm2")))
-    checker = Checker("smollm2", lambda text: hf.encode(text, add_special_tokens=False),
+    checker = OldEngineChecker("smollm2", lambda text: hf.encode(text, add_special_tokens=False),
                       args.layout, args.valid, args.invalid, args.walks,
                       old_engine=not args.no_old)
     corpus = [(n, s) for n, s in load_corpus() if args.match in n]

@@ -16,9 +16,9 @@ maskbench/maskbench/runner.py, llguidance json_stats/src/json_stats.rs):
   or not be complete at the end.
 - key order: JSON objects are unordered and llguidance generates properties in the schema's
   order (llguidance docs/json_schema.md, "Property order"). Each instance is fed with its keys
-  in the schema's order (bench/json_instances.py schema_key_order) and, where that text
-  differs, also with the instance's own order (the harnesses' way); both counts are
-  reported, the schema order's are the headline.
+  in the schema's order (tests/constraint/corpus/json_instances.py schema_key_order) and,
+  where that text differs, also with the instance's own order (the harnesses' way); both
+  counts are reported, the schema order's are the headline.
 - a schema passes when it compiles and every test comes out right (schema order), as in the
   published tables (schemas without tests pass when they compile). A test whose text the
   tokenizer cannot spell byte for byte (SmolLM2 has no token for a few bytes) is skipped and
@@ -110,8 +110,10 @@ class Runner:
 
         from qrun.backends.loading import ensure_converted, locate_model
         from qrun.matcher import Matcher
+        from tests.constraint.corpus.json_instances import schema_key_order
 
         self.matcher_class = Matcher
+        self.key_order = schema_key_order
         hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model(MODEL)))
         self.encode: Callable[[str], list[int]] = (
             lambda text: hf.encode(text, add_special_tokens=False))
@@ -126,7 +128,6 @@ class Runner:
         return json.dumps(value, ensure_ascii=False, separators=self.separators)
 
     def check(self, name: str, data: dict[str, Any]) -> SchemaResult:
-        from bench.json_instances import schema_key_order
         from qrun.errors import ConstraintError
 
         result = SchemaResult(name)
@@ -152,7 +153,7 @@ class Runner:
             valid = bool(test["valid"])
             own = self.dumps(test["data"])
             try:
-                ordered = self.dumps(schema_key_order(test["data"], schema))
+                ordered = self.dumps(self.key_order(test["data"], schema))
             except Exception:  # a schema the heuristic cannot follow: the instance's order
                 ordered = own
             tokens = self._tokens(ordered)

@@ -118,6 +118,15 @@ def test_backends_do_not_import_the_language() -> None:
     assert bad == []
 
 
+def test_tests_do_not_import_the_benchmarks() -> None:
+    """Tests stand alone (issue #24 item 5): what they share with bench/ lives under tests/
+    (tests/constraint/corpus/), and bench/ imports it from there, never the reverse."""
+    bad = [f"{path.relative_to(ROOT)}:{i.line} imports {i.module}"
+           for path in python_files("tests") for i in imports(path)
+           if i.module == "bench" or i.module.startswith("bench.")]
+    assert bad == []
+
+
 def test_no_private_name_crosses_a_module() -> None:
     """No `from m import _x` and no `m._x` for another module m of the project (tests and bench
     included); CPython's private regex parser is read in one module only."""

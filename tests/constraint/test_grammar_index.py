@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from qrun.constraint import grammar_index
 from qrun.constraint.grammar import (
     FLEXIBLE,
     JsonFormat,
@@ -27,8 +28,7 @@ from qrun.constraint.grammar import (
     lark_grammar,
     with_prefix,
 )
-from qrun.constraint import grammar_index
-from qrun.constraint.grammar import text
+from qrun.constraint.grammar import text as grammar_text
 from qrun.constraint.grammar.text import GrammarError
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, LlgIndex, greedy_tokens
 from qrun.constraint.vocab import Vocabulary
@@ -316,8 +316,8 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
             return real(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(text, "rewrite", counting("rewrite", text.rewrite))
-    monkeypatch.setattr(text, "validate", counting("check", text.validate))
+    monkeypatch.setattr(grammar_text, "rewrite", counting("rewrite", grammar_text.rewrite))
+    monkeypatch.setattr(grammar_text, "validate", counting("check", grammar_text.validate))
     monkeypatch.setattr(grammar_index, "LlgIndex", counting("build", LlgIndex))
     return counts
 
