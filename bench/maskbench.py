@@ -15,10 +15,11 @@ maskbench/maskbench/runner.py, llguidance json_stats/src/json_stats.rs):
   end). A valid instance must pass every step; an invalid one must be refused at some token
   or not be complete at the end.
 - key order: JSON objects are unordered and llguidance generates properties in the schema's
-  order (llguidance docs/json_schema.md, "Property order"). Each instance is fed with its keys
-  in the schema's order (tests/constraint/corpus/json_instances.py schema_key_order) and,
-  where that text differs, also with the instance's own order (the harnesses' way); both
-  counts are reported, the schema order's are the headline.
+  order (the "Property order" section of llguidance's JSON Schema documentation), with no
+  option to take any order. Each instance is fed with its keys in the schema's order
+  (tests/constraint/corpus/json_instances.py schema_key_order) and, where that text
+  differs, also in the instance's own order (the harnesses' way); both counts are reported,
+  the schema order's are the headline.
 - a schema passes when it compiles and every test comes out right (schema order), as in the
   published tables (schemas without tests pass when they compile). A test whose text the
   tokenizer cannot spell byte for byte (SmolLM2 has no token for a few bytes) is skipped and
