@@ -14,14 +14,12 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import JsonFormat, check_lark, check_schema, json_grammar
-from qrun.constraint.grammar import lark_grammar as lark_text
+from qrun.constraint.grammar import JsonFormat
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
-from qrun.constraint.patterns import PATTERNS
 from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
+from qrun.constraint.spec import LLGUIDANCE, LoweringError, lower
 from qrun.constraint.vocab import Vocabulary
-from qrun.errors import ConstraintError, UsageError, suggest
-from qrun.regex import PatternError, escape
+from qrun.errors import ConstraintError, UsageError
 from qrun.source import Source
 
 __all__ = ["Matcher"]
@@ -144,58 +142,38 @@ class Matcher:
         self._ended = False
 
     def _build(self, kind: str, value: Any, fmt: JsonFormat) -> _Engine:
-        if kind == "json":
-            return self._json(value, fmt)
-        if kind == "grammar":
-            if not isinstance(value, str) or not value.strip():
-                raise UsageError("grammar= takes a Lark grammar (a non-empty string)")
-            error = check_lark(value)
-            if error is not None:
-                source = Source("<grammar>", value)
-                where = source.span_at(0, len(value))
-                if error.line is not None and error.column is not None:
-                    starts = source.line_starts()
-                    line = min(error.line, len(starts))
-                    where = source.span_at(starts[line - 1] + error.column - 1, 1)
-                raise ConstraintError(f"grammar: {error}", where, source)
-            return _LlgEngine(_GRAMMARS.get(lark_text(value), self.vocab).start())
-        if kind == "pattern":
-            if value not in PATTERNS:
-                raise ConstraintError(f"unknown pattern '{value}'", *_whole(str(value)),
-                                      notes=[*suggest(str(value), PATTERNS),
-                                             "patterns: " + ", ".join(sorted(PATTERNS))])
-            return self._regex(PATTERNS[value])
-        if kind == "options":
-            if (isinstance(value, str) or not value
-                    or not all(isinstance(o, str) and o for o in value)):
-                raise UsageError("options= takes a non-empty list of non-empty strings")
-            return self._regex("(?:" + "|".join(escape(o) for o in value) + ")")
-        if not isinstance(value, str):
-            raise UsageError("regex= takes a pattern string")
-        return self._regex(value)
-
-    def _json(self, schema: Any, fmt: JsonFormat) -> _Engine:
-        if isinstance(schema, str | bytes):
-            import json
-
-            try:
-                schema = json.loads(schema)
-            except ValueError as exc:
-                raise ConstraintError(f"the JSON Schema is not valid JSON: {exc}",
-                                      *_whole(str(schema))) from None
-        error = check_schema(schema, fmt)
-        if error is not None:
-            raise ConstraintError(f"JSON Schema: {error}", *_whole(repr(schema)[:2000]))
-        return _LlgEngine(_GRAMMARS.get(json_grammar(schema, fmt), self.vocab).start())
-
-    def _regex(self, pattern: str) -> _Engine:
+        """The engine of the constraint lowered as a hole's is (qrun/constraint/spec.py)."""
         try:
-            return _DfaEngine(_INDEXES.get(pattern, self.vocab))
-        except PatternError as exc:
-            source = Source("<regex>", pattern)
-            where = (source.span_at(exc.pos, 1) if exc.pos is not None
-                     else source.span_at(0, len(pattern)))
-            raise ConstraintError(str(exc), where, source) from None
+            spec = lower(kind, value, fmt)
+        except LoweringError as error:
+            if error.wrong_type:
+                raise UsageError(f"{kind}= takes {_TAKES[kind]}") from None
+            raise _positioned(error, kind, value) from None
+        if spec.engine == LLGUIDANCE:
+            return _LlgEngine(_GRAMMARS.get(spec.pattern, self.vocab).start())
+        return _DfaEngine(_INDEXES.get(spec.pattern, self.vocab))
+
+
+# What each keyword takes, for a value of the wrong type.
+_TAKES = {"json": "a JSON Schema (a dict, a bool or its JSON text)",
+          "regex": "a pattern string", "grammar": "a Lark grammar (a non-empty string)",
+          "pattern": "a pattern name such as \"EMAIL\"",
+          "options": "a non-empty list of non-empty strings"}
+
+
+def _positioned(error: LoweringError, kind: str, value: Any) -> ConstraintError:
+    """The error located in the constraint's own text, which is its source: the character of
+    a regex, the line and column of a grammar, else the whole value."""
+    text = value if isinstance(value, str) else repr(value)[:2000]
+    source = Source(f"<{kind}>", text)
+    where = source.span_at(0, len(text))
+    if error.offset is not None and isinstance(value, str):
+        where = source.span_at(min(error.offset, max(0, len(text) - 1)), 1)
+    elif error.line is not None and error.column is not None:
+        starts = source.line_starts()
+        line = min(error.line, len(starts))
+        where = source.span_at(starts[line - 1] + error.column - 1, 1)
+    return ConstraintError(error.message, where, source, error.notes)
 
 
 class _LlgEngine:
@@ -246,11 +224,6 @@ class _DfaEngine:
 
     def reset(self) -> None:
         del self.states[1:]
-
-
-def _whole(text: str) -> tuple[Any, Source]:
-    source = Source("<constraint>", text)
-    return source.span_at(0, len(text)), source
 
 
 def _vocabulary(model: Any) -> Vocabulary:

@@ -1,0 +1,126 @@
+"""One lowering for every user of a constraint (qrun/constraint/spec.py lower): what each kind
+lowers to, its errors with their place inside the constraint, lowering once per distinct value
+per process, and the compiler, the runtime and qrun.Matcher agreeing because they all call it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+import qrun
+import qrun.constraint.spec as spec_module
+from qrun.backends.transformers import TransformersBackend
+from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.spec import DFA, LLGUIDANCE, LoweringError, lower
+
+
+def fresh(text: str) -> str:
+    """`text` made unique, so this process has never lowered it."""
+    return f"{text}{uuid.uuid4().hex[:8]}"
+
+
+def test_each_kind_lowers_to_its_engine_and_value_type() -> None:
+    regex = lower("regex", "[0-9]+")
+    assert (regex.pattern, regex.engine, regex.value_type) == ("[0-9]+", DFA, "text")
+    assert regex.description == 'regex="[0-9]+"'
+    named = lower("pattern", "INT")
+    assert (named.pattern, named.value_type, named.description) == (PATTERNS["INT"], "int",
+                                                                    "regex=INT")
+    options = lower("options", ["a.b", "c"])
+    assert options.engine == DFA and options.pattern == r"(?:a\.b|c)"
+    schema = lower("json", {"type": "integer"})
+    assert (schema.engine, schema.value_type) == (LLGUIDANCE, "json")
+    assert "%json" in schema.pattern
+    assert lower("json", '{"type": "integer"}') == schema  # its JSON text: the same spec
+    grammar = lower("grammar", 'start: "a" | "b"')
+    assert (grammar.engine, grammar.value_type) == (LLGUIDANCE, "text")
+
+
+def test_a_value_is_lowered_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    check_schema, compile_dfa = spec_module.check_schema, spec_module.compile_dfa
+    monkeypatch.setattr(spec_module, "check_schema",
+                        lambda schema, fmt: calls.append(schema) or check_schema(schema, fmt))
+    monkeypatch.setattr(spec_module, "compile_dfa",
+                        lambda pattern: calls.append(pattern) or compile_dfa(pattern))
+    schema = {"type": "object", "properties": {fresh("p"): {"type": "integer"}}}
+    first = lower("json", schema)
+    assert lower("json", json.loads(json.dumps(schema))) is first  # an equal value
+    bad = fresh("[a-")
+    for _ in range(2):
+        with pytest.raises(LoweringError):
+            lower("regex", bad)
+    assert calls == [schema, bad]
+
+
+def test_property_order_is_part_of_a_schema() -> None:
+    # llguidance writes properties in the schema's order: two orders are two constraints.
+    name, age = fresh("name"), fresh("age")
+    one = {"type": "object", "properties": {name: {"type": "string"}, age: {"type": "integer"}},
+           "required": [name, age]}
+    other = {"type": "object", "properties": {age: {"type": "integer"}, name: {"type": "string"}},
+             "required": [name, age]}
+    assert lower("json", one).pattern != lower("json", other).pattern
+
+
+@pytest.mark.parametrize(("kind", "value", "message", "where"), [
+    ("regex", "ab(c", "missing )", {"offset": 2}),
+    ("regex", 5, "regex must be a string, got int", {"wrong_type": True}),
+    ("pattern", "EMIAL", "unknown pattern 'EMIAL'", {"notes": ("did you mean 'EMAIL'?",)}),
+    ("options", [], "options must be a non-empty list", {"wrong_type": True}),
+    ("json", "{not json", "the JSON Schema is not valid JSON", {}),
+    ("json", [1], "json must be a JSON Schema object, got list", {"wrong_type": True}),
+    ("json", {"type": "string", "pattern": "(?<=a)b"}, "JSON Schema:", {}),
+    ("grammar", 'start: "a"\nb: %oops', "grammar:", {"line": 2}),
+    ("grammar", "  ", "grammar must be a non-empty string", {"wrong_type": True}),
+])
+def test_errors_say_why_and_where(kind: str, value: Any, message: str,
+                                  where: dict[str, Any]) -> None:
+    with pytest.raises(LoweringError) as caught:
+        lower(kind, value)
+    error = caught.value
+    assert message in error.message
+    for field, expected in where.items():
+        got = getattr(error, field)
+        assert got == expected if field != "notes" else expected[0] in got
+
+
+def test_the_compiler_keeps_a_literal_spec_the_run_uses(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    query = qrun.Query('{{ gen n regex="[1-9][0-9]?" }} {{ gen j json={"type": "boolean"} }}')
+
+    def no_lowering(*args: Any) -> Any:
+        raise AssertionError("a literal constraint was lowered again at run time")
+
+    monkeypatch.setattr("qrun.runtime.constraints.lower", no_lowering)
+    result = query.run(model=tiny, seed=1, temperature=1.0)
+    assert 1 <= int(result.vars["n"]) <= 99 and isinstance(result.vars["j"], bool)
+
+
+def test_a_computed_constraint_is_lowered_once_per_distinct_value(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    compile_dfa = spec_module.compile_dfa
+    monkeypatch.setattr(spec_module, "compile_dfa",
+                        lambda pattern: calls.append(pattern) or compile_dfa(pattern))
+    a, b = fresh("a"), fresh("b")
+    query = qrun.Query("{% for p in patterns %}{{ gen v regex=p max_tokens=12 }};{% endfor %}")
+    result = query.run({"patterns": [a, b, a, a, b]}, model=tiny, seed=0)
+    assert result.vars["v"] == [a, b, a, a, b]
+    assert sorted(calls) == sorted([a, b])
+
+
+def test_matcher_and_holes_refuse_alike(tiny: TransformersBackend) -> None:
+    bad = '{"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}}'
+    with pytest.raises(qrun.ConstraintError) as by_matcher:
+        qrun.Matcher(tiny, json=bad)
+    with pytest.raises(qrun.TemplateErrors) as by_compiler:
+        qrun.Query("{{ gen v json=" + bad + " }}").check()
+    with pytest.raises(qrun.ConstraintError) as by_runtime:
+        qrun.Query("{{ gen v json=s }}").run({"s": bad}, model=tiny)
+    messages = {by_matcher.value.message, by_compiler.value.errors[0].message,
+                by_runtime.value.message}
+    assert len(messages) == 1 and "/properties/a" in messages.pop()
