@@ -21,7 +21,8 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from qrun.constraint.grammar import LIMITS, GrammarError, clean_reason
+from qrun.constraint.grammar import GrammarError, clean_reason
+from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.vocab import Vocabulary
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
@@ -109,8 +110,10 @@ class LlgIndex:
     matcher that share its lexer cache (llguidance guards it with a mutex), so later holes
     reuse the lexer states earlier ones built."""
 
-    def __init__(self, grammar: str, vocab: Vocabulary) -> None:
-        """Compile `grammar`.
+    def __init__(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT
+                 ) -> None:
+        """Compile `grammar`, with llguidance's parser limits for `limits` (the ones it was
+        checked against: a larger optional_properties needs larger parser rows).
 
         Raises:
             GrammarError: llguidance refused it (its reason; grammar/text.py locates it).
@@ -120,7 +123,7 @@ class LlgIndex:
         self.tokenizer = llg_tokenizer(vocab)
         self.ordinary = _ordinary(vocab)
         self._template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
-                                              limits=LIMITS)
+                                              limits=limits.parser_limits())
         if self._template.is_error():
             raise GrammarError(clean_reason(self._template.get_error()))
         self._lock = threading.Lock()
@@ -449,19 +452,21 @@ class LlgCache:
     def __init__(self, max_entries: int = 64) -> None:
         self._max_entries = max(1, max_entries)
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[Vocabulary, str], LlgIndex] = OrderedDict()
+        self._entries: OrderedDict[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = \
+            OrderedDict()
 
-    def get(self, grammar: str, vocab: Vocabulary) -> LlgIndex:
-        """The index of `grammar` over `vocab`, built on first use.
+    def get(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT
+            ) -> LlgIndex:
+        """The index of `grammar` over `vocab` under `limits`, built on first use.
 
         Raises:
             GrammarError: llguidance refused the grammar.
         """
-        key = (vocab, grammar)
+        key = (vocab, grammar, limits)
         with self._lock:
             index = self._entries.get(key)
             if index is None:
-                index = LlgIndex(grammar, vocab)
+                index = LlgIndex(grammar, vocab, limits)
                 self._entries[key] = index
                 if len(self._entries) > self._max_entries:
                     self._entries.popitem(last=False)

@@ -22,9 +22,12 @@ from typing import Any
 
 import llguidance
 
+from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
+from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.grammar.rewrite import rewrite
 from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
+from qrun.constraint.grammar.schema_size import crowded_place
 
 __all__ = [
     "FIXED",
@@ -44,24 +47,24 @@ __all__ = [
 HEADER = '%llguidance {"no_forcing": true}\n'
 _LARK_POSITION = re.compile(r"^(?:at )?(\d+)\((\d+)\): ")
 _OPTIONS_LINE = re.compile(r"(?m)^[ \t]*%llguidance\b")
-# llguidance's Earley rows hold at most 2,000 items by default; an object with ~1,000
-# optional properties (SchemaStore's MegaLinter schema) needs ~5,900 after `{"`, and the
-# matcher then stops with an error in the middle of a value. 20,000 costs nothing where
-# rows stay small.
-LIMITS = llguidance.LLParserLimits(max_items_in_row=20_000)
+LIMITS = DEFAULT.parser_limits()
+"""llguidance's parser limits under the default ConstraintLimits (limits.py)."""
 
 
 class GrammarError(ValueError):
-    """llguidance refused a grammar. `pointer` is the JSON pointer of the subschema at fault
-    ("" for the root) in the user's schema; `line`/`column` are 1-based positions in a Lark
-    grammar's text; each is None when not known."""
+    """llguidance (or a qrun limit) refused a grammar. `pointer` is the JSON pointer of the
+    subschema at fault ("" for the root) in the user's schema; `line`/`column` are 1-based
+    positions in a Lark grammar's text; each is None when not known. `limit` names the
+    ConstraintLimits field (qrun.Limits field of the same name) that would let it through,
+    None when no limit would."""
 
     def __init__(self, reason: str, pointer: str | None = None, line: int | None = None,
-                 column: int | None = None) -> None:
+                 column: int | None = None, limit: str | None = None) -> None:
         self.reason = reason
         self.pointer = pointer
         self.line = line
         self.column = column
+        self.limit = limit
         where = ""
         if pointer is not None:
             where = f" (at {pointer or '/'})"
@@ -125,38 +128,55 @@ def with_prefix(grammar: str, prefix: str, follow: str = "") -> str:
     return f"{HEADER}start: {head}%lark {{\n{grammar}\n}}{tail}\n"
 
 
-def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None) -> str | None:
+def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None,
+             limits: ConstraintLimits = DEFAULT) -> str | None:
     """llguidance's reason for refusing `grammar` (cleaned), or None when it compiles."""
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        grammar, tokenizer, limits=LIMITS)
+        grammar, tokenizer, limits=limits.parser_limits())
     return clean_reason(messages[0]) if is_error else None
 
 
-def check_lark(text: str) -> GrammarError | None:
-    """Why a user's Lark grammar is refused (with its line and column when llguidance gives
-    one), or None when it compiles."""
+def check_lark(text: str, limits: ConstraintLimits = DEFAULT) -> GrammarError | None:
+    """Why a user's Lark grammar is refused (with its line and column when known), or None
+    when it compiles: %llguidance options, a grammar over `limits` (lark_size.py), what
+    llguidance refuses, and a rule that can never end (lark_ends.py), in that order."""
     if _OPTIONS_LINE.search(text):
         return GrammarError("a grammar cannot set %llguidance options: qrun sets them")
-    too_large = grammar_size_error(text)
+    too_large = grammar_size_error(text, limits)
     if too_large is not None:
-        line = too_large[1]
-        return GrammarError(too_large[0], line=line, column=None if line is None else 1)
+        reason, line, field = too_large
+        return GrammarError(reason, line=line, column=None if line is None else 1, limit=field)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        lark_grammar(text), None, limits=LIMITS)
-    return _lark_error(messages[0]) if is_error else None
+        lark_grammar(text), None, limits=limits.parser_limits())
+    if is_error:
+        return _lark_error(messages[0])
+    endless = never_ending_rule(text)
+    if endless is not None:
+        return GrammarError(endless[0], line=endless[1], column=1)
+    return None
 
 
-def check_schema(schema: Any, fmt: JsonFormat = FIXED) -> GrammarError | None:
+def check_schema(schema: Any, fmt: JsonFormat = FIXED,
+                 limits: ConstraintLimits = DEFAULT) -> GrammarError | None:
     """Why llguidance refuses `schema` after the rewrite, located in the user's schema (see
-    `_locate`), or None when it compiles. A few ms for most schemas."""
+    `_locate`), or None when it compiles. A few ms for most schemas. An object with more
+    optional properties than `limits` allows is refused first (schema_size.py)."""
     if not isinstance(schema, dict | bool):
         return GrammarError(f"a JSON Schema is an object or a boolean, not "
                             f"{type(schema).__name__}", pointer="")
     bad = non_finite(schema)
     if bad is not None:
         return GrammarError("JSON has no Infinity or NaN: use a finite number", pointer=bad)
-    reason = _schema_reason(schema, fmt)
-    return None if reason is None else _locate(schema, reason, fmt)
+    crowded = crowded_place(schema, limits.optional_properties)
+    if crowded is not None:
+        pointer, count = crowded
+        return GrammarError(
+            f"{count:,} optional properties may come at one place of the value, more than the "
+            f"{limits.optional_properties:,} qrun accepts (llguidance's parser holds about 4 "
+            "items per such property while it reads a key)", pointer=pointer,
+            limit="optional_properties")
+    reason = _schema_reason(schema, fmt, limits)
+    return None if reason is None else _locate(schema, reason, fmt, limits)
 
 
 def clean_reason(message: str) -> str:
@@ -190,12 +210,12 @@ def _schema_text(schema: Any, fmt: JsonFormat) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
-def _schema_reason(schema: Any, fmt: JsonFormat) -> str | None:
+def _schema_reason(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> str | None:
     try:
         text = json_grammar(schema, fmt)
     except RecursionError:
         return "the schema is nested too deeply"
-    return validate(text)
+    return validate(text, limits=limits)
 
 
 def _lark_error(message: str) -> GrammarError:
@@ -207,7 +227,8 @@ def _lark_error(message: str) -> GrammarError:
                         column=int(found.group(2)))
 
 
-def _locate(schema: Any, reason: str, fmt: JsonFormat) -> GrammarError:
+def _locate(schema: Any, reason: str, fmt: JsonFormat, limits: ConstraintLimits
+            ) -> GrammarError:
     """llguidance names the problem but not where it is. Candidates are the keywords the
     reason names (a keyword, format, regex, $ref), else every constraining keyword, deepest
     first; each is removed in turn (oneOf made anyOf), and the first removal that changes
@@ -219,7 +240,7 @@ def _locate(schema: Any, reason: str, fmt: JsonFormat) -> GrammarError:
     if named and len(candidates) == 1:
         return GrammarError(reason, pointer=_pointer(*candidates[0]))
     for pointer, key in candidates[:_MAX_TRIES]:
-        if _schema_reason(_without(schema, pointer, key), fmt) != reason:
+        if _schema_reason(_without(schema, pointer, key), fmt, limits) != reason:
             return GrammarError(reason, pointer=_pointer(pointer, key))
     return GrammarError(reason, pointer=None if candidates else "")
 
