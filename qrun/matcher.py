@@ -14,12 +14,13 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import JsonFormat
+from qrun.constraint.grammar import ConstraintLimits, JsonFormat
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
 from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
 from qrun.constraint.spec import LLGUIDANCE, LoweringError, lower
 from qrun.constraint.vocab import Vocabulary
 from qrun.errors import ConstraintError, UsageError
+from qrun.limits import Limits
 from qrun.source import Source
 
 __all__ = ["Matcher"]
@@ -49,7 +50,8 @@ class Matcher:
     (a dict, a bool, or its JSON text), `regex=` a pattern, `grammar=` a Lark grammar,
     `pattern=` a named pattern ("EMAIL"), or `options=` a list of strings. `closed=True`
     closes the schema's objects; `layout` is "flexible" (any JSON whitespace: what any
-    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`).
+    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`). `limits` (a
+    `qrun.Limits`) raises the size limits of a grammar or schema, as a run's does.
 
     Raises:
         ConstraintError: the constraint is invalid or unsupported (the message says why and,
@@ -61,7 +63,7 @@ class Matcher:
     def __init__(self, model: Any = "smollm2", *, json: Any = None, regex: str | None = None,
                  grammar: str | None = None, pattern: str | None = None,
                  options: Sequence[str] | None = None, closed: bool = False,
-                 layout: str = "flexible") -> None:
+                 layout: str = "flexible", limits: Limits | None = None) -> None:
         given = {name: value for name, value in (("json", json), ("regex", regex),
                                                  ("grammar", grammar), ("pattern", pattern),
                                                  ("options", options)) if value is not None}
@@ -73,8 +75,10 @@ class Matcher:
         self.vocab: Vocabulary = _vocabulary(model)
         self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
         (kind, value), = given.items()
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
         fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed)
-        self._engine = self._build(kind, value, fmt)
+        self._engine = self._build(kind, value, fmt, (limits or Limits()).constraints())
         self._consumed = 0
         self._ended = False
 
@@ -141,16 +145,17 @@ class Matcher:
         self._consumed = 0
         self._ended = False
 
-    def _build(self, kind: str, value: Any, fmt: JsonFormat) -> _Engine:
+    def _build(self, kind: str, value: Any, fmt: JsonFormat,
+               limits: ConstraintLimits) -> _Engine:
         """The engine of the constraint lowered as a hole's is (qrun/constraint/spec.py)."""
         try:
-            spec = lower(kind, value, fmt)
+            spec = lower(kind, value, fmt, limits)
         except LoweringError as error:
             if error.wrong_type:
                 raise UsageError(f"{kind}= takes {_TAKES[kind]}") from None
             raise _positioned(error, kind, value) from None
         if spec.engine == LLGUIDANCE:
-            return _LlgEngine(_GRAMMARS.get(spec.pattern, self.vocab).start())
+            return _LlgEngine(_GRAMMARS.get(spec.pattern, self.vocab, spec.limits).start())
         return _DfaEngine(_INDEXES.get(spec.pattern, self.vocab))
 
 
@@ -173,7 +178,10 @@ def _positioned(error: LoweringError, kind: str, value: Any) -> ConstraintError:
         starts = source.line_starts()
         line = min(error.line, len(starts))
         where = source.span_at(starts[line - 1] + error.column - 1, 1)
-    return ConstraintError(error.message, where, source, error.notes)
+    notes = list(error.notes)
+    if error.limit is not None:
+        notes.append(f"raise the limit with Matcher(..., limits=qrun.Limits({error.limit}=...))")
+    return ConstraintError(error.message, where, source, notes)
 
 
 class _LlgEngine:

@@ -22,6 +22,8 @@ import numpy.typing as npt
 
 from qrun.constraint.grammar import FIXED, JsonFormat, check_lark, check_schema, json_grammar
 from qrun.constraint.grammar import lark_grammar as lark_text
+from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
+from qrun.constraint.grammar.limits import ConstraintLimits
 from qrun.constraint.patterns import PATTERNS
 from qrun.errors import suggest
 from qrun.regex import PatternError, compile_dfa, escape
@@ -89,6 +91,7 @@ class ConstraintSpec:
     description: str
     value_type: str = "text"
     engine: str = DFA
+    limits: ConstraintLimits = DEFAULT_LIMITS  # those it was checked under (llguidance's rows)
 
 
 def typed_value(text: str, value_type: str) -> Any:
@@ -115,32 +118,37 @@ class LoweringError(ValueError):
     `offset` (a character of a regex pattern), `line`/`column` (1-based, in a Lark grammar);
     a schema's JSON pointer is in the message. `wrong_type` is set when the value is not of
     the kind at all (a number given as a regex): the caller's own type error, not a
-    constraint's. `notes` are hints such as "did you mean ...?"."""
+    constraint's. `limit` names the ConstraintLimits field that refused it, when raising it
+    would let it through. `notes` are hints such as "did you mean ...?"."""
 
     def __init__(self, message: str, *, offset: int | None = None, line: int | None = None,
                  column: int | None = None, wrong_type: bool = False,
-                 notes: Sequence[str] = ()) -> None:
+                 limit: str | None = None, notes: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.offset = offset
         self.line = line
         self.column = column
         self.wrong_type = wrong_type
+        self.limit = limit
         self.notes = tuple(notes)
 
     def again(self) -> LoweringError:
         """A fresh error with the same content (a remembered refusal is raised anew, so
         tracebacks do not pile up on one object)."""
         return LoweringError(self.message, offset=self.offset, line=self.line,
-                             column=self.column, wrong_type=self.wrong_type, notes=self.notes)
+                             column=self.column, wrong_type=self.wrong_type, limit=self.limit,
+                             notes=self.notes)
 
 
-def lower(kind: str, value: Any, options: JsonFormat = FIXED) -> ConstraintSpec:
+def lower(kind: str, value: Any, options: JsonFormat = FIXED,
+          limits: ConstraintLimits = DEFAULT_LIMITS) -> ConstraintSpec:
     """The spec of a constraint given as `kind` (one of KINDS) with `value`: a regex pattern,
     a pattern name ("EMAIL"), a JSON Schema (a dict, a bool or its JSON text), a Lark
     grammar, or a list of option strings. `options` is the JSON layout, closedness and
-    format policy of a schema (ignored by the other kinds). Checked as its engine will
-    compile it, so every error shows here; remembered per process.
+    format policy of a schema (ignored by the other kinds); `limits` bound the size of a
+    grammar or schema (grammar/limits.py). Checked as its engine will compile it, so every
+    error shows here; remembered per process.
 
     Raises:
         LoweringError: the value is of the wrong type, or its engine refuses it (why, and
@@ -150,14 +158,15 @@ def lower(kind: str, value: Any, options: JsonFormat = FIXED) -> ConstraintSpec:
         raise ValueError(f"unknown constraint kind {kind!r}")
     key = _key(kind, value, options)
     if key is None:  # unhashable and not JSON: only a type error can come of it
-        return _lower(kind, value, options)
+        return _lower(kind, value, options, limits)
+    key = (*key, limits)
     with _LOCK:
         found = _LOWERED.get(key)
         if found is not None:
             _LOWERED.move_to_end(key)
     if found is None:
         try:
-            found = _lower(kind, value, options)
+            found = _lower(kind, value, options, limits)
         except LoweringError as exc:
             found = exc
         with _LOCK:
@@ -189,7 +198,8 @@ def _key(kind: str, value: Any, options: JsonFormat) -> tuple[Any, ...] | None:
     return None
 
 
-def _lower(kind: str, value: Any, options: JsonFormat) -> ConstraintSpec:
+def _lower(kind: str, value: Any, options: JsonFormat,
+           limits: ConstraintLimits) -> ConstraintSpec:
     match kind:
         case "regex":
             if not isinstance(value, str):
@@ -220,16 +230,17 @@ def _lower(kind: str, value: Any, options: JsonFormat) -> ConstraintSpec:
             if not isinstance(value, str) or not value.strip():
                 raise LoweringError(f"grammar must be a non-empty string (a Lark grammar), "
                                     f"got {type(value).__name__}", wrong_type=True)
-            error = check_lark(value)
+            error = check_lark(value, limits)
             if error is not None:
-                raise LoweringError(f"grammar: {error}", line=error.line, column=error.column)
+                raise LoweringError(f"grammar: {error}", line=error.line, column=error.column,
+                                    limit=error.limit)
             return ConstraintSpec(lark_text(value), "grammar=" + json.dumps(
-                value, ensure_ascii=False), "text", LLGUIDANCE)
+                value, ensure_ascii=False), "text", LLGUIDANCE, limits)
         case _:
-            return _lower_schema(value, options)
+            return _lower_schema(value, options, limits)
 
 
-def _lower_schema(schema: Any, options: JsonFormat) -> ConstraintSpec:
+def _lower_schema(schema: Any, options: JsonFormat, limits: ConstraintLimits) -> ConstraintSpec:
     if isinstance(schema, str | bytes):
         try:
             schema = json.loads(schema)
@@ -242,11 +253,12 @@ def _lower_schema(schema: Any, options: JsonFormat) -> ConstraintSpec:
         text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError, RecursionError) as exc:
         raise LoweringError(f"JSON Schema: {exc}") from None
-    error = check_schema(schema, options)
+    error = check_schema(schema, options, limits)
     if error is not None:
-        raise LoweringError(f"JSON Schema: {error}")
+        raise LoweringError(f"JSON Schema: {error}", limit=error.limit)
     description = f"json={text}" + (" closed=true" if options.closed else "")
-    return ConstraintSpec(json_grammar(schema, options), description, "json", LLGUIDANCE)
+    return ConstraintSpec(json_grammar(schema, options), description, "json", LLGUIDANCE,
+                          limits)
 
 
 def _check_regex(pattern: str) -> None:

@@ -145,7 +145,12 @@ class ArgChecker:
         try:
             return lower(kind, value, fmt)
         except LoweringError as error:
-            self.constraint_error(error.message, self._error_span(error, where), *error.notes)
+            notes = list(error.notes)
+            if error.limit is not None:
+                notes.append(f"a literal constraint is checked under the default limits; a run "
+                             f"takes a larger one as a value (an input) with run(..., "
+                             f"limits=qrun.Limits({error.limit}=...)) (docs/language.md §14.9)")
+            self.constraint_error(error.message, self._error_span(error, where), *notes)
             return None
 
     def _error_span(self, error: LoweringError, where: ex.Expr) -> Span:

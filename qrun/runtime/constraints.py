@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import JsonFormat, with_prefix
+from qrun.constraint.grammar import FIXED, ConstraintLimits, JsonFormat, with_prefix
+from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
 from qrun.constraint.regex_index import IndexCache
@@ -43,11 +44,13 @@ class ConstraintCompiler:
             EvaluationError: the pattern, schema or grammar expression fails or has the
                 wrong type.
         """
-        if constraint.lowered is not None:
-            return constraint.lowered
+        limits = budget.limits.constraints() if budget is not None else DEFAULT_LIMITS
+        if constraint.lowered is not None and constraint.lowered.limits == limits:
+            return constraint.lowered  # the compiler's, under the same limits
         match constraint:
             case ir.Regex(pattern=expr):
-                return _lowered("regex", evaluate(expr, scope, source, budget), expr, source)
+                return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
+                                FIXED, limits)
             case ir.JsonSchema(schema=expr, closed=closed_expr):
                 closed = False
                 if closed_expr is not None:
@@ -56,9 +59,10 @@ class ConstraintCompiler:
                         raise EvaluationError(f"closed must be true or false, got {closed!r}",
                                               closed_expr.span, source)
                 schema = evaluate(expr, scope, source, budget)
-                return _lowered("json", schema, expr, source, JsonFormat(closed=closed))
+                return _lowered("json", schema, expr, source, JsonFormat(closed=closed), limits)
             case ir.Grammar(grammar=expr):
-                return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source)
+                return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source,
+                                FIXED, limits)
 
     def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> Cursor:
         """A fresh cursor at the start of the constraint, which first requires the healed
@@ -71,7 +75,7 @@ class ConstraintCompiler:
         vocab = self.backend.vocabulary
         if spec.engine == LLGUIDANCE:
             text = with_prefix(spec.pattern, prefix.decode("utf-8", errors="replace"))
-            return self.grammars.get(text, vocab).start()
+            return self.grammars.get(text, vocab, spec.limits).start()
         return self.indexes.get(spec.pattern, vocab, prefix).start()
 
     def heal_cursor(self, prefix: bytes) -> HealCursor:
@@ -81,13 +85,17 @@ class ConstraintCompiler:
         return HealCursor(self._prefix_masks, prefix)
 
 
-def _lowered(kind: str, value: Any, where: Expr, source: Source,
-             fmt: JsonFormat | None = None) -> ConstraintSpec:
+def _lowered(kind: str, value: Any, where: Expr, source: Source, fmt: JsonFormat,
+             limits: ConstraintLimits) -> ConstraintSpec:
     """The spec of a value the template computed, its errors at the expression's span: a
     value of the wrong type is an evaluation error, one its engine refuses a constraint
     error."""
     try:
-        return lower(kind, value, fmt) if fmt is not None else lower(kind, value)
+        return lower(kind, value, fmt, limits)
     except LoweringError as error:
         kind_of_error = EvaluationError if error.wrong_type else ConstraintError
-        raise kind_of_error(error.message, where.span, source, error.notes) from None
+        notes = list(error.notes)
+        if error.limit is not None:
+            notes.append(f"raise the limit with run(..., limits=qrun.Limits({error.limit}=...)) "
+                         "(docs/language.md §14.9)")
+        raise kind_of_error(error.message, where.span, source, notes) from None

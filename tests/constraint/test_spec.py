@@ -43,7 +43,7 @@ def test_a_value_is_lowered_once_per_process(monkeypatch: pytest.MonkeyPatch) ->
     calls: list[Any] = []
     check_schema, compile_dfa = spec_module.check_schema, spec_module.compile_dfa
     monkeypatch.setattr(spec_module, "check_schema",
-                        lambda schema, fmt: calls.append(schema) or check_schema(schema, fmt))
+                        lambda schema, *rest: calls.append(schema) or check_schema(schema, *rest))
     monkeypatch.setattr(spec_module, "compile_dfa",
                         lambda pattern: calls.append(pattern) or compile_dfa(pattern))
     schema = {"type": "object", "properties": {fresh("p"): {"type": "integer"}}}
@@ -124,3 +124,50 @@ def test_matcher_and_holes_refuse_alike(tiny: TransformersBackend) -> None:
     messages = {by_matcher.value.message, by_compiler.value.errors[0].message,
                 by_runtime.value.message}
     assert len(messages) == 1 and "/properties/a" in messages.pop()
+
+
+# ---- the size limits of a constraint (grammar/limits.py) reach every lowering ----------------
+
+GRAMMAR = 'start: "yes" | "no" | "maybe" | "later"'  # 41 characters
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                           "c": {"type": "integer"}}}  # 3 optional
+
+
+def test_a_run_checks_constraints_under_its_own_limits(tiny: TransformersBackend) -> None:
+    query = qrun.Query("{{ gen g grammar=lark }} {{ gen j json=s }}")
+    inputs = {"lark": GRAMMAR, "s": SCHEMA}
+    result = query.run(inputs, model=tiny, seed=0)
+    assert result.vars["g"] in ("yes", "no", "maybe", "later")
+    with pytest.raises(qrun.ConstraintError) as tight:
+        query.run(inputs, model=tiny, limits=qrun.Limits(grammar_chars=20))
+    assert "grammar_chars" in " ".join(tight.value.notes)
+    with pytest.raises(qrun.ConstraintError) as crowded:
+        query.run(inputs, model=tiny, limits=qrun.Limits(optional_properties=2))
+    assert "optional_properties" in " ".join(crowded.value.notes)
+
+
+def test_a_literal_is_checked_again_when_a_run_lowers_the_limits(
+        tiny: TransformersBackend) -> None:
+    query = qrun.Query("{{ gen g grammar='" + GRAMMAR.replace('"', '\\"') + "' }}")
+    assert query.run(model=tiny, seed=0).vars["g"] in ("yes", "no", "maybe", "later")
+    with pytest.raises(qrun.ConstraintError, match="grammar"):
+        query.run(model=tiny, limits=qrun.Limits(grammar_chars=20))
+
+
+def test_a_literal_over_the_default_limits_is_a_compile_error_that_says_how() -> None:
+    crowded = {"type": "object",
+               "properties": {f"p{i}": {"type": "integer"} for i in range(4_001)}}
+    with pytest.raises(qrun.TemplateErrors) as caught:
+        qrun.Query("{{ gen j json=" + json.dumps(crowded) + " }}")
+    error = caught.value.errors[0]
+    assert "optional properties" in error.message
+    assert any("qrun.Limits(optional_properties=" in note for note in error.notes)
+
+
+def test_matcher_takes_limits(tiny: TransformersBackend) -> None:
+    assert qrun.Matcher(tiny, grammar=GRAMMAR).consume_text("maybe")
+    with pytest.raises(qrun.ConstraintError) as caught:
+        qrun.Matcher(tiny, grammar=GRAMMAR, limits=qrun.Limits(grammar_chars=20))
+    assert "Matcher(..., limits=qrun.Limits(grammar_chars=" in " ".join(caught.value.notes)
+    with pytest.raises(qrun.UsageError, match="limits must be a qrun.Limits"):
+        qrun.Matcher(tiny, grammar=GRAMMAR, limits={"grammar_chars": 5})  # type: ignore[arg-type]
