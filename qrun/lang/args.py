@@ -17,7 +17,7 @@ from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
-from qrun.options import CHECKS, RunOptions, is_number
+from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_number
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "grammar",
@@ -178,11 +178,11 @@ class ArgChecker:
     # ---- front matter ------------------------------------------------------------------------
 
     def front_matter(self, front: ast.FrontMatter | None, check_name: NameCheck
-                     ) -> tuple[RunOptions, ir.ModelChoice, tuple[str, ...] | None]:
+                     ) -> tuple[RunOptions, ModelOptions, tuple[str, ...] | None]:
         """The run options, the model and the declared inputs (None without an `inputs:`
         line) of the front matter."""
         if front is None:
-            return RunOptions(), ir.ModelChoice(), None
+            return RunOptions(), ModelOptions(), None
         values: dict[str, Any] = {}
         declared: tuple[str, ...] | None = None
         seen: dict[str, Span] = {}
@@ -204,7 +204,7 @@ class ArgChecker:
                 if value is not MISSING:
                     values[entry.key] = value
         model = {k: values.pop(k) for k in ("model", "device", "dtype") if k in values}
-        return RunOptions(**values), ir.ModelChoice(**model), declared
+        return RunOptions(**values), ModelOptions(**model), declared
 
     def front_value(self, entry: ast.FrontMatterEntry) -> Any:
         raw = _unquote(entry.value)
@@ -213,7 +213,7 @@ class ArgChecker:
             value = _scalar(raw)
             wanted = CHECKS[entry.key](value)
         else:
-            wanted = _MODEL_CHECKS[entry.key](raw)
+            wanted = MODEL_CHECKS[entry.key](raw)
         if wanted is not None:
             self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
                       entry.value_span)
@@ -325,13 +325,6 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
     "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
-}
-_MODEL_CHECKS: dict[str, Callable[[str], str | None]] = {
-    "model": lambda v: None if v else "a model name or path",
-    "device": lambda v: None if re.fullmatch(r"cpu|cuda(:[0-9]+)?|mps|auto", v) else
-    "cpu, cuda, cuda:N, mps or auto",
-    "dtype": lambda v: None if v in ("float32", "float16", "bfloat16", "auto") else
-    "float32, float16, bfloat16 or auto",
 }
 
 

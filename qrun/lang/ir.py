@@ -12,7 +12,7 @@ from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
-from qrun.options import RunOptions
+from qrun.options import ModelOptions, RunOptions
 from qrun.source import Source, Span
 
 
@@ -217,15 +217,6 @@ Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Conti
 
 
 @dataclass(frozen=True, slots=True)
-class ModelChoice:
-    """The model named in front matter (None = not given; the caller's choice wins)."""
-
-    model: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Program:
     """A compiled template. `inputs` are the names a run must supply (declared in front matter
     when `inputs_declared`, else the template's free variables), `input_spans` where each is
@@ -239,7 +230,7 @@ class Program:
     inputs_declared: bool
     captures: tuple[str, ...]
     options: RunOptions
-    model: ModelChoice
+    model: ModelOptions  # model, device and dtype at most; the caller's choice wins
     source: Source = field(compare=False)
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
     optional_inputs: tuple[str, ...] = ()

@@ -14,7 +14,7 @@ from qrun.constraint.patterns import PATTERNS
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_file, compile_source, compile_template, ir
 from qrun.lang import expr as ex
-from qrun.options import RunOptions
+from qrun.options import ModelOptions, RunOptions
 
 
 def ops_of(text: str) -> tuple[ir.Op, ...]:
@@ -175,8 +175,8 @@ def test_front_matter_defaults() -> None:
     program = compile_source('---\nmodel: "org/model name"\ntemperature: 1\ntop_p: 0.5\n'
                              "seed: 3\nmax_tokens: 10\ndevice: cuda:1\ndtype: bfloat16\n---\n")
     assert program.options == RunOptions(temperature=1.0, top_p=0.5, seed=3, max_tokens=10)
-    assert program.model == ir.ModelChoice(model="org/model name", device="cuda:1",
-                                           dtype="bfloat16")
+    assert program.model == ModelOptions(model="org/model name", device="cuda:1",
+                                         dtype="bfloat16")
     assert isinstance(program.options.temperature, float)
 
 
