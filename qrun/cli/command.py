@@ -34,7 +34,7 @@ from qrun.cli.output import (
     write,
 )
 from qrun.errors import PositionedError, QrunError, TemplateErrors, UsageError
-from qrun.options import RunOptions
+from qrun.options import BACKENDS, DTYPES, ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
@@ -64,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one run per line of JSON objects; prints JSON Lines")
     parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
                                         "hub id (org/name)")
-    parser.add_argument("--backend", default="transformers",
-                        choices=["transformers", "vllm", "llamacpp"],
+    parser.add_argument("--backend", default="transformers", choices=BACKENDS,
                         help="transformers (default); vllm: in this process, or against a "
                              "vLLM server with --url; llamacpp: a .gguf file on llama.cpp")
     parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
@@ -73,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="with --url: how long a request waits for the server (default 30)")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", choices=DTYPES)
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--top-k", type=int)
@@ -137,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     _validate(args)
     fields = _fields(args.fields)
     options = _options(args)
+    model_options = _model_options(args)
     query = Query.from_file(args.file)
     for warning in query.warnings:  # on stderr; the exit code stays the run's
         print(warning.render(), file=sys.stderr)
@@ -150,16 +150,17 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     inputs, typed_strings = _inputs(args)
     if args.inputs:
-        return _run_lines(query, args, options, inputs, _Rows(fields, args.id, typed_strings))
+        return _run_lines(query, args, options, model_options, inputs,
+                          _Rows(fields, args.id, typed_strings))
     checked = query.program.check_inputs(inputs)  # before the model is loaded
     if args.json:
-        model = _load(query, args)
+        model = _load(query, model_options, args.quiet)
         result = _hinted(lambda: query.run(checked, model=model, options=options), typed_strings)
         print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
     else:
         early = leading_text(query.program)
         write(early)  # the template's opening text, before the model loads
-        model = _load(query, args)
+        model = _load(query, model_options, args.quiet)
         echo = SkipEcho(early, write)
         result = _hinted(lambda: query.run(checked, model=model, options=options,
                                            on_text=echo), typed_strings)
@@ -176,18 +177,14 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load(query: Query, args: argparse.Namespace) -> Backend:
-    from qrun.backends import DEFAULT_MODEL
-
-    name = args.model or query.program.model.model or DEFAULT_MODEL
-    with LoadingNotice(name, quiet=args.quiet):
-        return query.load(args.model, device=args.device, dtype=args.dtype,
-                          backend=args.backend, cache_mb=args.cache_mb, url=args.url,
-                          timeout=args.timeout)
+def _load(query: Query, given: ModelOptions, quiet: bool) -> Backend:
+    chosen = query.model_options(given)  # the front matter's choice merged in, for the notice
+    with LoadingNotice(str(chosen.model), quiet=quiet):
+        return query.load(options=chosen)
 
 
 def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
-               base: dict[str, Any], rows: _Rows) -> int:
+               model_options: ModelOptions, base: dict[str, Any], rows: _Rows) -> int:
     """One run per JSON line; JSON Lines out, in input order, each printed as soon as it and
     every line before it are done. A line that cannot be a run's inputs prints
     {"error": ..., "line": N} with its number in the file, and the rest still run."""
@@ -200,7 +197,7 @@ def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
             parsed.append(str(exc))
     numbers = [number for number, _ in lines]
     runnable = [i for i, row in enumerate(parsed) if isinstance(row, dict)]
-    model = _load(query, args) if runnable else None
+    model = _load(query, model_options, args.quiet) if runnable else None
     printer = OrderedPrinter(len(parsed), quiet=args.quiet)
 
     def job() -> None:
@@ -324,21 +321,20 @@ def _options(args: argparse.Namespace) -> RunOptions:
         raise UsageError(f"--{name.replace('_', '-')}: {exc}" if name else str(exc)) from None
 
 
+def _model_options(args: argparse.Namespace) -> ModelOptions:
+    """The model options given as flags, checked as ModelOptions checks them (the message
+    names the flags: `--cache-mb must be ≥ 0`)."""
+    given = {name: getattr(args, name) for name in ModelOptions.names() if name != "weights"}
+    return ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
+
+
 def _validate(args: argparse.Namespace) -> None:
-    """Checks of the options that are not run options (those are RunOptions' own)."""
+    """Checks of the options that are neither run options nor model options (those are
+    RunOptions' and ModelOptions' own)."""
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     if args.batch_size is not None and not args.inputs:
         raise UsageError("--batch-size runs lines of --inputs together: give --inputs too")
-    if args.timeout is not None and args.url is None:
-        raise UsageError("--timeout is how long a request waits for a vLLM server: it needs "
-                         "--url (a local run has no time limit; bound it with max_tokens)")
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.cache_mb is not None and args.cache_mb < 0:
-        raise UsageError(f"--cache-mb must be ≥ 0, got {args.cache_mb}")
-    if args.url is not None and args.backend != "vllm":
-        raise UsageError("--url needs --backend vllm (a vLLM server)")
     if args.trace and args.inputs:
         raise UsageError("--trace writes one run's trace: use it without --inputs")
     if args.trace and not args.trace.lower().endswith((".html", ".htm", ".json")):

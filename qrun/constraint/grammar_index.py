@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -24,13 +25,13 @@ import numpy.typing as npt
 
 from qrun.constraint.grammar import (
     FIXED,
-    LIMITS,
     GrammarError,
     JsonFormat,
     check_schema,
     clean_reason,
     schema_grammar,
 )
+from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.vocab import Vocabulary
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
@@ -122,10 +123,9 @@ def _byte_tokens(vocab: Vocabulary) -> tuple[npt.NDArray[np.int64], npt.NDArray[
     tokens = np.array([(vocab.ids_of(bytes([b])) or (-1,))[0] for b in range(256)],
                       dtype=np.int64)
     spelled = np.flatnonzero(tokens >= 0)
-    for array in (tokens, spelled):
-        array.flags.writeable = False
     ids = tokens[spelled]
-    ids.flags.writeable = False
+    for array in (tokens, spelled, ids):
+        array.flags.writeable = False
     return tokens, spelled, ids
 
 
@@ -134,8 +134,10 @@ class LlgIndex:
     matcher that share its lexer cache (llguidance guards it with a mutex), so later holes
     reuse the lexer states earlier ones built."""
 
-    def __init__(self, grammar: str, vocab: Vocabulary) -> None:
-        """Compile `grammar`.
+    def __init__(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT
+                 ) -> None:
+        """Compile `grammar`, with llguidance's parser limits for `limits` (the ones it was
+        checked against: a larger optional_properties needs larger parser rows).
 
         Raises:
             GrammarError: llguidance refused it (its reason; grammar/text.py locates it).
@@ -145,7 +147,7 @@ class LlgIndex:
         self.tokenizer = llg_tokenizer(vocab)
         self.ordinary = _ordinary(vocab)
         self._template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
-                                              limits=LIMITS)
+                                              limits=limits.parser_limits())
         if self._template.is_error():
             raise GrammarError(clean_reason(self._template.get_error()))
         self._lock = threading.Lock()
@@ -469,37 +471,55 @@ class LlgCache:
     def __init__(self, max_entries: int = 64) -> None:
         self._max_entries = max(1, max_entries)
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[Vocabulary, str], LlgIndex] = OrderedDict()
+        self._entries: OrderedDict[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = \
+            OrderedDict()
+        # Grammar texts of the schemas `schema` met, per schema text and layout: a schema met
+        # again skips the rewrite (a deep copy and walks, up to ~10 ms on MaskBench's largest).
+        self._texts: OrderedDict[tuple[str, JsonFormat, ConstraintLimits], str] = OrderedDict()
 
-    def schema(self, schema: Any, vocab: Vocabulary, fmt: JsonFormat = FIXED) -> LlgIndex:
+    def schema(self, schema: Any, vocab: Vocabulary, fmt: JsonFormat = FIXED,
+               limits: ConstraintLimits = DEFAULT) -> LlgIndex:
         """The index of a JSON Schema (a dict or a bool) in layout `fmt`, compiled once:
-        the grammar text comes from grammar/text.py's memo (the rewrite runs once per
-        schema text), and building the index is llguidance's check, so a schema that
-        compiles is compiled once, with the tokenizer (check_schema first and then `get`
-        compiles it twice: once without a tokenizer to check, once to build). Only a refused
-        schema is compiled again, by check_schema, to locate the fault.
+        building the index is llguidance's check, so a schema that compiles costs one
+        compile, with the tokenizer (check_schema and then `get` cost two: one without a
+        tokenizer to check, one to build; lower() does the first). Only a refused schema is
+        compiled again, by check_schema, to locate the fault. Issue #24 item 4.
 
         Raises:
             GrammarError: the schema is refused (with its JSON pointer where found).
         """
-        grammar = schema_grammar(schema, fmt)
         try:
-            return self.get(grammar, vocab)
+            key: tuple[str, JsonFormat, ConstraintLimits] | None = (
+                json.dumps(schema, ensure_ascii=False), fmt, limits)
+        except (TypeError, ValueError, RecursionError):
+            key = None  # not JSON data: schema_grammar says where
+        with self._lock:
+            grammar = self._texts.get(key) if key is not None else None
+        if grammar is None:
+            grammar = schema_grammar(schema, fmt, limits)
+            if key is not None:
+                with self._lock:
+                    self._texts[key] = grammar
+                    if len(self._texts) > self._max_entries:
+                        self._texts.popitem(last=False)
+        try:
+            return self.get(grammar, vocab, limits)
         except GrammarError as exc:
-            located = check_schema(schema, fmt)
+            located = check_schema(schema, fmt, limits)
             raise (located if located is not None else exc) from None
 
-    def get(self, grammar: str, vocab: Vocabulary) -> LlgIndex:
-        """The index of `grammar` over `vocab`, built on first use.
+    def get(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT
+            ) -> LlgIndex:
+        """The index of `grammar` over `vocab` under `limits`, built on first use.
 
         Raises:
             GrammarError: llguidance refused the grammar.
         """
-        key = (vocab, grammar)
+        key = (vocab, grammar, limits)
         with self._lock:
             index = self._entries.get(key)
             if index is None:
-                index = LlgIndex(grammar, vocab)
+                index = LlgIndex(grammar, vocab, limits)
                 self._entries[key] = index
                 if len(self._entries) > self._max_entries:
                     self._entries.popitem(last=False)

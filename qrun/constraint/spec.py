@@ -1,18 +1,48 @@
-"""What a constraint is once lowered, for every part that uses one (the compiler, the runtime,
-qrun.Matcher): its spec (the text its engine reads, a description, the type of its values),
-the cursor interface every engine's state offers, and the reading of a finished value."""
+"""What a constraint is, in one place for every part that uses one (the compiler, the runtime,
+qrun.Matcher): `lower(kind, value, options)` turns `regex=`, a named pattern, `json=`,
+`grammar=` or `options=` into its spec (the text its engine reads, a description, the type of
+its values) or a LoweringError saying why not and where inside the constraint's own text; the
+cursor interface every engine's state offers; and the reading of a finished value.
+
+A constraint is lowered once per distinct value per process (an LRU below): the compiler
+lowers the literal ones and keeps the spec in the IR (lang/args.py), the runtime the ones a
+template computes (runtime/constraints.py), Matcher its own (matcher.py)."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from qrun.constraint.grammar import FIXED, JsonFormat, check_lark, check_schema, json_grammar
+from qrun.constraint.grammar import lark_grammar as lark_text
+from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
+from qrun.constraint.grammar.limits import ConstraintLimits
+from qrun.constraint.patterns import PATTERNS
+from qrun.errors import suggest
+from qrun.regex import PatternError, compile_dfa, escape
+
+__all__ = ["DFA", "KINDS", "LLGUIDANCE", "PATTERN_TYPES", "ConstraintSpec", "Cursor",
+           "LoweringError", "lower", "typed_value"]
+
+# The engines a constraint compiles with: qrun's byte DFA (qrun/regex, regex_index.py) for
+# regexes, named patterns and option lists; llguidance (grammar_index.py) for JSON Schemas
+# and Lark grammars.
+DFA = "dfa"
+LLGUIDANCE = "llguidance"
+# What a constraint can be given as.
+KINDS = ("regex", "pattern", "json", "grammar", "options")
 # Named patterns whose values are read as Python values (docs/language.md §15.2).
 PATTERN_TYPES = {"INT": "int", "FLOAT": "float", "BOOL": "bool"}
+# Lowered constraints kept per process (a hole in a loop, a Matcher per instance, a schema
+# variable that takes a few values: each distinct value is checked and written once).
+_LOWERED_MAX = 512
 
 
 class Cursor(Protocol):
@@ -60,7 +90,8 @@ class ConstraintSpec:
     pattern: str
     description: str
     value_type: str = "text"
-    engine: str = "dfa"
+    engine: str = DFA
+    limits: ConstraintLimits = DEFAULT_LIMITS  # those it was checked under (llguidance's rows)
 
 
 def typed_value(text: str, value_type: str) -> Any:
@@ -80,3 +111,162 @@ def typed_value(text: str, value_type: str) -> Any:
         case "bool":
             return text == "true"
     return text
+
+
+class LoweringError(ValueError):
+    """Why a constraint cannot be lowered. Where inside the constraint's own text, when known:
+    `offset` (a character of a regex pattern), `line`/`column` (1-based, in a Lark grammar);
+    a schema's JSON pointer is in the message. `wrong_type` is set when the value is not of
+    the kind at all (a number given as a regex): the caller's own type error, not a
+    constraint's. `limit` names the ConstraintLimits field that refused it, when raising it
+    would let it through. `notes` are hints such as "did you mean ...?"."""
+
+    def __init__(self, message: str, *, offset: int | None = None, line: int | None = None,
+                 column: int | None = None, wrong_type: bool = False,
+                 limit: str | None = None, notes: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.offset = offset
+        self.line = line
+        self.column = column
+        self.wrong_type = wrong_type
+        self.limit = limit
+        self.notes = tuple(notes)
+
+    def again(self) -> LoweringError:
+        """A fresh error with the same content (a remembered refusal is raised anew, so
+        tracebacks do not pile up on one object)."""
+        return LoweringError(self.message, offset=self.offset, line=self.line,
+                             column=self.column, wrong_type=self.wrong_type, limit=self.limit,
+                             notes=self.notes)
+
+
+def lower(kind: str, value: Any, options: JsonFormat = FIXED,
+          limits: ConstraintLimits = DEFAULT_LIMITS) -> ConstraintSpec:
+    """The spec of a constraint given as `kind` (one of KINDS) with `value`: a regex pattern,
+    a pattern name ("EMAIL"), a JSON Schema (a dict, a bool or its JSON text), a Lark
+    grammar, or a list of option strings. `options` is the JSON layout, closedness and
+    format policy of a schema (ignored by the other kinds); `limits` bound the size of a
+    grammar or schema (grammar/limits.py). Checked as its engine will compile it, so every
+    error shows here; remembered per process.
+
+    Raises:
+        LoweringError: the value is of the wrong type, or its engine refuses it (why, and
+            where inside it when known).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown constraint kind {kind!r}")
+    key = _key(kind, value, options)
+    if key is None:  # unhashable and not JSON: only a type error can come of it
+        return _lower(kind, value, options, limits)
+    key = (*key, limits)
+    with _LOCK:
+        found = _LOWERED.get(key)
+        if found is not None:
+            _LOWERED.move_to_end(key)
+    if found is None:
+        try:
+            found = _lower(kind, value, options, limits)
+        except LoweringError as exc:
+            found = exc
+        with _LOCK:
+            _LOWERED[key] = found
+            if len(_LOWERED) > _LOWERED_MAX:
+                _LOWERED.popitem(last=False)
+    if isinstance(found, LoweringError):
+        raise found.again()
+    return found
+
+
+_LOWERED: OrderedDict[tuple[Any, ...], ConstraintSpec | LoweringError] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _key(kind: str, value: Any, options: JsonFormat) -> tuple[Any, ...] | None:
+    """What identifies a lowered constraint: the value itself when it is text, a schema's
+    JSON text in its own key order (llguidance keeps the schema's property order)."""
+    if isinstance(value, str):
+        return (kind, value, options if kind == "json" else None)
+    if kind == "json":
+        try:
+            return (kind, "", json.dumps(value, ensure_ascii=False, allow_nan=True), options)
+        except (TypeError, ValueError, RecursionError):
+            return None
+    if kind == "options" and isinstance(value, list | tuple) and all(
+            isinstance(o, str) for o in value):
+        return (kind, tuple(value), None)
+    return None
+
+
+def _lower(kind: str, value: Any, options: JsonFormat,
+           limits: ConstraintLimits) -> ConstraintSpec:
+    match kind:
+        case "regex":
+            if not isinstance(value, str):
+                raise LoweringError(f"regex must be a string, got {type(value).__name__}",
+                                    wrong_type=True)
+            _check_regex(value)
+            return ConstraintSpec(value, f"regex={json.dumps(value)}")
+        case "pattern":
+            if not isinstance(value, str):
+                raise LoweringError(f"a pattern name must be a string, got "
+                                    f"{type(value).__name__}", wrong_type=True)
+            if value not in PATTERNS:
+                raise LoweringError(f"unknown pattern '{value}'", notes=[
+                    *suggest(str(value), PATTERNS), "patterns: " + ", ".join(sorted(PATTERNS))])
+            _check_regex(PATTERNS[value])
+            return ConstraintSpec(PATTERNS[value], f"regex={value}",
+                                  PATTERN_TYPES.get(value, "text"))
+        case "options":
+            if (isinstance(value, str) or not isinstance(value, list | tuple) or not value
+                    or not all(isinstance(o, str) and o for o in value)):
+                raise LoweringError("options must be a non-empty list of non-empty strings",
+                                    wrong_type=True)
+            pattern = "(?:" + "|".join(escape(o) for o in value) + ")"
+            _check_regex(pattern)
+            return ConstraintSpec(pattern, "options=" + json.dumps(list(value),
+                                                                   ensure_ascii=False))
+        case "grammar":
+            if not isinstance(value, str) or not value.strip():
+                raise LoweringError(f"grammar must be a non-empty string (a Lark grammar), "
+                                    f"got {type(value).__name__}", wrong_type=True)
+            error = check_lark(value, limits)
+            if error is not None:
+                raise LoweringError(f"grammar: {error}", line=error.line, column=error.column,
+                                    limit=error.limit)
+            return ConstraintSpec(lark_text(value), "grammar=" + json.dumps(
+                value, ensure_ascii=False), "text", LLGUIDANCE, limits)
+        case _:
+            return _lower_schema(value, options, limits)
+
+
+def _lower_schema(schema: Any, options: JsonFormat, limits: ConstraintLimits) -> ConstraintSpec:
+    if isinstance(schema, str | bytes):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as exc:
+            raise LoweringError(f"the JSON Schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict | bool):
+        raise LoweringError(f"json must be a JSON Schema object, got {type(schema).__name__}",
+                            wrong_type=True)
+    try:
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise LoweringError(f"JSON Schema: {exc}") from None
+    error = check_schema(schema, options, limits)
+    if error is not None:
+        raise LoweringError(f"JSON Schema: {error}", limit=error.limit)
+    description = f"json={text}" + (" closed=true" if options.closed else "")
+    return ConstraintSpec(json_grammar(schema, options), description, "json", LLGUIDANCE,
+                          limits)
+
+
+def _check_regex(pattern: str) -> None:
+    """Compile the DFA now (kept by compile_dfa's cache for the token index), so a pattern's
+    every error shows when it is lowered."""
+    try:
+        compile_dfa(pattern)
+    except PatternError as exc:
+        raise LoweringError(str(exc), offset=exc.pos) from None
+    except RecursionError:
+        raise LoweringError("invalid regex: pattern nested too deeply") from None

@@ -1,8 +1,7 @@
 """Part of stage 3 (compile_template): hole arguments and front matter. Which keys exist, the type
-checks of literal values, constraint lowering (the engine of each hole is chosen here: qrun's
-DFA for regexes, llguidance for JSON Schemas and Lark grammars) with the compile-time checks
-through the compilers the runtime uses (qrun/regex, qrun/llg), and typed front-matter
-defaults."""
+checks of literal values, the lowering of literal constraints (qrun/constraint/spec.py lower,
+which the runtime and qrun.Matcher use too: the engine of each hole is chosen there, every
+error shows at --check, and the spec is kept in the IR), and typed front-matter defaults."""
 
 from __future__ import annotations
 
@@ -11,15 +10,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from qrun.constraint.grammar import FIXED, JsonFormat, check_lark, check_schema
-from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.grammar import FIXED, JsonFormat
+from qrun.constraint.spec import ConstraintSpec, LoweringError, lower
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
-from qrun.options import CHECKS, RunOptions, is_number
-from qrun.regex import PatternError, compile_dfa
+from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_number
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "grammar",
@@ -41,7 +39,6 @@ class ArgChecker:
     def __init__(self, source: Source, errors: list[TemplateError]) -> None:
         self.source = source
         self.errors = errors
-        self.pattern_errors: dict[str, PatternError | None] = {}  # None: compiles
         self.declared_at: dict[str, Span] = {}  # input -> its `inputs:` front matter line
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
@@ -100,8 +97,9 @@ class ArgChecker:
                                      arg.expr.span, self.source))
 
     def constraint(self, args: dict[str, ast.HoleArg]) -> ir.Constraint | None:
-        """The constraint of a gen hole and its engine; literal patterns, schemas and
-        grammars are checked now."""
+        """The constraint of a gen hole and its engine. A literal pattern, schema or grammar
+        is lowered now (qrun/constraint/spec.py, as the runtime would), so its every error
+        shows at --check, and its spec is kept in the IR for the runs."""
         given = [args[name] for name in CONSTRAINT_ARGS if name in args]
         closed = args.get("closed")
         if closed is not None and "json" not in args:
@@ -112,78 +110,59 @@ class ArgChecker:
                                   "constrain one hole", later.span)
             return None
         if "json" in args:
+            schema = args["json"].expr
             flag = literal(closed.expr) if closed is not None else False
-            if isinstance(flag, bool):
-                self.check_schema(args["json"].expr, JsonFormat(closed=flag))
-            return ir.JsonSchema(args["json"].expr, closed.expr if closed is not None else None)
+            value = literal(schema)
+            spec = None
+            if isinstance(flag, bool) and isinstance(value, dict):
+                spec = self.lowered("json", value, schema, JsonFormat(closed=flag))
+            return ir.JsonSchema(schema, closed.expr if closed is not None else None,
+                                 lowered=spec)
         if "grammar" in args:
-            self.check_grammar(args["grammar"].expr)
-            return ir.Grammar(args["grammar"].expr)
+            grammar = args["grammar"].expr
+            spec = None
+            if isinstance(grammar, ex.Const) and isinstance(grammar.value, str) and \
+                    grammar.value.strip():
+                spec = self.lowered("grammar", grammar.value, grammar)
+            return ir.Grammar(grammar, lowered=spec)
         arg = args.get("regex")
         if arg is None:
             return None
         name = pattern_name(arg)
         if name is not None:
-            if name in PATTERNS:
-                self.check_dfa(PATTERNS[name], arg.expr.span)
-                return ir.Regex(ex.Const(PATTERNS[name], arg.expr.span), name)
-            self.constraint_error(
-                f"unknown pattern '{name}'", arg.expr.span,
-                *suggest(name, PATTERNS), "patterns: " + ", ".join(sorted(PATTERNS)))
+            spec = self.lowered("pattern", name, arg.expr)
+            if spec is not None:
+                return ir.Regex(ex.Const(spec.pattern, arg.expr.span), name, lowered=spec)
         elif isinstance(arg.expr, ex.Const) and isinstance(arg.expr.value, str):
-            self.check_regex(arg.expr)
+            return ir.Regex(arg.expr, lowered=self.lowered("regex", arg.expr.value, arg.expr))
         return ir.Regex(arg.expr)
 
-    def check_regex(self, pattern: ex.Const) -> None:
-        """A literal pattern is compiled now, as the runtime will compile it (qrun/regex/), so
-        every error it would meet shows at --check: syntax (pointing at the fault when the
-        pattern is written without escapes), size, constructs a token mask cannot express, an
-        empty language, too many states."""
-        self.check_dfa(pattern.value, pattern.span, pattern)
+    def lowered(self, kind: str, value: Any, where: ex.Expr,
+                fmt: JsonFormat = FIXED) -> ConstraintSpec | None:
+        """The spec of a literal constraint, or None after reporting why it has none: at the
+        offending character of a regex written without escapes, at the line and column of a
+        grammar, else at the whole literal."""
+        try:
+            return lower(kind, value, fmt)
+        except LoweringError as error:
+            notes = list(error.notes)
+            if error.limit is not None:
+                notes.append(f"a literal constraint is checked under the default limits; a run "
+                             f"takes a larger one as a value (an input) with run(..., "
+                             f"limits=qrun.Limits({error.limit}=...)) (docs/language.md §14.9)")
+            self.constraint_error(error.message, self._error_span(error, where), *notes)
+            return None
 
-    def check_dfa(self, pattern: str, span: Span, literal: ex.Const | None = None) -> None:
-        """Compile `pattern` as the runtime will and report its PatternError at `span` (at the
-        offending character of `literal`, the pattern's own string literal, when it has one)."""
-        if pattern not in self.pattern_errors:
-            try:
-                compile_dfa(pattern)
-                self.pattern_errors[pattern] = None
-            except PatternError as err:
-                self.pattern_errors[pattern] = err
-            except RecursionError:
-                self.pattern_errors[pattern] = PatternError(
-                    "invalid regex: pattern nested too deeply")
-        error = self.pattern_errors[pattern]
-        if error is None:
-            return
-        if error.pos is not None and literal is not None and self.source.text[
-                span.start + 1:span.end - 1] == pattern:  # no escapes: point at the character
-            span = _shift(span, 1 + error.pos)
-        self.constraint_error(str(error), span)
-
-    def check_schema(self, schema: ex.Expr, fmt: JsonFormat = FIXED) -> None:
-        """A literal JSON Schema is compiled now, as the runtime will (rewritten, then
-        llguidance); an error names llguidance's reason and the JSON pointer of the
-        subschema at fault. Schemas with non-literal parts are checked when a run starts."""
-        value = literal(schema)
-        if not isinstance(value, dict):
-            return
-        error = check_schema(value, fmt)
-        if error is not None:
-            self.constraint_error(f"JSON Schema: {error}", schema.span)
-
-    def check_grammar(self, grammar: ex.Expr) -> None:
-        """A literal Lark grammar is compiled now; an error points at its line and column
-        inside the template's string literal."""
-        if not (isinstance(grammar, ex.Const) and isinstance(grammar.value, str)):
-            return
-        error = check_lark(grammar.value)
-        if error is None:
-            return
-        span = grammar.span
+    def _error_span(self, error: LoweringError, where: ex.Expr) -> Span:
+        span = where.span
+        if not isinstance(where, ex.Const) or not isinstance(where.value, str):
+            return span
+        if error.offset is not None and self.source.text[
+                span.start + 1:span.end - 1] == where.value:  # no escapes: point at the character
+            return _shift(span, 1 + error.offset)
         if error.line is not None and error.column is not None:
-            span = self._grammar_span(grammar, error.line, error.column)
-        self.constraint_error(f"grammar: {error}", span)
+            return self._grammar_span(where, error.line, error.column)
+        return span
 
     def _grammar_span(self, grammar: ex.Const, line: int, column: int) -> Span:
         """Where character `column` of line `line` of a grammar literal's value is written
@@ -199,11 +178,11 @@ class ArgChecker:
     # ---- front matter ------------------------------------------------------------------------
 
     def front_matter(self, front: ast.FrontMatter | None, check_name: NameCheck
-                     ) -> tuple[RunOptions, ir.ModelChoice, tuple[str, ...] | None]:
+                     ) -> tuple[RunOptions, ModelOptions, tuple[str, ...] | None]:
         """The run options, the model and the declared inputs (None without an `inputs:`
         line) of the front matter."""
         if front is None:
-            return RunOptions(), ir.ModelChoice(), None
+            return RunOptions(), ModelOptions(), None
         values: dict[str, Any] = {}
         declared: tuple[str, ...] | None = None
         seen: dict[str, Span] = {}
@@ -225,7 +204,7 @@ class ArgChecker:
                 if value is not MISSING:
                     values[entry.key] = value
         model = {k: values.pop(k) for k in ("model", "device", "dtype") if k in values}
-        return RunOptions(**values), ir.ModelChoice(**model), declared
+        return RunOptions(**values), ModelOptions(**model), declared
 
     def front_value(self, entry: ast.FrontMatterEntry) -> Any:
         raw = _unquote(entry.value)
@@ -234,7 +213,7 @@ class ArgChecker:
             value = _scalar(raw)
             wanted = CHECKS[entry.key](value)
         else:
-            wanted = _MODEL_CHECKS[entry.key](raw)
+            wanted = MODEL_CHECKS[entry.key](raw)
         if wanted is not None:
             self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
                       entry.value_span)
@@ -346,13 +325,6 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
     "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
-}
-_MODEL_CHECKS: dict[str, Callable[[str], str | None]] = {
-    "model": lambda v: None if v else "a model name or path",
-    "device": lambda v: None if re.fullmatch(r"cpu|cuda(:[0-9]+)?|mps|auto", v) else
-    "cpu, cuda, cuda:N, mps or auto",
-    "dtype": lambda v: None if v in ("float32", "float16", "bfloat16", "auto") else
-    "float32, float16, bfloat16 or auto",
 }
 
 

@@ -7,11 +7,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec
 from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
-from qrun.options import RunOptions
+from qrun.options import ModelOptions, RunOptions
 from qrun.source import Source, Span
 
 
@@ -31,11 +32,11 @@ class EmitValue:
     span: Span
 
 
-# The engines a hole's constraint compiles with, chosen by the compiler (qrun/lang/args.py):
-# qrun's byte DFA (qrun/regex) for regexes and named patterns, llguidance (qrun/llg) for JSON
-# Schemas and Lark grammars.
-DFA = "dfa"
-LLGUIDANCE = "llguidance"
+# A hole's constraint compiles with one of two engines (qrun/constraint/spec.py DFA and
+# LLGUIDANCE): qrun's byte DFA for regexes and named patterns, llguidance for JSON Schemas
+# and Lark grammars. A constraint written as a literal is lowered by the compiler
+# (qrun/lang/args.py) and its spec kept in `lowered`, so a run does not evaluate, check or
+# write it again; one computed by the template is lowered when its hole comes.
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class Regex:
     pattern: Expr
     stdlib_name: str | None = None
     engine: str = DFA
+    lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class JsonSchema:
     schema: Expr
     closed: Expr | None = None
     engine: str = LLGUIDANCE
+    lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ class Grammar:
 
     grammar: Expr
     engine: str = LLGUIDANCE
+    lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
 
 
 Constraint = Regex | JsonSchema | Grammar
@@ -213,15 +217,6 @@ Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Conti
 
 
 @dataclass(frozen=True, slots=True)
-class ModelChoice:
-    """The model named in front matter (None = not given; the caller's choice wins)."""
-
-    model: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Program:
     """A compiled template. `inputs` are the names a run must supply (declared in front matter
     when `inputs_declared`, else the template's free variables), `input_spans` where each is
@@ -235,7 +230,7 @@ class Program:
     inputs_declared: bool
     captures: tuple[str, ...]
     options: RunOptions
-    model: ModelChoice
+    model: ModelOptions  # model, device and dtype at most; the caller's choice wins
     source: Source = field(compare=False)
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
     optional_inputs: tuple[str, ...] = ()

@@ -6,6 +6,7 @@ as one batch (per-row cache lengths, padding hidden by an attention mask)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,89 +175,117 @@ def run_batched(
     leading text, which the others then reuse instead of encoding it again in the batch.
     A failing run puts its error in its place; the others complete.
     """
-    outcomes: list[Outcome | None] = [None] * len(inputs)
-    model = backend.step_model()
-    scheduler: ForwardScheduler | None = None
-    if model is not None and not backend.capabilities.batches_itself:
-        scheduler = ForwardScheduler(model, backend.tree_scorer(), backend.batch_forward())
-    next_index = [0]
-    lock = threading.Lock()
-    finished = threading.Event()
-    lead_runs: list[Run] = []
+    return _BatchRun(program, backend, inputs, options, constraints, on_result).run(batch_size)
 
-    def take() -> int | None:
-        with lock:
-            if next_index[0] >= len(inputs):
+
+class _BatchRun:
+    """One call of `run_batched`: the runs of a program over its inputs, their outcomes in input
+    order, and the threads that advance them. Worker threads take the next input (`take`), run
+    it (`one`) and record its outcome, until none is left (`worker`); a launcher thread starts the
+    lead worker alone, then the others once the lead's first forward is done (`launch`), while
+    the calling thread serves the scheduler's batched forwards."""
+
+    def __init__(self, program: Program, backend: Backend, inputs: Sequence[Mapping[str, Any]],
+                 options: Sequence[RunOptions], constraints: ConstraintCompiler,
+                 on_result: Callable[[int, Outcome], None] | None) -> None:
+        self.program = program
+        self.backend = backend
+        self.inputs = inputs
+        self.options = options
+        self.constraints = constraints
+        self.on_result = on_result
+        self.outcomes: list[Outcome | None] = [None] * len(inputs)
+        self.scheduler: ForwardScheduler | None = None
+        model = backend.step_model()
+        if model is not None and not backend.capabilities.batches_itself:
+            self.scheduler = ForwardScheduler(model, backend.tree_scorer(),
+                                              backend.batch_forward())
+        self.next_index = 0
+        self.lock = threading.Lock()  # guards next_index, taken by every worker
+        self.finished = threading.Event()  # set when every worker has ended
+        self.lead_run: Run | None = None  # the first run built (the lead worker's)
+        self.threads: list[threading.Thread] = []
+
+    def run(self, batch_size: int) -> list[Outcome]:
+        """Every input's outcome, in input order, up to `batch_size` runs at a time."""
+        launcher = threading.Thread(target=self.launch, args=(batch_size,), daemon=True)
+        launcher.start()
+        if self.scheduler is not None:
+            self.scheduler.serve(self.finished.is_set)
+        launcher.join()
+        done = [o for o in self.outcomes if o is not None]
+        assert len(done) == len(self.outcomes), "every run records a result or an error"
+        return done
+
+    def take(self) -> int | None:
+        """The index of the next input to run, or None when every one is taken."""
+        with self.lock:
+            if self.next_index >= len(self.inputs):
                 return None
-            next_index[0] += 1
-            return next_index[0] - 1
+            self.next_index += 1
+            return self.next_index - 1
 
-    def one(index: int) -> Outcome:
+    def one(self, index: int) -> Outcome:
+        """Run input `index`: its result, or the error that ended it."""
         try:
-            if scheduler is not None:
-                scheduled = ScheduledModel(scheduler, index)
-                tree = scheduled if scheduler.tree_scorer is not None else None
-                engines = choose_engines(backend, scheduled, tree)
+            if self.scheduler is not None:
+                scheduled = ScheduledModel(self.scheduler, index)
+                tree = scheduled if self.scheduler.tree_scorer is not None else None
+                engines = choose_engines(self.backend, scheduled, tree)
             else:
-                engines = choose_engines(backend)
-            run = Run(program, backend, inputs[index], options[index], None, constraints,
-                      engines)
-            if not lead_runs:
-                lead_runs.append(run)
+                engines = choose_engines(self.backend)
+            run = Run(self.program, self.backend, self.inputs[index], self.options[index],
+                      None, self.constraints, engines)
+            if self.lead_run is None:
+                self.lead_run = run
             return run.execute()
         except QrunError as exc:
             return exc
         except Exception as exc:  # a bug: report it in this run's place, keep the others
             return QrunError(f"internal error: {type(exc).__name__}: {exc}")
 
-    def worker(first: int | None) -> None:
+    def worker(self, first: int | None) -> None:
+        """A worker thread: run `first` (else the next input), then the next, until none is
+        left; each outcome is recorded and reported as it comes."""
         try:
-            index = first if first is not None else take()
+            index = first if first is not None else self.take()
             while index is not None:
-                outcome = one(index)
-                outcomes[index] = outcome
-                if on_result is not None:
-                    on_result(index, outcome)
-                index = take()
+                outcome = self.one(index)
+                self.outcomes[index] = outcome
+                if self.on_result is not None:
+                    self.on_result(index, outcome)
+                index = self.take()
         finally:
-            if scheduler is not None:
-                scheduler.leave()
+            if self.scheduler is not None:
+                self.scheduler.leave()
 
-    threads: list[threading.Thread] = []
-
-    def start(first: int | None) -> None:
-        if scheduler is not None:
-            scheduler.enter()
-        thread = threading.Thread(target=worker, args=(first,), daemon=True)
-        threads.append(thread)
+    def start(self, first: int | None) -> None:
+        """Start a worker thread (counted by the scheduler before it can submit a forward)."""
+        if self.scheduler is not None:
+            self.scheduler.enter()
+        thread = threading.Thread(target=self.worker, args=(first,), daemon=True)
+        self.threads.append(thread)
         thread.start()
 
-    def lead_called_once() -> bool:
-        # The lead run's first forward is done (and in the prefix cache): with the scheduler,
-        # when it asks for its second; on a self-batching backend, when one has returned.
-        if scheduler is not None:
-            return scheduler.submitted >= 2
-        return bool(lead_runs) and lead_runs[0].stats.forward_calls >= 1
+    def lead_called_once(self) -> bool:
+        """The lead run's first forward is done (and in the prefix cache): with the scheduler,
+        when it asks for its second; on a self-batching backend, when one has returned."""
+        if self.scheduler is not None:
+            return self.scheduler.submitted >= 2
+        return self.lead_run is not None and self.lead_run.stats.forward_calls >= 1
 
-    def launcher() -> None:
-        first = take()
+    def launch(self, batch_size: int) -> None:
+        """The launcher thread: the lead worker alone, then the others once its first forward
+        is done (or it has ended); `finished` once every worker has."""
+        first = self.take()
         if first is None:
-            finished.set()
+            self.finished.set()
             return
-        start(first)
-        while not lead_called_once() and threads[0].is_alive():
-            threading.Event().wait(0.02)
-        for _ in range(min(batch_size, len(inputs)) - 1):
-            start(None)
-        for thread in threads:
+        self.start(first)
+        while not self.lead_called_once() and self.threads[0].is_alive():
+            time.sleep(0.02)  # a poll: the lead's forward count is not something to wait on
+        for _ in range(min(batch_size, len(self.inputs)) - 1):
+            self.start(None)
+        for thread in self.threads:
             thread.join()
-        finished.set()
-
-    launch = threading.Thread(target=launcher, daemon=True)
-    launch.start()
-    if scheduler is not None:
-        scheduler.serve(finished.is_set)
-    launch.join()
-    done = [o for o in outcomes if o is not None]
-    assert len(done) == len(outcomes), "every run records a result or an error"
-    return done
+        self.finished.set()

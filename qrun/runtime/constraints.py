@@ -1,38 +1,27 @@
-"""From a hole's constraint (IR) to a mask cursor: evaluates the pattern, schema or grammar for
-this run, checks it as the compiler checks literals, and compiles token indexes once per
-backend (shared by every run) with the hole's engine: qrun's DFA for regexes (masks.py),
-llguidance for JSON Schemas and Lark grammars (llg.py)."""
+"""From a hole's constraint (IR) to a mask cursor. A literal constraint was lowered by the
+compiler (its spec is in the IR); one the template computes is evaluated for this run and
+lowered here (qrun/constraint/spec.py lower, remembered per value). Token indexes are compiled
+once per backend and shared by every run: qrun's DFA for regexes (regex_index.py), llguidance
+for JSON Schemas and Lark grammars (grammar_index.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import (
-    JsonFormat,
-    check_lark,
-    check_schema,
-    json_grammar,
-    lark_grammar,
-    with_prefix,
-)
+from qrun.constraint.grammar import FIXED, ConstraintLimits, JsonFormat, with_prefix
+from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
 from qrun.constraint.regex_index import IndexCache
-from qrun.constraint.spec import PATTERN_TYPES, ConstraintSpec, Cursor
+from qrun.constraint.spec import LLGUIDANCE, ConstraintSpec, Cursor, LoweringError, lower
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
 from qrun.source import Source
-
-# Schemas and grammars checked per compiler (a hole in a loop is checked once).
-_CHECKED_MAX = 256
 
 
 class ConstraintCompiler:
@@ -43,8 +32,6 @@ class ConstraintCompiler:
         self.indexes = IndexCache(max_indexes)
         self.grammars = LlgCache(max_indexes)
         self._prefix_masks: PrefixMasks | None = None
-        self._checked: OrderedDict[tuple[str, str], ConstraintSpec | str] = OrderedDict()
-        self._lock = threading.Lock()
 
     def spec(
         self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source,
@@ -53,21 +40,29 @@ class ConstraintCompiler:
         """What a constraint stands for in this run, checked.
 
         Raises:
-            ConstraintError: a JSON Schema or a grammar llguidance cannot compile.
+            ConstraintError: a pattern, JSON Schema or grammar its engine refuses.
             EvaluationError: the pattern, schema or grammar expression fails or has the
                 wrong type.
         """
+        limits = budget.limits.constraints() if budget is not None else DEFAULT_LIMITS
+        if constraint.lowered is not None and constraint.lowered.limits == limits:
+            return constraint.lowered  # the compiler's, under the same limits
         match constraint:
-            case ir.Regex(stdlib_name=str(name)):
-                return ConstraintSpec(_evaluate_pattern(constraint, scope, source, budget),
-                                      f"regex={name}", PATTERN_TYPES.get(name, "text"))
-            case ir.Regex():
-                pattern = _evaluate_pattern(constraint, scope, source, budget)
-                return ConstraintSpec(pattern, f"regex={json.dumps(pattern)}")
-            case ir.JsonSchema():
-                return self._schema_spec(constraint, scope, source, budget)
-            case ir.Grammar():
-                return self._grammar_spec(constraint, scope, source, budget)
+            case ir.Regex(pattern=expr):
+                return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
+                                FIXED, limits)
+            case ir.JsonSchema(schema=expr, closed=closed_expr):
+                closed = False
+                if closed_expr is not None:
+                    closed = evaluate(closed_expr, scope, source, budget)
+                    if not isinstance(closed, bool):
+                        raise EvaluationError(f"closed must be true or false, got {closed!r}",
+                                              closed_expr.span, source)
+                schema = evaluate(expr, scope, source, budget)
+                return _lowered("json", schema, expr, source, JsonFormat(closed=closed), limits)
+            case ir.Grammar(grammar=expr):
+                return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source,
+                                FIXED, limits)
 
     def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> Cursor:
         """A fresh cursor at the start of the constraint, which first requires the healed
@@ -78,9 +73,9 @@ class ConstraintCompiler:
             GrammarError: llguidance cannot compile the grammar over this vocabulary.
         """
         vocab = self.backend.vocabulary
-        if spec.engine == ir.LLGUIDANCE:
+        if spec.engine == LLGUIDANCE:
             text = with_prefix(spec.pattern, prefix.decode("utf-8", errors="replace"))
-            return self.grammars.get(text, vocab).start()
+            return self.grammars.get(text, vocab, spec.limits).start()
         return self.indexes.get(spec.pattern, vocab, prefix).start()
 
     def heal_cursor(self, prefix: bytes) -> HealCursor:
@@ -89,81 +84,18 @@ class ConstraintCompiler:
             self._prefix_masks = PrefixMasks(self.backend.vocabulary)
         return HealCursor(self._prefix_masks, prefix)
 
-    def _schema_spec(self, constraint: ir.JsonSchema, scope: Mapping[str, Any], source: Source,
-                     budget: Budget | None) -> ConstraintSpec:
-        schema = evaluate(constraint.schema, scope, source, budget)
-        if isinstance(schema, str):
-            schema = _parse_schema(schema, constraint, source)
-        if not isinstance(schema, dict | bool):
-            raise EvaluationError(
-                f"json must be a JSON Schema object, got {type(schema).__name__}",
-                constraint.schema.span, source)
-        closed = False
-        if constraint.closed is not None:
-            closed = evaluate(constraint.closed, scope, source, budget)
-            if not isinstance(closed, bool):
-                raise EvaluationError(f"closed must be true or false, got {closed!r}",
-                                      constraint.closed.span, source)
-        try:
-            text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=True)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ConstraintError(f"JSON Schema: {exc}", constraint.schema.span,
-                                  source) from None
-        description = f"json={text}" + (" closed=true" if closed else "")
-        fmt = JsonFormat(closed=closed)
 
-        def build() -> ConstraintSpec | str:
-            error = check_schema(schema, fmt)
-            if error is not None:
-                return f"JSON Schema: {error}"
-            return ConstraintSpec(json_grammar(schema, fmt), description, "json", ir.LLGUIDANCE)
-
-        return self._checked_spec(("json", description), build, constraint.schema, source)
-
-    def _grammar_spec(self, constraint: ir.Grammar, scope: Mapping[str, Any], source: Source,
-                      budget: Budget | None) -> ConstraintSpec:
-        text = evaluate(constraint.grammar, scope, source, budget)
-        if not isinstance(text, str) or not text.strip():
-            raise EvaluationError(f"grammar must be a non-empty string (a Lark grammar), got "
-                                  f"{type(text).__name__}", constraint.grammar.span, source)
-
-        def build() -> ConstraintSpec | str:
-            error = check_lark(text)
-            if error is not None:
-                return f"grammar: {error}"
-            description = "grammar=" + json.dumps(text, ensure_ascii=False)
-            return ConstraintSpec(lark_grammar(text), description, "text", ir.LLGUIDANCE)
-
-        return self._checked_spec(("grammar", text), build, constraint.grammar, source)
-
-    def _checked_spec(self, key: tuple[str, str], build: Callable[[], ConstraintSpec | str],
-                      where: Expr, source: Source) -> ConstraintSpec:
-        """The spec built by `build` (or its refusal), remembered per compiler."""
-        with self._lock:
-            found = self._checked.get(key)
-        if found is None:
-            found = build()
-            with self._lock:
-                self._checked[key] = found
-                if len(self._checked) > _CHECKED_MAX:
-                    self._checked.popitem(last=False)
-        if isinstance(found, str):
-            raise ConstraintError(found, where.span, source)
-        return found
-
-
-def _evaluate_pattern(constraint: ir.Regex, scope: Mapping[str, Any], source: Source,
-                      budget: Budget | None) -> str:
-    value = evaluate(constraint.pattern, scope, source, budget)
-    if not isinstance(value, str):
-        raise EvaluationError(f"regex must be a string, got {type(value).__name__}",
-                              constraint.pattern.span, source)
-    return value
-
-
-def _parse_schema(text: str, constraint: ir.JsonSchema, source: Source) -> Any:
+def _lowered(kind: str, value: Any, where: Expr, source: Source, fmt: JsonFormat,
+             limits: ConstraintLimits) -> ConstraintSpec:
+    """The spec of a value the template computed, its errors at the expression's span: a
+    value of the wrong type is an evaluation error, one its engine refuses a constraint
+    error."""
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ConstraintError(f"json schema string is not valid JSON: {exc}",
-                              constraint.schema.span, source) from None
+        return lower(kind, value, fmt, limits)
+    except LoweringError as error:
+        kind_of_error = EvaluationError if error.wrong_type else ConstraintError
+        notes = list(error.notes)
+        if error.limit is not None:
+            notes.append(f"raise the limit with run(..., limits=qrun.Limits({error.limit}=...)) "
+                         "(docs/language.md §14.9)")
+        raise kind_of_error(error.message, where.span, source, notes) from None

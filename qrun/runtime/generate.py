@@ -11,7 +11,6 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.constraint.spec import ConstraintSpec, Cursor
-from qrun.regex import PatternError, compile_dfa
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import sample
@@ -27,13 +26,7 @@ class LocalFiller:
         return generate(session, request, on_text)
 
     def refuses(self, constraint: ConstraintSpec) -> str | None:
-        if constraint.engine != "dfa":
-            return None  # llguidance grammars were compiled when the spec was made
-        try:  # compiled once: the DFA is kept for the hole's token index (compile_dfa)
-            compile_dfa(constraint.pattern)
-        except PatternError as exc:
-            return str(exc)
-        return None
+        return None  # every spec was compiled when it was lowered (qrun/constraint/spec.py)
 
 
 def generate(

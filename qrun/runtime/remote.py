@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from qrun.backends.base import Completion, HoleSampler
 from qrun.constraint.grammar import with_prefix
-from qrun.constraint.spec import ConstraintSpec
+from qrun.constraint.spec import LLGUIDANCE, ConstraintSpec
 from qrun.regex import PatternError, portable_regex
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
@@ -35,7 +35,7 @@ class ServerFiller:
         return generate_remote(session, self.sampler, request, on_text)
 
     def refuses(self, constraint: ConstraintSpec) -> str | None:
-        if constraint.engine == "llguidance":
+        if constraint.engine == LLGUIDANCE:
             if self.sampler.reads_llguidance():
                 return None
             return ("this constraint cannot be sent to the server: its structured outputs do "
@@ -101,7 +101,7 @@ def generate_remote(
     # end the hole); the replay still ends the value at it once the prefix is written.
     ends = follow_at.whole if constraint is None else ()
     server_ends = tuple(t for t in ends if not _inside_prefix(hole, t))
-    if constraint is not None and constraint.engine == "llguidance":
+    if constraint is not None and constraint.engine == LLGUIDANCE:
         # The text the local cursor compiled: the server's llguidance reads it the same way.
         grammar = with_prefix(constraint.pattern, request.prefix.decode("utf-8", "replace"),
                               _whole_chars(follow))

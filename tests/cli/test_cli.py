@@ -216,3 +216,24 @@ def test_options_that_need_another(tmp_path: Path, capsys: pytest.CaptureFixture
                                    args: list[str], message: str) -> None:
     assert main([write(tmp_path, "hi"), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "template", "message"), [
+    # Checked by ModelOptions, the message naming the flag, before any model is looked for.
+    (["--cache-mb", "-1"], "hi", "--cache-mb must be ≥ 0, got -1"),
+    (["--device", "gpu"], "hi", "--device must be cpu, cuda, cuda:N, mps or auto, got 'gpu'"),
+    (["--model", ""], "hi", "--model must be a model name or path, got ''"),
+    (["--url", "http://127.0.0.1:9"], "hi", "--url needs --backend vllm (a vLLM server)"),
+    (["--backend", "llamacpp", "--device", "cuda"], "hi",
+     "--device cuda was asked for, but the llamacpp backend runs on the CPU"),
+    (["--backend", "llamacpp", "--dtype", "float16"], "hi",
+     "--dtype does not apply to the llamacpp backend: the GGUF file's own quantisation is used"),
+    # The front matter's choice merged with the flags: named as the option it is.
+    (["--backend", "llamacpp"], "---\ndevice: cuda\n---\nhi",
+     "device cuda was asked for, but the llamacpp backend runs on the CPU"),
+])
+def test_bad_model_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                           args: list[str], template: str, message: str) -> None:
+    assert main([write(tmp_path, template), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == message

@@ -4,6 +4,7 @@ entry points."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from qrun.constraint.patterns import PATTERNS
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_file, compile_source, compile_template, ir
 from qrun.lang import expr as ex
-from qrun.options import RunOptions
+from qrun.options import ModelOptions, RunOptions
 
 
 def ops_of(text: str) -> tuple[ir.Op, ...]:
@@ -174,8 +175,8 @@ def test_front_matter_defaults() -> None:
     program = compile_source('---\nmodel: "org/model name"\ntemperature: 1\ntop_p: 0.5\n'
                              "seed: 3\nmax_tokens: 10\ndevice: cuda:1\ndtype: bfloat16\n---\n")
     assert program.options == RunOptions(temperature=1.0, top_p=0.5, seed=3, max_tokens=10)
-    assert program.model == ir.ModelChoice(model="org/model name", device="cuda:1",
-                                           dtype="bfloat16")
+    assert program.model == ModelOptions(model="org/model name", device="cuda:1",
+                                         dtype="bfloat16")
     assert isinstance(program.options.temperature, float)
 
 
@@ -209,22 +210,28 @@ def test_program_is_hashable_and_equal_across_compiles() -> None:
     assert hash(compile_source(text).ops) == hash(compile_source(text).ops)
 
 
-def test_literal_patterns_are_compiled_once_per_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    import qrun.lang.args
+def test_literal_constraints_are_lowered_once_and_kept_in_the_ir(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import qrun.constraint.spec
 
     calls: list[str] = []
-    real = qrun.lang.args.compile_dfa
+    real = qrun.constraint.spec.compile_dfa
 
     def counting(pattern: str) -> object:
         calls.append(pattern)
         return real(pattern)
 
-    monkeypatch.setattr(qrun.lang.args, "compile_dfa", counting)
-    compile_source('{% for x in xs %}{{ gen a regex="[0-9]+" }}{{ gen b regex=INT }}'
-                   '{{ gen c regex="[0-9]+" }}{{ gen d regex=INT }}{% endfor %}')
-    assert sorted(calls) == sorted(["[0-9]+", PATTERNS["INT"]])
-    compile_source('{{ gen a regex="[0-9]+" }}')  # a new compile starts a new cache
-    assert len(calls) == 3
+    monkeypatch.setattr(qrun.constraint.spec, "compile_dfa", counting)
+    fresh = f"[0-9]+{uuid.uuid4().hex}"  # never lowered before in this process
+    text = (f'{{% for x in xs %}}{{{{ gen a regex="{fresh}" }}}}{{{{ gen b regex=INT }}}}'
+            f'{{{{ gen c regex="{fresh}" }}}}{{% endfor %}}')
+    ops = ops_of(text)
+    ops_of(text)  # a second compile reuses the lowered constraint too
+    assert calls.count(fresh) == 1
+    gens = [op for op in ir.walk(ops) if isinstance(op, ir.Gen)]
+    specs = [g.params.constraint.lowered for g in gens if g.params.constraint is not None]
+    assert [s.pattern if s else None for s in specs] == [fresh, PATTERNS["INT"], fresh]
+    assert [s.value_type if s else None for s in specs] == ["text", "int", "text"]
 
 
 def test_non_literal_patterns_and_schemas_compile_and_are_left_to_the_runtime() -> None:

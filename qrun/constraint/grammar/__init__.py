@@ -4,6 +4,7 @@ Lark text of a schema or a grammar with qrun's options and healed prefix, and it
 located in the user's schema or grammar (grammar.py). Free of torch and models, so `qrun
 --check` compiles with it; the token-level cursor is qrun/constraint/grammar_index.py."""
 
+from qrun.constraint.grammar.limits import ConstraintLimits
 from qrun.constraint.grammar.rewrite import rewrite
 from qrun.constraint.grammar.text import (
     FIXED,
@@ -22,6 +23,7 @@ from qrun.constraint.grammar.text import (
 )
 
 __all__ = [
+    "ConstraintLimits",
     "FIXED",
     "FLEXIBLE",
     "LIMITS",

@@ -1,4 +1,5 @@
-"""How large a user's Lark grammar may be (docs/language.md §7.5), checked before llguidance
+"""How large a user's Lark grammar may be (docs/language.md §7.5, the limits in limits.py),
+checked before llguidance
 sees it: llguidance compiles rules recursively, and a chain of some 3,000 rules (`r0: r1`,
 `r1: r2`, ...) overflowed its stack and killed the process with SIGSEGV; a megabyte of
 alternatives compiled for seconds and then stopped mid-sampling on its parser's row limit.
@@ -9,11 +10,11 @@ from __future__ import annotations
 
 import re
 
-MAX_GRAMMAR_CHARS = 100_000
-"""Characters of a grammar: real ones (SQL, JSON, arithmetic) are a few kilobytes."""
-MAX_RULE_DEPTH = 500
-"""Rules and terminals in a chain of references (`a: b`, `b: c`, ...), cycles not counted:
-llguidance overflowed its stack at about 2,700 on an 8 MiB thread stack."""
+from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
+
+MAX_GRAMMAR_CHARS = DEFAULT.grammar_chars
+"""The default limits (ConstraintLimits.grammar_chars and grammar_depth)."""
+MAX_RULE_DEPTH = DEFAULT.grammar_depth
 
 _DEFINITION = re.compile(r"^[ \t]*[?!]?([A-Za-z_][A-Za-z0-9_]*)(?:\{[^}]*\})?(?:\.-?\d+)?"
                          r"[ \t]*:(?!:)")
@@ -21,18 +22,20 @@ _LITERALS = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imslux]*|//[^
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def grammar_size_error(text: str) -> tuple[str, int | None] | None:
+def grammar_size_error(text: str, limits: ConstraintLimits = DEFAULT
+                       ) -> tuple[str, int | None, str] | None:
     """Why `text` is too large for qrun to hand to llguidance, with the 1-based line it
-    concerns (None: the whole text), or None when it is within the limits."""
-    if len(text) > MAX_GRAMMAR_CHARS:
-        return (f"the grammar has {len(text):,} characters, more than the {MAX_GRAMMAR_CHARS:,} "
-                "qrun accepts", None)
+    concerns (None: the whole text) and the limit's name, or None when it is within the
+    limits."""
+    if len(text) > limits.grammar_chars:
+        return (f"the grammar has {len(text):,} characters, more than the "
+                f"{limits.grammar_chars:,} qrun accepts", None, "grammar_chars")
     refs, lines = _references(text)
     depth, top = _deepest(refs)
-    if depth > MAX_RULE_DEPTH:
+    if depth > limits.grammar_depth:
         return (f"rule '{top}' begins a chain of {depth:,} rules that each use the next, more "
-                f"than the {MAX_RULE_DEPTH} qrun accepts (a deeper chain can crash "
-                "llguidance's compiler)", lines[top])
+                f"than the {limits.grammar_depth:,} qrun accepts (a deeper chain can crash "
+                "llguidance's compiler)", lines[top], "grammar_depth")
     return None
 
 

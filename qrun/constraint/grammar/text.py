@@ -16,17 +16,18 @@ from __future__ import annotations
 import copy
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import llguidance
 
+from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
+from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.grammar.rewrite import rewrite
 from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
+from qrun.constraint.grammar.schema_size import crowded_place
 
 __all__ = [
     "FIXED",
@@ -47,30 +48,24 @@ __all__ = [
 HEADER = '%llguidance {"no_forcing": true}\n'
 _LARK_POSITION = re.compile(r"^(?:at )?(\d+)\((\d+)\): ")
 _OPTIONS_LINE = re.compile(r"(?m)^[ \t]*%llguidance\b")
-# llguidance's Earley rows hold at most 2,000 items by default; an object with ~1,000
-# optional properties (SchemaStore's MegaLinter schema) needs ~5,900 after `{"`, and the
-# matcher then stops with an error in the middle of a value. 20,000 costs nothing where
-# rows stay small.
-LIMITS = llguidance.LLParserLimits(max_items_in_row=20_000)
-# Grammar texts and check verdicts are kept per schema text (its json.dumps) and layout, for this
-# many schemas: a schema met again (a hole in a loop, one Matcher per instance checked, the
-# compile-time check and then the run) costs a json.dumps and a lookup instead of the rewrite
-# (a deep copy and walks: up to ~10 ms on MaskBench's largest schemas) and, for the check,
-# an llguidance compile. Texts of schemas refused before the compile are kept too.
-_MEMO_ENTRIES = 128
+LIMITS = DEFAULT.parser_limits()
+"""llguidance's parser limits under the default ConstraintLimits (limits.py)."""
 
 
 class GrammarError(ValueError):
-    """llguidance refused a grammar. `pointer` is the JSON pointer of the subschema at fault
-    ("" for the root) in the user's schema; `line`/`column` are 1-based positions in a Lark
-    grammar's text; each is None when not known."""
+    """llguidance (or a qrun limit) refused a grammar. `pointer` is the JSON pointer of the
+    subschema at fault ("" for the root) in the user's schema; `line`/`column` are 1-based
+    positions in a Lark grammar's text; each is None when not known. `limit` names the
+    ConstraintLimits field (qrun.Limits field of the same name) that would let it through,
+    None when no limit would."""
 
     def __init__(self, reason: str, pointer: str | None = None, line: int | None = None,
-                 column: int | None = None) -> None:
+                 column: int | None = None, limit: str | None = None) -> None:
         self.reason = reason
         self.pointer = pointer
         self.line = line
         self.column = column
+        self.limit = limit
         where = ""
         if pointer is not None:
             where = f" (at {pointer or '/'})"
@@ -108,32 +103,8 @@ FLEXIBLE = JsonFormat(whitespace_flexible=True)
 
 def json_grammar(schema: Any, fmt: JsonFormat = FIXED) -> str:
     """The Lark text of JSON valid against `schema` (a dict or a bool), rewritten
-    (rewrite.py). Check it with `check_schema` first for a located error (or take it from
-    `schema_grammar`, which checks what needs no compile). Memoized per schema text."""
-    entry = _memo_entry(schema, fmt)
-    if entry is None or entry.grammar is None:
-        return _grammar_text(schema, fmt)
-    return entry.grammar
-
-
-def schema_grammar(schema: Any, fmt: JsonFormat = FIXED) -> str:
-    """`json_grammar` after the checks that need no llguidance compile (the schema is an
-    object or a boolean, has only finite numbers, is not nested too deeply), for a caller
-    that compiles the text anyway and so checks it once (grammar_index.py LlgCache.schema);
-    where llguidance then refuses it, `check_schema` locates the fault.
-
-    Raises:
-        GrammarError: one of those checks failed (located as check_schema locates it).
-    """
-    entry = _memo_entry(schema, fmt)
-    if entry is None:
-        raise _not_json(schema)
-    if entry.early is not None:
-        raise entry.early
-    if entry.checked and entry.error is not None:
-        raise entry.error
-    assert entry.grammar is not None  # set whenever `early` is None
-    return entry.grammar
+    (rewrite.py). Check it with `check_schema` first for a located error."""
+    return f"{HEADER}start: %json {_schema_text(schema, fmt)}\n"
 
 
 def lark_grammar(text: str) -> str:
@@ -158,50 +129,88 @@ def with_prefix(grammar: str, prefix: str, follow: str = "") -> str:
     return f"{HEADER}start: {head}%lark {{\n{grammar}\n}}{tail}\n"
 
 
-def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None) -> str | None:
+def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None,
+             limits: ConstraintLimits = DEFAULT) -> str | None:
     """llguidance's reason for refusing `grammar` (cleaned), or None when it compiles."""
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        grammar, tokenizer, limits=LIMITS)
+        grammar, tokenizer, limits=limits.parser_limits())
     return clean_reason(messages[0]) if is_error else None
 
 
-def check_lark(text: str) -> GrammarError | None:
-    """Why a user's Lark grammar is refused (with its line and column when llguidance gives
-    one), or None when it compiles."""
+def check_lark(text: str, limits: ConstraintLimits = DEFAULT) -> GrammarError | None:
+    """Why a user's Lark grammar is refused (with its line and column when known), or None
+    when it compiles: %llguidance options, a grammar over `limits` (lark_size.py), what
+    llguidance refuses, and a rule that can never end (lark_ends.py), in that order."""
     if _OPTIONS_LINE.search(text):
         return GrammarError("a grammar cannot set %llguidance options: qrun sets them")
-    too_large = grammar_size_error(text)
+    too_large = grammar_size_error(text, limits)
     if too_large is not None:
-        line = too_large[1]
-        return GrammarError(too_large[0], line=line, column=None if line is None else 1)
+        reason, line, field = too_large
+        return GrammarError(reason, line=line, column=None if line is None else 1, limit=field)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        lark_grammar(text), None, limits=LIMITS)
-    return _lark_error(messages[0]) if is_error else None
+        lark_grammar(text), None, limits=limits.parser_limits())
+    if is_error:
+        return _lark_error(messages[0])
+    endless = never_ending_rule(text)
+    if endless is not None:
+        return GrammarError(endless[0], line=endless[1], column=1)
+    return None
 
 
-def check_schema(schema: Any, fmt: JsonFormat = FIXED) -> GrammarError | None:
+def check_schema(schema: Any, fmt: JsonFormat = FIXED,
+                 limits: ConstraintLimits = DEFAULT) -> GrammarError | None:
     """Why llguidance refuses `schema` after the rewrite, located in the user's schema (see
-    `_locate`), or None when it compiles. A few ms for most schemas; memoized per schema
-    text, so checking a schema again costs a json.dumps."""
-    entry = _memo_entry(schema, fmt)
-    if entry is None:
-        return _not_json(schema)
-    if entry.early is not None:
-        return entry.early
-    if not entry.checked:
-        entry.error = _compile_error(schema, entry.grammar, fmt)
-        entry.checked = True
-    return entry.error
+    `_locate`), or None when it compiles. A few ms for most schemas. An object with more
+    optional properties than `limits` allows is refused first (schema_size.py)."""
+    early = _early_error(schema, limits)
+    if early is not None:
+        return early
+    reason = _schema_reason(schema, fmt, limits)
+    return None if reason is None else _locate(schema, reason, fmt, limits)
 
 
-def _early_error(schema: Any) -> GrammarError | None:
-    """What is wrong with `schema` before llguidance reads it, or None."""
+def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
+                   limits: ConstraintLimits = DEFAULT) -> str:
+    """`json_grammar` after check_schema's checks that need no llguidance compile (the
+    schema is an object or a boolean of JSON data, with finite numbers, not too many optional
+    properties in one place, not nested too deeply), for a caller that compiles the text
+    with a tokenizer anyway and so checks it once (grammar_index.py LlgCache.schema); where
+    llguidance then refuses it, `check_schema` locates the fault.
+
+    Raises:
+        GrammarError: one of those checks failed (located as check_schema locates it).
+    """
+    try:
+        early = _early_error(schema, limits)
+    except RecursionError:  # nested too deeply, or a list inside itself
+        early = _not_json(schema)
+    if early is None:
+        try:
+            return json_grammar(schema, fmt)
+        except RecursionError:
+            early = GrammarError("the schema is nested too deeply", pointer="")
+        except (TypeError, ValueError):  # json.dumps: a set, a date, a list inside itself
+            early = _not_json(schema)
+    raise early
+
+
+def _early_error(schema: Any, limits: ConstraintLimits) -> GrammarError | None:
+    """What is wrong with `schema` before llguidance reads it, or None. A check added here
+    holds for check_schema and schema_grammar alike."""
     if not isinstance(schema, dict | bool):
         return GrammarError(f"a JSON Schema is an object or a boolean, not "
                             f"{type(schema).__name__}", pointer="")
     bad = non_finite(schema)
     if bad is not None:
         return GrammarError("JSON has no Infinity or NaN: use a finite number", pointer=bad)
+    crowded = crowded_place(schema, limits.optional_properties)
+    if crowded is not None:
+        pointer, count = crowded
+        return GrammarError(
+            f"{count:,} optional properties may come at one place of the value, more than the "
+            f"{limits.optional_properties:,} qrun accepts (llguidance's parser holds about 4 "
+            "items per such property while it reads a key)", pointer=pointer,
+            limit="optional_properties")
     return None
 
 
@@ -237,56 +246,6 @@ def _non_json_value(value: Any, pointer: str, open_ids: set[int]) -> tuple[str, 
     return None
 
 
-def _compile_error(schema: Any, grammar: str | None, fmt: JsonFormat) -> GrammarError | None:
-    """llguidance's refusal of `schema` (its grammar text when known), located."""
-    reason = _schema_reason(schema, fmt) if grammar is None else validate(grammar)
-    return None if reason is None else _locate(schema, reason, fmt)
-
-
-class _Entry:
-    """What is known of one schema text in one layout: its grammar text (None when the
-    rewrite recursed too deeply), an error found without compiling (`early`), and, once
-    `checked`, llguidance's verdict (`error`)."""
-
-    __slots__ = ("grammar", "early", "error", "checked")
-
-    def __init__(self, schema: Any, fmt: JsonFormat) -> None:
-        self.grammar: str | None = None
-        self.error: GrammarError | None = None
-        self.checked = False
-        self.early = _early_error(schema)
-        if self.early is None:
-            try:
-                self.grammar = _grammar_text(schema, fmt)
-            except RecursionError:
-                self.early = GrammarError("the schema is nested too deeply", pointer="")
-
-
-_memo: OrderedDict[tuple[str, JsonFormat], _Entry] = OrderedDict()
-_memo_lock = threading.Lock()
-
-
-def _memo_entry(schema: Any, fmt: JsonFormat) -> _Entry | None:
-    """The memo entry of `schema` in `fmt`, made on first use; None when the schema is not
-    JSON data (json.dumps refuses it), which is then not memoized."""
-    try:
-        text = json.dumps(schema, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
-    key = (text, fmt)
-    with _memo_lock:
-        entry = _memo.get(key)
-        if entry is not None:
-            _memo.move_to_end(key)
-            return entry
-    entry = _Entry(schema, fmt)  # outside the lock: two threads may both build it, harmlessly
-    with _memo_lock:
-        entry = _memo.setdefault(key, entry)
-        if len(_memo) > _MEMO_ENTRIES:
-            _memo.popitem(last=False)
-    return entry
-
-
 def clean_reason(message: str) -> str:
     """llguidance's error message on one line: without its debugging tail (parser state,
     grammar dump, the excerpt of the generated Lark text) and its position in that text; a
@@ -308,10 +267,6 @@ def clean_reason(message: str) -> str:
     return first.strip()
 
 
-def _grammar_text(schema: Any, fmt: JsonFormat) -> str:
-    return f"{HEADER}start: %json {_schema_text(schema, fmt)}\n"
-
-
 def _schema_text(schema: Any, fmt: JsonFormat) -> str:
     body = rewrite(close_objects(schema) if fmt.closed else schema)
     if body is True:
@@ -322,12 +277,12 @@ def _schema_text(schema: Any, fmt: JsonFormat) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
-def _schema_reason(schema: Any, fmt: JsonFormat) -> str | None:
+def _schema_reason(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> str | None:
     try:
-        text = _grammar_text(schema, fmt)
+        text = json_grammar(schema, fmt)
     except RecursionError:
         return "the schema is nested too deeply"
-    return validate(text)
+    return validate(text, limits=limits)
 
 
 def _lark_error(message: str) -> GrammarError:
@@ -339,7 +294,8 @@ def _lark_error(message: str) -> GrammarError:
                         column=int(found.group(2)))
 
 
-def _locate(schema: Any, reason: str, fmt: JsonFormat) -> GrammarError:
+def _locate(schema: Any, reason: str, fmt: JsonFormat, limits: ConstraintLimits
+            ) -> GrammarError:
     """llguidance names the problem but not where it is. Candidates are the keywords the
     reason names (a keyword, format, regex, $ref), else every constraining keyword, deepest
     first; each is removed in turn (oneOf made anyOf), and the first removal that changes
@@ -351,7 +307,7 @@ def _locate(schema: Any, reason: str, fmt: JsonFormat) -> GrammarError:
     if named and len(candidates) == 1:
         return GrammarError(reason, pointer=_pointer(*candidates[0]))
     for pointer, key in candidates[:_MAX_TRIES]:
-        if _schema_reason(_without(schema, pointer, key), fmt) != reason:
+        if _schema_reason(_without(schema, pointer, key), fmt, limits) != reason:
             return GrammarError(reason, pointer=_pointer(pointer, key))
     return GrammarError(reason, pointer=None if candidates else "")
 

@@ -14,7 +14,7 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.constraint.grammar import check_lark
+from qrun.constraint.grammar import ConstraintLimits, check_lark
 from qrun.constraint.grammar.lark_size import MAX_GRAMMAR_CHARS, MAX_RULE_DEPTH
 from qrun.errors import TemplateErrors
 
@@ -69,8 +69,8 @@ def test_the_parser_giving_up_mid_hole_is_a_generation_error(
     # llguidance's rows hold at most max_items_in_row items; 20,000 alternatives passed the
     # check and then stopped the parser at the first token, which escaped as a ValueError.
     # (The limit is lowered so a small grammar meets it.)
-    monkeypatch.setattr("qrun.constraint.grammar_index.LIMITS",
-                        llguidance.LLParserLimits(max_items_in_row=50))
+    monkeypatch.setattr(ConstraintLimits, "parser_limits",
+                        lambda self: llguidance.LLParserLimits(max_items_in_row=50))
     grammar = "start: " + " | ".join(f'"w{i}"' for i in range(200))
     with pytest.raises(qrun.GenerationError) as caught:
         qrun.Query("A: {{ gen w grammar=g max_tokens=4 }}").run(model=tiny, g=grammar)
