@@ -155,7 +155,8 @@ class Matcher:
             # refused schema goes on to lower(), which raises the located error.
             try:
                 schema = json_module.loads(value) if isinstance(value, str | bytes) else value
-                return _LlgEngine(_GRAMMARS.schema(schema, self.vocab, fmt, limits).start())
+                index = _GRAMMARS.schema(schema, self.vocab, fmt, limits, locate=False)
+                return _LlgEngine(index.start())
             except (ValueError, RecursionError):  # GrammarError is a ValueError
                 pass
         try:

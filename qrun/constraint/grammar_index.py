@@ -478,12 +478,13 @@ class LlgCache:
         self._texts: OrderedDict[tuple[str, JsonFormat, ConstraintLimits], str] = OrderedDict()
 
     def schema(self, schema: Any, vocab: Vocabulary, fmt: JsonFormat = FIXED,
-               limits: ConstraintLimits = DEFAULT) -> LlgIndex:
+               limits: ConstraintLimits = DEFAULT, locate: bool = True) -> LlgIndex:
         """The index of a JSON Schema (a dict or a bool) in layout `fmt`, compiled once:
         building the index is llguidance's check, so a schema that compiles costs one
         compile, with the tokenizer (check_schema and then `get` cost two: one without a
         tokenizer to check, one to build; lower() does the first). Only a refused schema is
-        compiled again, by check_schema, to locate the fault. Issue #24 item 4.
+        compiled again, by check_schema, to locate the fault (`locate=False`: not, for a
+        caller that locates it itself: qrun.Matcher through lower()). Issue #24 item 4.
 
         Raises:
             GrammarError: the schema is refused (with its JSON pointer where found).
@@ -505,6 +506,8 @@ class LlgCache:
         try:
             return self.get(grammar, vocab, limits)
         except GrammarError as exc:
+            if not locate:
+                raise
             located = check_schema(schema, fmt, limits)
             raise (located if located is not None else exc) from None
 

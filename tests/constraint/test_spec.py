@@ -151,6 +151,14 @@ def test_a_matcher_compiles_a_new_schema_once(tiny: TransformersBackend,
         qrun.Matcher(tiny, json=bad)
     assert from_dict.value.message == from_text.value.message
     assert "/properties/a" in from_dict.value.message
+    # Located once, by lower() (the refusal of the direct build is not located again).
+    checks.clear()
+    with pytest.raises(qrun.ConstraintError):
+        qrun.Matcher(tiny, json={**json.loads(bad), "title": fresh("located once")})
+    once = len(checks)
+    checks.clear()
+    grammar_text.check_schema({**json.loads(bad), "title": fresh("located")})
+    assert once == len(checks) > 0
 
 
 # ---- the size limits of a constraint (grammar/limits.py) reach every lowering ----------------
