@@ -68,6 +68,9 @@ TARGETS = {"passing": (">=", 10_500), "invalid_accepted": ("<=", 0),
            "mask_us_p99": ("<=", 500.0), "first_mask_ms_p99": ("<=", 20.0)}
 # Per-schema lists of failures keep at most this many examples.
 _EXAMPLES = 3
+# Seconds the key-order search may take per instance (Github_ultra---o46322's 5,000-token
+# instance exhausts its 3,000 tries in over a minute); past it the instance stays rejected.
+_SEARCH_S = 5.0
 
 
 @dataclass
@@ -117,11 +120,11 @@ class Runner:
         from qrun.constraint.grammar_index import LlgCache
         from qrun.matcher import Matcher
         from tests.constraint.corpus.json_instances import schema_key_order
-        from tests.constraint.corpus.llg_check import search_order
+        from tests.constraint.corpus.llg_check import limited, search_order
 
         self.matcher_class = Matcher
         self.key_order = schema_key_order
-        self.search_order = search_order
+        self.search_order, self.limited = search_order, limited
         self.layout = FLEXIBLE  # the Matcher's default layout, "flexible"
         self._indexes = LlgCache(4)
         hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model(MODEL)))
@@ -213,8 +216,8 @@ class Runner:
         tests/constraint/corpus/llg_check.py search_order), or None."""
         try:
             index = self._indexes.schema(schema, self.vocab, self.layout)
-            found = self.search_order(index, value)
-        except Exception:  # GrammarError, RecursionError: no order to offer
+            found = self.limited(_SEARCH_S, lambda: self.search_order(index, value))
+        except Exception:  # Timeout, GrammarError, RecursionError: no order to offer
             return None
         return None if found is None else self.dumps(found[0])
 
