@@ -1,13 +1,15 @@
 """Finite subschemas as plain enums: a subschema whose values are drawn from a finite list (its
-`enum` or `const`, an `allOf` member's, a `$ref`'s target's, or every branch of an `anyOf` or
-`oneOf` being one) becomes `{"enum": [the values of that list the whole subschema accepts]}`.
-The set of valid instances is kept exactly, and keywords llguidance refuses (`not`,
-overlapping `oneOf`, `uniqueItems`, `if`...) go with the rest. MaskBench's `allOf: [{enum},
-{not ...}]` schemas are of this kind.
+`enum` or `const`, type null or boolean, a short integer range, arrays of distinct items from
+a finite list under `uniqueItems`, an `allOf` member's, a `$ref`'s target's, or every branch
+of an `anyOf` or `oneOf` being one) becomes `{"enum": [the values of that list the whole
+subschema accepts]}`. The set of valid instances is kept exactly, and keywords llguidance
+refuses (`not`, overlapping `oneOf`, `uniqueItems`, `if`...) go with the rest. MaskBench's
+`allOf: [{enum}, {not ...}]` schemas are of this kind, and its `uniqueItems` lists of
+options.
 
 Each value is judged by the `jsonschema` validator (the reference the suite and
 tests/constraint/grammar/test_rewrite.py check against) for the schema's draft, with every
-format it knows asserted; a subschema that asks for a format it does not know, or that it
+format it knows asserted; a document that names a format it does not know, or a subschema it
 cannot evaluate (a `$ref` outside the document, a pattern Python cannot read) stays as
 written. `jsonschema` is imported on the first such subschema only (60 ms).
 """
@@ -31,8 +33,12 @@ _REFUSED = frozenset({
     "not", "oneOf", "if", "then", "else", "uniqueItems", "contains", "minContains",
     "maxContains", "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties",
     "unevaluatedItems", "dependencies", "dependentRequired", "dependentSchemas"})
-# Values judged per subschema at most (each is one validator run, ~20 µs).
+# Values judged per subschema at most (each is one validator run, ~20 µs): the bound on the
+# arrays `uniqueItems` over an enum is enumerated into (4 options: 65 arrays; 6: 1,957).
 _MAX_VALUES = 1_000
+# An integer range at most this long is a finite list.
+_MAX_RANGE = 64
+_FINITE_TYPES = {"null": (None,), "boolean": (False, True)}
 _REF_DEPTH = 4
 
 
@@ -70,6 +76,42 @@ def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int) -> 
     return changed
 
 
+def _typed(sub: dict[str, Any]) -> str | None:
+    """The one type `sub` declares, or None."""
+    declared = sub.get("type")
+    if isinstance(declared, list) and len(declared) == 1:
+        declared = declared[0]
+    return declared if isinstance(declared, str) else None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _distinct_sequences(sub: dict[str, Any], root: Any, depth: int) -> list[Any] | None:
+    """Every array of distinct values of `sub`'s finite `items`, within its length bounds,
+    when there are at most _MAX_VALUES of them (`uniqueItems` on an enum: MaskBench's lists
+    of options)."""
+    import itertools
+    import math
+
+    if any(key in sub for key in ("prefixItems", "additionalItems", "contains")):
+        return None
+    items = _finite_values(sub.get("items", True), root, depth + 1)
+    if items is None:
+        return None
+    items = _unique(items)
+    shortest = sub.get("minItems", 0)
+    longest = sub.get("maxItems", len(items))
+    if not (_whole(shortest) and _whole(longest)):
+        return None
+    longest = min(longest, len(items))
+    lengths = range(max(shortest, 0), longest + 1)
+    if sum(math.perm(len(items), k) for k in lengths) > _MAX_VALUES:
+        return None
+    return [list(seq) for k in lengths for seq in itertools.permutations(items, k)]
+
+
 def _refused_in(sub: dict[str, Any], root: Any) -> bool:
     """Whether a keyword of `_REFUSED` is in `sub` or in a subschema a `$ref` in it points
     at (one level of `$ref`)."""
@@ -93,6 +135,16 @@ def _finite_values(sub: Any, root: Any, depth: int) -> list[Any] | None:
         return [sub["const"]]
     if isinstance(sub.get("enum"), list):
         return list(sub["enum"])
+    typed = _typed(sub)
+    if typed in _FINITE_TYPES:
+        return list(_FINITE_TYPES[typed])
+    if typed == "integer":
+        low, high = sub.get("minimum"), sub.get("maximum")
+        if isinstance(low, int) and isinstance(high, int) and _whole(low) and _whole(high) \
+                and high - low < _MAX_RANGE:
+            return list(range(low, high + 1))
+    if typed == "array" and sub.get("uniqueItems") is True:
+        return _distinct_sequences(sub, root, depth)
     for member in sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []:
         found = _finite_values(member, root, depth + 1)
         if found is not None:

@@ -37,6 +37,15 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
      {"$ref": "#/$defs/ab", "oneOf": [{"const": "a"}, {"enum": ["a", "c"]}],
       "$defs": {"ab": {"enum": ["a", "b", "c"]}}},
      ["a", "b", "c", "d"]),
+    ("unique items from an enum", {"type": "array", "uniqueItems": True, "maxItems": 2,
+                                   "items": {"enum": ["a", "b", "c"]}},
+     [[], ["a"], ["a", "a"], ["b", "a"], ["a", "b", "c"], ["d"], "a"]),
+    ("unique booleans", {"type": "array", "uniqueItems": True, "minItems": 1,
+                         "items": {"type": "boolean"}},
+     [[], [True], [True, False], [False, False], [None]]),
+    ("a short integer range", {"type": "integer", "minimum": 0, "maximum": 9,
+                               "not": {"multipleOf": 3}},
+     [0, 1, 3, 8, 9, 10, -1, 2.5, "1"]),
     # negation.py: complements.
     ("string not in an enum", {"type": "string", "not": {"enum": ["red", "green", "gr"]}},
      ["red", "green", "gr", "g", "", "greenish", "re", "blue", "r\u00e9d", 3]),
@@ -256,3 +265,9 @@ def test_a_oneof_made_anyof_keeps_its_place(smol_vocab: Vocabulary) -> None:
         "type", "allOf", "required", "properties", "anyOf"]
     matcher = Matcher(SimpleNamespace(vocabulary=smol_vocab), json=schema)
     assert matcher.consume_text('{"kind": "a", "body": "x"}') and matcher.accepting()
+
+
+def test_a_list_of_types_is_no_finite_list() -> None:
+    schema = {"type": ["boolean", "string"], "not": {"const": True}}
+    assert rewrite(schema)["type"] == ["boolean", "string"]
+    assert check_schema(schema) is None
