@@ -18,6 +18,8 @@ validator):
 - `oneOf` branches that are local `$ref`s are inlined (llguidance proves branches disjoint
   only when it sees their content); a one-branch `oneOf` is that branch; a `oneOf` whose
   branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
+- `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
+  listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
 
 A `not` or `oneOf` that a `$ref` points into stays as written (the `$ref` would dangle).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from qrun.constraint.grammar.counts import count_properties
 from qrun.constraint.grammar.finite import filter_finite
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
@@ -90,6 +93,7 @@ def rewrite(schema: Any) -> Any:
     for sub in positions:
         _formats(sub, draft)
         _no_ops(sub)
+        _property_counts(sub)
         if id(sub) not in pinned:
             _negation(sub, root)
         _dependencies(sub)
@@ -126,6 +130,13 @@ def _no_ops(sub: dict[str, Any]) -> None:
         del sub["uniqueItems"]  # zero or one item is always unique
     if sub.get("dependencies") == {}:
         del sub["dependencies"]
+
+
+def _property_counts(sub: dict[str, Any]) -> None:
+    members = count_properties(sub)
+    if members is not None and _conjoin(sub, *members):
+        sub.pop("minProperties", None)
+        sub.pop("maxProperties", None)
 
 
 def _conjoin(sub: dict[str, Any], *members: Any) -> bool:

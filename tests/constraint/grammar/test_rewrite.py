@@ -86,6 +86,13 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
     ("oneOf of a constant and its type",
      {"oneOf": [{"const": "a"}, {"type": "string", "maxLength": 1}]},
      ["a", "b", "ab", ""]),
+    # counts.py: property counts beside optional properties, on a closed object.
+    ("property counts on a closed object",
+     {"type": "object", "additionalProperties": False, "required": ["a"],
+      "properties": {"a": {}, "b": {}, "c": {}, "d": {}}, "minProperties": 2,
+      "maxProperties": 3},
+     [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "d": 4}, {"a": 1, "b": 2, "c": 3, "d": 4},
+      {"b": 2, "c": 3}, {"a": 1, "e": 5}]),
     # The rewrites rewrite.py had before: dependencies, `not required`.
     ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b", "c"]}},
      [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"b": 2}]),
@@ -271,3 +278,16 @@ def test_a_list_of_types_is_no_finite_list() -> None:
     schema = {"type": ["boolean", "string"], "not": {"const": True}}
     assert rewrite(schema)["type"] == ["boolean", "string"]
     assert check_schema(schema) is None
+
+
+def test_min_properties_on_an_open_object_keeps_a_subset() -> None:
+    # Unlisted keys count too, which no form here can: the listed ones stand for them.
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}
+    out = rewrite(schema)
+    assert check_schema(schema) is None and _raw_reason(schema) is not None
+    for value in [{}, {"a": 1}, {"b": 1, "x": 2}, {"x": 1}, {"x": 1, "y": 2}, []]:
+        assert not _valid(out, value) or _valid(schema, value), value
+    assert _valid(schema, {"x": 1}) and not _valid(out, {"x": 1})  # the values left out
+    # maxProperties on an open object stays as written (extra keys are unbounded).
+    error = check_schema({"type": "object", "properties": {"a": {}}, "maxProperties": 1})
+    assert error is not None and error.pointer == "/maxProperties"
