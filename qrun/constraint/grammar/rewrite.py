@@ -13,6 +13,8 @@ validator):
   (fewer values).
 - `not` of the forms negation.py has a complement for (`required`, `type`, `enum`/`const`,
   bounds, `properties`, `not`, `anyOf`/`allOf`, `$ref`...).
+- `if`/`then`/`else` (draft-07 on) becomes `anyOf: [{allOf: [if, then]}, {allOf: [not if,
+  else]}]` where `if` has a complement.
 - `dependencies`, `dependentRequired` and `dependentSchemas` become `anyOf` pairs ("absent,
   or present with its dependencies").
 - `oneOf` branches that are local `$ref`s are inlined (llguidance proves branches disjoint
@@ -22,9 +24,10 @@ validator):
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
 
-A `not` or `oneOf` that a `$ref` points into stays as written (the `$ref` would dangle).
-Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true`, `if`,
-`contains`, `propertyNames`, `not` of anything else, a `oneOf` whose overlap has no form.
+A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
+Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
+a short finite list), an `if` without a complement, `contains`, `propertyNames`, `not` of
+anything else, a `oneOf` whose overlap has no form.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def rewrite(schema: Any) -> Any:
     if inline and filter_finite(out, schema, draft):
         positions = [sub for _, sub in schema_positions(out)]
     # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written.
-    pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf"))
+    pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf", "if", "then", "else"))
     pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
         if pinned_at else set()
     for sub in positions:
@@ -96,6 +99,8 @@ def rewrite(schema: Any) -> Any:
         _property_counts(sub)
         if id(sub) not in pinned:
             _negation(sub, root)
+            if draft >= 7:  # `if` is an unknown keyword before draft-07
+                _conditional(sub, root)
         _dependencies(sub)
     for sub in positions:
         _one_of(sub, out, inline)
@@ -157,6 +162,20 @@ def _negation(sub: dict[str, Any], root: Any) -> None:
         return
     if negated is True or _conjoin(sub, negated):
         del sub["not"]
+
+
+def _conditional(sub: dict[str, Any], root: Any) -> None:
+    """if/then/else = (if and then) or (not if, and else); a missing branch is `true`."""
+    if "if" not in sub:
+        return
+    condition = sub["if"]
+    otherwise = negate(condition, root)
+    if otherwise is None:
+        return
+    then, other = sub.get("then", True), sub.get("else", True)
+    if _conjoin(sub, {"anyOf": [{"allOf": [condition, then]}, {"allOf": [otherwise, other]}]}):
+        for key in ("if", "then", "else"):
+            sub.pop(key, None)
 
 
 def _names(value: Any) -> bool:

@@ -93,6 +93,15 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
       "maxProperties": 3},
      [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "d": 4}, {"a": 1, "b": 2, "c": 3, "d": 4},
       {"b": 2, "c": 3}, {"a": 1, "e": 5}]),
+    # rewrite.py: if/then/else through the complement of `if`.
+    ("if then else",
+     {"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "number"}},
+      "if": {"properties": {"kind": {"const": "count"}}, "required": ["kind"]},
+      "then": {"required": ["n"]}, "else": {"properties": {"n": {"maximum": 0}}}},
+     [{"kind": "count", "n": 1}, {"kind": "count"}, {"kind": "x", "n": 1}, {"kind": "x"},
+      {"n": -1}, {"n": 2}]),
+    ("if then", {"if": {"type": "string"}, "then": {"maxLength": 2}},
+     ["ab", "abc", 5, None]),
     # The rewrites rewrite.py had before: dependencies, `not required`.
     ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b", "c"]}},
      [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"b": 2}]),
@@ -291,3 +300,9 @@ def test_min_properties_on_an_open_object_keeps_a_subset() -> None:
     # maxProperties on an open object stays as written (extra keys are unbounded).
     error = check_schema({"type": "object", "properties": {"a": {}}, "maxProperties": 1})
     assert error is not None and error.pointer == "/maxProperties"
+
+
+def test_if_is_no_keyword_before_draft_07() -> None:
+    schema = {"$schema": "http://json-schema.org/draft-06/schema#",
+              "if": {"type": "string"}, "then": {"maxLength": 2}}
+    assert "if" in rewrite(schema)
