@@ -1,23 +1,33 @@
 """The sound rewrite of a JSON Schema before llguidance compiles it (grammar.py): forms
 llguidance 1.7 refuses are turned into equivalent ones it takes. Each rewrite keeps the set
 of valid instances exactly, or (where said) makes it smaller, so no invalid instance gets
-through (tests/constraint/test_llg_rewrite.py checks each against the `jsonschema`
+through (tests/constraint/grammar/test_rewrite.py checks each against the `jsonschema`
 validator):
 
+- A subschema whose values come from a finite list (`enum`, `const`, an `allOf` member or
+  `$ref` target that is one) becomes the enum of those its other keywords accept
+  (finite.py, with the `jsonschema` validator): `allOf: [{enum}, {not ...}]` and the like.
 - `format` values llguidance does not know, or that the schema's draft does not define, are
   dropped: `format` is an annotation (JSON Schema Validation 2020-12, section 7.2;
   validators do not assert it by default). Dates and date-times leave out the year 0000
   (fewer values).
-- `not` of the forms that say "this property is absent" (`required`, `required` with
-  `type: object`, `anyOf` of `required`), of `type`, and of `{}`/`true`/`false`.
+- `not` of the forms negation.py has a complement for (`required`, `type`, `enum`/`const`,
+  bounds, `properties`, `not`, `anyOf`/`allOf`, `$ref`...).
+- `if`/`then`/`else` (draft-07 on) becomes `anyOf: [{allOf: [if, then]}, {allOf: [not if,
+  else]}]` where `if` has a complement.
 - `dependencies`, `dependentRequired` and `dependentSchemas` become `anyOf` pairs ("absent,
   or present with its dependencies").
 - `oneOf` branches that are local `$ref`s are inlined (llguidance proves branches disjoint
-  only when it sees their content); a one-branch `oneOf` is that branch.
+  only when it sees their content); a one-branch `oneOf` is that branch; a `oneOf` whose
+  branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
+- `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
+  listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
 
-Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true`, `if`,
-`contains`, `propertyNames`, `not` of anything else, unprovable `oneOf`.
+A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
+Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
+a short finite list), an `if` without a complement, `contains`, `propertyNames`, `not` of
+anything else, a `oneOf` whose overlap has no form.
 """
 
 from __future__ import annotations
@@ -25,7 +35,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from qrun.constraint.grammar.schema import draft_of, resolve, schema_positions
+from qrun.constraint.grammar.counts import count_properties
+from qrun.constraint.grammar.finite import filter_finite
+from qrun.constraint.grammar.negation import negate
+from qrun.constraint.grammar.one_of import disjoint_one_of
+from qrun.constraint.grammar.schema import (
+    draft_of,
+    pinned_pointers,
+    ref_targets,
+    resolve,
+    schema_positions,
+)
 
 __all__ = ["rewrite"]
 
@@ -41,7 +61,6 @@ _DRAFT_FORMATS = {
     7: frozenset({"date-time", "date", "time", "email", "hostname", "ipv4", "ipv6", "uri"}),
 }
 _NONZERO_YEAR = "^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-"
-_TYPES = ("null", "boolean", "object", "array", "number", "string")
 # Keywords that never change which instances are valid.
 _ANNOTATIONS = frozenset({"$schema", "$id", "id", "$comment", "title", "description",
                           "default", "examples", "example", "readOnly", "writeOnly",
@@ -65,15 +84,28 @@ def rewrite(schema: Any) -> Any:
     out = copy.deepcopy(schema)
     draft = draft_of(out)
     positions = [sub for _, sub in schema_positions(out)]
+    inline = not any(key in sub for sub in positions[1:] for key in _IDS
+                     if isinstance(sub.get(key), str))
+    root = out if inline else None  # where local `$ref`s may be followed
+    if inline and filter_finite(out, schema, draft):
+        positions = [sub for _, sub in schema_positions(out)]
+    # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written.
+    pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf", "if", "then", "else"))
+    pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
+        if pinned_at else set()
     for sub in positions:
         _formats(sub, draft)
         _no_ops(sub)
-        _negation(sub)
+        _property_counts(sub)
+        if id(sub) not in pinned:
+            _negation(sub, root)
+            if draft >= 7:  # `if` is an unknown keyword before draft-07
+                _conditional(sub, root)
         _dependencies(sub)
-    inline = not any(key in sub for sub in positions[1:] for key in _IDS
-                     if isinstance(sub.get(key), str))
     for sub in positions:
         _one_of(sub, out, inline)
+        if id(sub) not in pinned:
+            disjoint_one_of(sub, root)
     return out
 
 
@@ -105,6 +137,13 @@ def _no_ops(sub: dict[str, Any]) -> None:
         del sub["dependencies"]
 
 
+def _property_counts(sub: dict[str, Any]) -> None:
+    members = count_properties(sub)
+    if members is not None and _conjoin(sub, *members):
+        sub.pop("minProperties", None)
+        sub.pop("maxProperties", None)
+
+
 def _conjoin(sub: dict[str, Any], *members: Any) -> bool:
     """Add `members` to `sub`'s allOf (the conjunction); False when `sub` has an allOf that
     is not a list."""
@@ -115,76 +154,32 @@ def _conjoin(sub: dict[str, Any], *members: Any) -> bool:
     return True
 
 
-def _negation(sub: dict[str, Any]) -> None:
+def _negation(sub: dict[str, Any], root: Any) -> None:
     if "not" not in sub:
         return
-    negated = negate(sub["not"])
+    negated = negate(sub["not"], root)
     if negated is None:
         return
     if negated is True or _conjoin(sub, negated):
         del sub["not"]
 
 
-def negate(inner: Any) -> Any:
-    """A schema valid exactly where `inner` is not, for the forms handled, else None."""
-    if isinstance(inner, bool):
-        return not inner
-    if not isinstance(inner, dict):
-        return None
-    keys = set(inner) - _ANNOTATIONS
-    if not keys:
-        return False
-    if keys == {"required"} or (keys == {"required", "type"}
-                                and inner["type"] in ("object", ["object"])):
-        names = inner["required"]
-        if not _names(names):
-            return None
-        if not names:  # every object has all of no properties
-            return {"type": [t for t in _TYPES if t != "object"]} if "type" in keys else False
-        absent = _lacks_one(names)
-        return absent if "type" in keys else {"type": "object", **absent}
-    if keys == {"anyOf"} and isinstance(inner["anyOf"], list):
-        return _negate_any_required(inner["anyOf"])
-    if keys == {"type"}:
-        return _other_types(inner["type"])
-    return None
+def _conditional(sub: dict[str, Any], root: Any) -> None:
+    """if/then/else = (if and then) or (not if, and else); a missing branch is `true`."""
+    if "if" not in sub:
+        return
+    condition = sub["if"]
+    otherwise = negate(condition, root)
+    if otherwise is None:
+        return
+    then, other = sub.get("then", True), sub.get("else", True)
+    if _conjoin(sub, {"anyOf": [{"allOf": [condition, then]}, {"allOf": [otherwise, other]}]}):
+        for key in ("if", "then", "else"):
+            sub.pop(key, None)
 
 
 def _names(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(n, str) for n in value)
-
-
-def _lacks_one(names: list[str]) -> dict[str, Any]:
-    """Objects lacking at least one of `names` (anything that is not an object too)."""
-    if len(set(names)) == 1:
-        return {"properties": {names[0]: False}}
-    return {"anyOf": [{"properties": {name: False}} for name in dict.fromkeys(names)]}
-
-
-def _negate_any_required(members: list[Any]) -> Any:
-    """not anyOf[{required: A}, {required: B}...] = an object lacking one of A, one of B..."""
-    parts = []
-    for member in members:
-        if not isinstance(member, dict) or set(member) - _ANNOTATIONS != {"required"}:
-            return None
-        if not _names(member["required"]):
-            return None
-        if not member["required"]:
-            return False
-        parts.append(_lacks_one(member["required"]))
-    if not parts:
-        return True  # an empty anyOf is invalid everywhere (not that llguidance takes one)
-    return {"type": "object", "allOf": parts}
-
-
-def _other_types(value: Any) -> Any:
-    listed = [value] if isinstance(value, str) else value
-    if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
-        return None
-    if "integer" in listed and "number" not in listed:
-        return None  # "a number that is not an integer" has no type of its own
-    others = [t for t in _TYPES if t not in listed]
-    return {"type": others} if others else False
 
 
 def _dependencies(sub: dict[str, Any]) -> None:

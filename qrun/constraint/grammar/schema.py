@@ -8,14 +8,18 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 __all__ = [
     "close_objects",
     "draft_of",
     "escape",
     "non_finite",
+    "pinned_pointers",
+    "pointed_below",
+    "ref_targets",
     "resolve",
     "schema_positions",
 ]
@@ -73,6 +77,33 @@ def resolve(root: Any, ref: str) -> Any:
         else:
             return None
     return node
+
+
+def ref_targets(schema: Any) -> set[str]:
+    """The JSON pointers the document's local `$ref`s point at, %-decoded as resolve() reads
+    them."""
+    return {unquote(sub["$ref"][1:]) for _, sub in schema_positions(schema)
+            if isinstance(sub.get("$ref"), str) and sub["$ref"].startswith("#")}
+
+
+def pointed_below(targets: set[str], pointer: str, keys: Iterable[str]) -> bool:
+    """Whether one of `targets` (ref_targets) lies below one of `keys` of the subschema at
+    `pointer`: a rewrite that removes those keys would leave that `$ref` dangling."""
+    prefix = pointer + "/"
+    names = {escape(key) for key in keys}
+    return any(t.startswith(prefix) and t[len(prefix):].split("/")[0] in names
+               for t in targets)
+
+
+def pinned_pointers(targets: set[str], keys: Iterable[str]) -> set[str]:
+    """The pointers of the subschemas below one of whose `keys` one of `targets`
+    (ref_targets) lies: removing that key there would leave a `$ref` dangling."""
+    names = {escape(key) for key in keys}
+    found: set[str] = set()
+    for target in targets:
+        parts = target.split("/")
+        found.update("/".join(parts[:i]) for i in range(1, len(parts)) if parts[i] in names)
+    return found
 
 
 def draft_of(schema: Any) -> int:

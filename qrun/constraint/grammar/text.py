@@ -298,18 +298,41 @@ def _locate(schema: Any, reason: str, fmt: JsonFormat, limits: ConstraintLimits
             ) -> GrammarError:
     """llguidance names the problem but not where it is. Candidates are the keywords the
     reason names (a keyword, format, regex, $ref), else every constraining keyword, deepest
-    first; each is removed in turn (oneOf made anyOf), and the first removal that changes
-    the reason is the culprit. The pointer is the keyword's."""
+    first. For a reason that names none, each is removed in turn (oneOf made anyOf) and the
+    first removal that changes the reason is the culprit; where that finds none (several
+    culprits), and for a named reason, the culprit is found by halving: the shortest run of
+    candidates whose removal changes the reason ends with one. The pointer is the
+    keyword's."""
     keys_of, named = _named_keys(reason)
     candidates = [(p, k) for p, sub in schema_positions(schema) for k in keys_of(sub)]
     if not named:
         candidates.reverse()
     if named and len(candidates) == 1:
         return GrammarError(reason, pointer=_pointer(*candidates[0]))
-    for pointer, key in candidates[:_MAX_TRIES]:
-        if _schema_reason(_without(schema, pointer, key), fmt, limits) != reason:
-            return GrammarError(reason, pointer=_pointer(pointer, key))
-    return GrammarError(reason, pointer=None if candidates else "")
+    if not named:
+        for pointer, key in candidates[:_MAX_TRIES]:
+            if _schema_reason(_without(schema, [(pointer, key)]), fmt, limits) != reason:
+                return GrammarError(reason, pointer=_pointer(pointer, key))
+    found = _bisect(schema, reason, fmt, limits, candidates)
+    if found is None:
+        return GrammarError(reason, pointer=None if candidates else "")
+    return GrammarError(reason, pointer=_pointer(*found))
+
+
+def _bisect(schema: Any, reason: str, fmt: JsonFormat, limits: ConstraintLimits,
+            candidates: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """A candidate whose removal, after those before it, changes the reason (about log2 of
+    their number compiles), or None when removing them all keeps it."""
+    low, high = 0, len(candidates)  # removing `low` keeps the reason; removing `high` not
+    if not candidates or _schema_reason(_without(schema, candidates), fmt, limits) == reason:
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _schema_reason(_without(schema, candidates[:middle]), fmt, limits) == reason:
+            low = middle
+        else:
+            high = middle
+    return candidates[high - 1]
 
 
 def _pointer(pointer: str, key: str) -> str:
@@ -358,14 +381,23 @@ def _named_keys(reason: str) -> tuple[Callable[[dict[str, Any]], list[str]], boo
     return (lambda sub: [k for k in _CONSTRAINING if k in sub]), False
 
 
-def _without(schema: Any, pointer: str, key: str) -> Any:
-    """A copy of `schema` with `key` removed at `pointer` (oneOf becomes anyOf)."""
+def _without(schema: Any, removals: list[tuple[str, str]]) -> Any:
+    """A copy of `schema` with each (pointer, key) removed, in order (oneOf becomes anyOf);
+    one below a key removed before is gone already."""
     out = copy.deepcopy(schema)
-    node = out
-    for part in pointer.split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    value = node.pop(key)
-    if key == "oneOf":
-        node["anyOf"] = value
+    for pointer, key in removals:
+        node = out
+        for part in pointer.split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            if isinstance(node, dict) and key in node:
+                value = node.pop(key)
+                if key == "oneOf":
+                    node["anyOf"] = value
     return out
