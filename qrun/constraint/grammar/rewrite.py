@@ -23,6 +23,9 @@ validator):
 - `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
+- Patterns llguidance 1.7 would quote wrongly (letting `"` or `\\` through a class that
+  excludes it) leave U+0000 out of the classes concerned, last, over every subschema
+  (pattern_escapes.py; fewer values; text.py refuses the one case it cannot fix).
 
 A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
 Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
@@ -39,6 +42,7 @@ from qrun.constraint.grammar.counts import count_properties
 from qrun.constraint.grammar.finite import filter_finite
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
+from qrun.constraint.grammar.pattern_escapes import fix_patterns
 from qrun.constraint.grammar.schema import (
     draft_of,
     pinned_pointers,
@@ -106,6 +110,9 @@ def rewrite(schema: Any) -> Any:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:
             disjoint_one_of(sub, root)
+    # Last, over every subschema the rewrites above made too (pattern_escapes.py).
+    for _, sub in schema_positions(out):
+        fix_patterns(sub)
     return out
 
 

@@ -25,6 +25,7 @@ import llguidance
 from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
+from qrun.constraint.grammar.pattern_escapes import open_pattern_property
 from qrun.constraint.grammar.rewrite import rewrite
 from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
 from qrun.constraint.grammar.schema_size import crowded_place
@@ -211,6 +212,21 @@ def _early_error(schema: Any, limits: ConstraintLimits) -> GrammarError | None:
             f"{limits.optional_properties:,} qrun accepts (llguidance's parser holds about 4 "
             "items per such property while it reads a key)", pointer=pointer,
             limit="optional_properties")
+    return _open_pattern_error(schema)
+
+
+def _open_pattern_error(schema: Any) -> GrammarError | None:
+    """A `patternProperties` name llguidance 1.7 would read as also matching names with `"`
+    or `\\`, beside an `additionalProperties` schema such names must meet instead
+    (pattern_escapes.py), or None."""
+    for pointer, sub in schema_positions(schema):
+        name = open_pattern_property(sub)
+        if name is not None:
+            return GrammarError(
+                f"llguidance would let property names with '\"' or '\\' match the "
+                f"patternProperties pattern {name!r} and so skip additionalProperties: give "
+                "the pattern's class U+0000 only with both of them, or make "
+                "additionalProperties false", pointer=f"{pointer}/patternProperties/{escape(name)}")
     return None
 
 
