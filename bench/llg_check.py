@@ -142,7 +142,9 @@ class Checker:
                  old_engine: bool = False) -> None:
         self.model, self.encode, self.layout = model, encode, layout
         self.vocab = Matcher(model, regex="a").vocab
-        self.fmt = JsonFormat(whitespace_flexible=layout == "flexible")
+        # Unknown formats ignored, known ones asserted: what the validator it is checked
+        # against does (json_instances.py validators, jsonschema's format checker).
+        self.fmt = JsonFormat(whitespace_flexible=layout == "flexible", formats="known")
         self.counts = (valid, invalid, walks)
         self.seed = seed
         self.old = OldEngine(self.vocab) if old_engine else None
@@ -166,7 +168,8 @@ class Checker:
     def _compile(self, schema: Any, report: SchemaReport) -> Matcher | None:
         started = time.perf_counter()
         try:
-            matcher = Matcher(self.model, json=schema, layout=self.layout)
+            matcher = Matcher(self.model, json=schema, layout=self.layout,
+                              formats=self.fmt.formats)
         except ConstraintError as exc:
             report.status, report.reason = "compile_error", exc.message
             return None

@@ -22,9 +22,16 @@ from typing import Any
 
 import llguidance
 
+from qrun.constraint.grammar.formats import MODES, assertion
 from qrun.constraint.grammar.lark_size import grammar_size_error
 from qrun.constraint.grammar.rewrite import rewrite
-from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
+from qrun.constraint.grammar.schema import (
+    close_objects,
+    draft_of,
+    escape,
+    non_finite,
+    schema_positions,
+)
 
 __all__ = [
     "FIXED",
@@ -79,11 +86,20 @@ class JsonFormat:
     `json.dumps` default) lets separators fast-forward and keeps small models from writing
     blanks forever. `FLEXIBLE` accepts any JSON whitespace between tokens (compact and
     pretty-printed text too): qrun.Matcher's default. `closed` forbids properties an
-    object schema does not list (schema.py close_objects).
+    object schema does not list (schema.py close_objects). `formats` says how `format`
+    keywords are read (formats.py MODES): "assert" (every format asserted; one qrun does
+    not know is an error), "known" (unknown ones ignored, as jsonschema's FormatChecker
+    does) or "annotation" (all ignored).
     """
 
     whitespace_flexible: bool = False
     closed: bool = False
+    formats: str = "assert"
+
+    def __post_init__(self) -> None:
+        if self.formats not in MODES:
+            raise ValueError(f"formats must be one of {', '.join(MODES)}, got "
+                             f"{self.formats!r}")
 
     def options(self) -> dict[str, Any]:
         """llguidance's `x-guidance` options for this layout (they replace any the schema
@@ -155,6 +171,10 @@ def check_schema(schema: Any, fmt: JsonFormat = FIXED) -> GrammarError | None:
     bad = non_finite(schema)
     if bad is not None:
         return GrammarError("JSON has no Infinity or NaN: use a finite number", pointer=bad)
+    if fmt.formats == "assert":
+        unknown = _unknown_format(schema)
+        if unknown is not None:
+            return unknown
     reason = _schema_reason(schema, fmt)
     return None if reason is None else _locate(schema, reason, fmt)
 
@@ -180,8 +200,22 @@ def clean_reason(message: str) -> str:
     return first.strip()
 
 
+def _unknown_format(schema: Any) -> GrammarError | None:
+    """The first `format` qrun cannot assert (formats.py), at its JSON pointer."""
+    draft = draft_of(schema)
+    for pointer, sub in schema_positions(schema):
+        name = sub.get("format")
+        if "format" in sub and (not isinstance(name, str) or assertion(name, draft) is None):
+            what = (f"unknown format {json.dumps(name, ensure_ascii=False)}"
+                    if isinstance(name, str) else "a format is a string")
+            return GrammarError(f'{what}: qrun asserts the standard formats (docs/language.md '
+                                f'§7.4); formats="annotation" ignores formats',
+                                pointer=_pointer(pointer, "format"))
+    return None
+
+
 def _schema_text(schema: Any, fmt: JsonFormat) -> str:
-    body = rewrite(close_objects(schema) if fmt.closed else schema)
+    body = rewrite(close_objects(schema) if fmt.closed else schema, fmt.formats)
     if body is True:
         body = {}
     if isinstance(body, dict):
