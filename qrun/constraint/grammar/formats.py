@@ -97,11 +97,15 @@ def _reference(extra: str, ip_literal: str, absolute: bool, query_extra: str = "
 # in an IRI's host: `[::1]` is refused there, so qrun's IRIs leave the compressed forms out.
 _IRI_IPV6 = f"(?:{_H16}:){{6}}{_LS32}"
 
-# RFC 6570 level 4: literals and `{op var,var:3,var*}` expressions.
+# RFC 6570 level 4: literals and `{op var,var:3,var*}` expressions (prefixes up to 999: the
+# uri-template package refuses 1000); not the operators RFC 6570
+# reserves for later (= , ! @ |), which the uri-template package refuses.
 _TEMPLATE_LITERAL = f"(?:[!#$&()*+,\\-./0-9:;=?@A-Z\\[\\]_a-z~{_UCSCHAR}{_IPRIVATE}]|{_PCT})"
-_VARCHAR = f"(?:[A-Za-z0-9_]|{_PCT})"
-_VARSPEC = f"{_VARCHAR}(?:\\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\\*)?"
-_URI_TEMPLATE = f"(?:{_TEMPLATE_LITERAL}|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+# Variable names without pct-encoded characters (RFC 6570 allows them; the uri-template
+# package's checker refuses "{%00}").
+_VARCHAR = "[A-Za-z0-9_]"
+_VARSPEC = f"{_VARCHAR}(?:\\.?{_VARCHAR})*(?::[1-9][0-9]{{0,2}}|\\*)?"
+_URI_TEMPLATE = f"(?:{_TEMPLATE_LITERAL}|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
 
 # RFC 6901: `/` segments, `~` only as `~0` or `~1`.
 _JSON_POINTER = "(?:/(?:[^~/]|~[01])*)*"
