@@ -123,7 +123,7 @@ def test_narrowed_values_are_refused(model: Any) -> None:
         assert not _accepts(Matcher(model, json={"type": "string", "format": fmt}), value)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fmt=st.sampled_from(STANDARD), data=st.data())
 def test_every_string_the_matcher_takes_passes_the_checker(model: Any, fmt: str,
                                                            data: st.DataObject) -> None:
@@ -135,8 +135,12 @@ def test_every_string_the_matcher_takes_passes_the_checker(model: Any, fmt: str,
     for _ in range(48):
         allowed = [int(t) for t in np.flatnonzero(matcher.allowed())
                    if t not in matcher.eos_token_ids]
-        if matcher.accepting() and (not allowed or data.draw(st.integers(0, 3)) == 0):
+        if matcher.accepting() and (not allowed or data.draw(st.booleans())):
             break
+        # Mostly one-byte tokens: long ones rarely leave a URI or a regex complete.
+        short = [t for t in allowed if len(vocab.token_bytes[t] or b"") == 1]
+        if short and data.draw(st.integers(0, 2)):
+            allowed = short
         token = allowed[data.draw(st.integers(0, len(allowed) - 1))]
         assert matcher.consume(token)
         text += vocab.token_bytes[token] or b""
