@@ -94,7 +94,7 @@ def _category(reason: str) -> str:
     reason = reason.removeprefix("JSON Schema: ")
     if reason.startswith("Resource ") or "Invalid URI reference" in reason:
         return "external or invalid $ref"
-    if reason.startswith("Unknown format"):
+    if reason.startswith(("Unknown format", "unknown format")):
         return "unknown format"
     return reason.split(" (at ", 1)[0].split("\n", 1)[0][:80]
 

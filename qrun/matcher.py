@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from qrun.backends.base import Backend
 from qrun.constraint.grammar import ConstraintLimits, JsonFormat
+from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
 from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
 from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
 from qrun.constraint.spec import LLGUIDANCE, LoweringError, lower
@@ -51,7 +52,9 @@ class Matcher:
     (a dict, a bool, or its JSON text), `regex=` a pattern, `grammar=` a Lark grammar,
     `pattern=` a named pattern ("EMAIL"), or `options=` a list of strings. `closed=True`
     closes the schema's objects; `layout` is "flexible" (any JSON whitespace: what any
-    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`). `limits` (a
+    serializer writes) or "fixed" (a json= hole's `{"a": 1, "b": [1, 2]}`). `formats` is
+    "assert" (every `format` asserted, an unknown one is an error), "known" (unknown formats
+    ignored) or "annotation" (formats ignored): docs/language.md §7.4. `limits` (a
     `qrun.Limits`) raises the size limits of a grammar or schema, as a run's does.
 
     Raises:
@@ -64,7 +67,8 @@ class Matcher:
     def __init__(self, model: Any = "smollm2", *, json: Any = None, regex: str | None = None,
                  grammar: str | None = None, pattern: str | None = None,
                  options: Sequence[str] | None = None, closed: bool = False,
-                 layout: str = "flexible", limits: Limits | None = None) -> None:
+                 layout: str = "flexible", formats: str = "assert",
+                 limits: Limits | None = None) -> None:
         given = {name: value for name, value in (("json", json), ("regex", regex),
                                                  ("grammar", grammar), ("pattern", pattern),
                                                  ("options", options)) if value is not None}
@@ -73,12 +77,16 @@ class Matcher:
                              f"and options= (got {', '.join(given) or 'none'})")
         if layout not in LAYOUTS:
             raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if formats not in FORMAT_MODES:
+            raise UsageError(f"formats must be one of {', '.join(FORMAT_MODES)}, got "
+                             f"{formats!r}")
         self.vocab: Vocabulary = _vocabulary(model)
         self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
         (kind, value), = given.items()
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
-        fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed)
+        fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed,
+                         formats=formats)
         self._engine = self._build(kind, value, fmt, (limits or Limits()).constraints())
         self._consumed = 0
         self._ended = False

@@ -293,7 +293,11 @@ def test_schema_errors_are_located() -> None:
                                              "b": {"items": {"uniqueItems": True,
                                                              "type": "array"}},
                                              "c": {"format": "int32"}}}
+    # An unknown format is named first (issue #24: formats are asserted); read as qrun did
+    # before (unknown formats ignored), the refusal is located inside the items.
     error = check_schema(schema)
+    assert error is not None and error.pointer == "/properties/c/format"
+    error = check_schema(schema, JsonFormat(formats="known"))
     assert error is not None and error.pointer == "/properties/b/items/uniqueItems"
     assert error.reason == 'Unimplemented keys: ["uniqueItems"]'
     schema = {"anyOf": [{"oneOf": [{"type": "integer"}, {"type": "string"}]},

@@ -7,10 +7,14 @@ validator):
 - A subschema whose values come from a finite list (`enum`, `const`, an `allOf` member or
   `$ref` target that is one) becomes the enum of those its other keywords accept
   (finite.py, with the `jsonschema` validator): `allOf: [{enum}, {not ...}]` and the like.
-- `format` values llguidance does not know, or that the schema's draft does not define, are
-  dropped: `format` is an annotation (JSON Schema Validation 2020-12, section 7.2;
-  validators do not assert it by default). Dates and date-times leave out the year 0000
-  (fewer values).
+- `format` is asserted whatever the schema's draft (formats.py says how: llguidance's own
+  format, a `pattern` qrun writes, or both where llguidance's is looser than the `jsonschema`
+  checker: year 0000, February 29 of common years, leap seconds, hostnames over 253
+  characters). A written pattern beside the subschema's own `pattern` goes into an `allOf`
+  (both hold). With `formats="annotation"` every format is dropped (JSON Schema Validation
+  2020-12 section 7.2 makes `format` an annotation by default), with `formats="known"` the
+  unknown ones are; with the default "assert" an unknown one stays for llguidance to refuse
+  (grammar/text.py check_schema names it and its pointer first).
 - `not` of the forms negation.py has a complement for (`required`, `type`, `enum`/`const`,
   bounds, `properties`, `not`, `anyOf`/`allOf`, `$ref`...).
 - `if`/`then`/`else` (draft-07 on) becomes `anyOf: [{allOf: [if, then]}, {allOf: [not if,
@@ -40,6 +44,7 @@ from typing import Any
 
 from qrun.constraint.grammar.counts import count_properties
 from qrun.constraint.grammar.finite import filter_finite
+from qrun.constraint.grammar.formats import assertion
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
 from qrun.constraint.grammar.pattern_escapes import fix_patterns
@@ -52,19 +57,6 @@ from qrun.constraint.grammar.schema import (
 )
 
 __all__ = ["rewrite"]
-
-# The formats llguidance 1.7 checks; any other is an error there.
-_LLG_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4",
-                          "ipv6", "uuid", "uri"})
-# Which of those each draft defines (a format a draft does not define is not asserted: an
-# "uuid" in a draft-04 schema is free text).
-_DRAFT_FORMATS = {
-    3: frozenset({"date-time", "date", "time", "email", "hostname", "ipv6", "uri"}),
-    4: frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri"}),
-    6: frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri"}),
-    7: frozenset({"date-time", "date", "time", "email", "hostname", "ipv4", "ipv6", "uri"}),
-}
-_NONZERO_YEAR = "^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-"
 # Keywords that never change which instances are valid.
 _ANNOTATIONS = frozenset({"$schema", "$id", "id", "$comment", "title", "description",
                           "default", "examples", "example", "readOnly", "writeOnly",
@@ -79,10 +71,10 @@ _INLINE_DEPTH = 3
 _MAX_DEPENDENCIES = 6
 
 
-def rewrite(schema: Any) -> Any:
+def rewrite(schema: Any, formats: str = "assert") -> Any:
     """A copy of `schema` that llguidance compiles more often and that accepts the same
     instances (or fewer where the module docstring says so); non-objects come back as they
-    are."""
+    are. `formats` is a formats.MODES value: how `format` keywords are read."""
     if not isinstance(schema, dict):
         return schema
     out = copy.deepcopy(schema)
@@ -98,7 +90,7 @@ def rewrite(schema: Any) -> Any:
     pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
         if pinned_at else set()
     for sub in positions:
-        _formats(sub, draft)
+        _formats(sub, draft, formats)
         _no_ops(sub)
         _property_counts(sub)
         if id(sub) not in pinned:
@@ -116,19 +108,33 @@ def rewrite(schema: Any) -> Any:
     return out
 
 
-def _formats(sub: dict[str, Any], draft: int) -> None:
-    fmt = sub.get("format")
-    known = _LLG_FORMATS & _DRAFT_FORMATS.get(draft, _LLG_FORMATS)
-    if "format" in sub and fmt not in known:
+def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
+    """Assert `sub`'s format as formats.py says; drop it as an annotation (mode
+    "annotation", or an unknown format in mode "known"). An unknown format in mode "assert"
+    stays, for llguidance to refuse (check_schema names it first)."""
+    if "format" not in sub:
+        return
+    how = assertion(sub["format"], draft) if isinstance(sub["format"], str) else None
+    if mode == "annotation" or (how is None and mode == "known"):
         del sub["format"]
-    elif fmt in ("date", "date-time"):
-        # llguidance's dates are calendar-exact but take year 0000, which RFC 3339 allows
-        # and no Python date holds (the validators' format checks use Python dates): left
-        # out, as the DATE pattern leaves it out (qrun/constraint/patterns.py).
-        if "pattern" not in sub:
-            sub["pattern"] = _NONZERO_YEAR
-        else:
-            _conjoin(sub, {"pattern": _NONZERO_YEAR})
+    if how is None or mode == "annotation":
+        return
+    if not how.llguidance:
+        del sub["format"]
+    added: dict[str, Any] = {}
+    if how.pattern is not None:
+        added["pattern"] = how.pattern
+    if how.max_length is not None:
+        added["maxLength"] = how.max_length
+    if not added:
+        return
+    # One pattern per subschema: a second one goes into the allOf (llguidance intersects
+    # the members' patterns); maxLength likewise keeps a smaller one of the schema's own.
+    if "pattern" in added and "pattern" in sub:
+        _conjoin(sub, {"pattern": added.pop("pattern")})
+    if "maxLength" in added and "maxLength" in sub:
+        _conjoin(sub, {"maxLength": added.pop("maxLength")})
+    sub.update(added)
 
 
 def _no_ops(sub: dict[str, Any]) -> None:

@@ -22,12 +22,19 @@ from typing import Any
 
 import llguidance
 
+from qrun.constraint.grammar.formats import MODES, assertion
 from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.grammar.pattern_escapes import open_pattern_property
 from qrun.constraint.grammar.rewrite import rewrite
-from qrun.constraint.grammar.schema import close_objects, escape, non_finite, schema_positions
+from qrun.constraint.grammar.schema import (
+    close_objects,
+    draft_of,
+    escape,
+    non_finite,
+    schema_positions,
+)
 from qrun.constraint.grammar.schema_size import crowded_place
 
 __all__ = [
@@ -84,11 +91,20 @@ class JsonFormat:
     `json.dumps` default) lets separators fast-forward and keeps small models from writing
     blanks forever. `FLEXIBLE` accepts any JSON whitespace between tokens (compact and
     pretty-printed text too): qrun.Matcher's default. `closed` forbids properties an
-    object schema does not list (schema.py close_objects).
+    object schema does not list (schema.py close_objects). `formats` says how `format`
+    keywords are read (formats.py MODES): "assert" (every format asserted; one qrun does
+    not know is an error), "known" (unknown ones ignored, as jsonschema's FormatChecker
+    does) or "annotation" (all ignored).
     """
 
     whitespace_flexible: bool = False
     closed: bool = False
+    formats: str = "assert"
+
+    def __post_init__(self) -> None:
+        if self.formats not in MODES:
+            raise ValueError(f"formats must be one of {', '.join(MODES)}, got "
+                             f"{self.formats!r}")
 
     def options(self) -> dict[str, Any]:
         """llguidance's `x-guidance` options for this layout (they replace any the schema
@@ -163,7 +179,7 @@ def check_schema(schema: Any, fmt: JsonFormat = FIXED,
     """Why llguidance refuses `schema` after the rewrite, located in the user's schema (see
     `_locate`), or None when it compiles. A few ms for most schemas. An object with more
     optional properties than `limits` allows is refused first (schema_size.py)."""
-    early = _early_error(schema, limits)
+    early = _early_error(schema, fmt, limits)
     if early is not None:
         return early
     reason = _schema_reason(schema, fmt, limits)
@@ -182,7 +198,7 @@ def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
         GrammarError: one of those checks failed (located as check_schema locates it).
     """
     try:
-        early = _early_error(schema, limits)
+        early = _early_error(schema, fmt, limits)
     except RecursionError:  # nested too deeply, or a list inside itself
         early = _not_json(schema)
     if early is None:
@@ -195,7 +211,7 @@ def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
     raise early
 
 
-def _early_error(schema: Any, limits: ConstraintLimits) -> GrammarError | None:
+def _early_error(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> GrammarError | None:
     """What is wrong with `schema` before llguidance reads it, or None. A check added here
     holds for check_schema and schema_grammar alike."""
     if not isinstance(schema, dict | bool):
@@ -212,6 +228,10 @@ def _early_error(schema: Any, limits: ConstraintLimits) -> GrammarError | None:
             f"{limits.optional_properties:,} qrun accepts (llguidance's parser holds about 4 "
             "items per such property while it reads a key)", pointer=pointer,
             limit="optional_properties")
+    if fmt.formats == "assert":
+        unknown = _unknown_format(schema)
+        if unknown is not None:
+            return unknown
     return _open_pattern_error(schema)
 
 
@@ -283,8 +303,22 @@ def clean_reason(message: str) -> str:
     return first.strip()
 
 
+def _unknown_format(schema: Any) -> GrammarError | None:
+    """The first `format` qrun cannot assert (formats.py), at its JSON pointer."""
+    draft = draft_of(schema)
+    for pointer, sub in schema_positions(schema):
+        name = sub.get("format")
+        if "format" in sub and (not isinstance(name, str) or assertion(name, draft) is None):
+            what = (f"unknown format {json.dumps(name, ensure_ascii=False)}"
+                    if isinstance(name, str) else "a format is a string")
+            return GrammarError(f'{what}: qrun asserts the standard formats (docs/language.md '
+                                f'§7.4); formats="annotation" ignores formats',
+                                pointer=_pointer(pointer, "format"))
+    return None
+
+
 def _schema_text(schema: Any, fmt: JsonFormat) -> str:
-    body = rewrite(close_objects(schema) if fmt.closed else schema)
+    body = rewrite(close_objects(schema) if fmt.closed else schema, fmt.formats)
     if body is True:
         body = {}
     if isinstance(body, dict):
