@@ -256,7 +256,8 @@ def _lower_schema(schema: Any, options: JsonFormat, limits: ConstraintLimits) ->
     error = check_schema(schema, options, limits)
     if error is not None:
         raise LoweringError(f"JSON Schema: {error}", limit=error.limit)
-    description = f"json={text}" + (" closed=true" if options.closed else "")
+    description = f"json={text}" + (" closed=true" if options.closed else "") + (
+        f' formats="{options.formats}"' if options.formats != "assert" else "")
     return ConstraintSpec(json_grammar(schema, options), description, "json", LLGUIDANCE,
                           limits)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from qrun.constraint.grammar import FIXED, JsonFormat
+from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
 from qrun.constraint.spec import ConstraintSpec, LoweringError, lower
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast, ir
@@ -20,7 +21,7 @@ from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_number
 from qrun.source import Source, Span
 
-GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "grammar",
+GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
             "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar")
@@ -104,6 +105,9 @@ class ArgChecker:
         closed = args.get("closed")
         if closed is not None and "json" not in args:
             self.fail("closed= applies to json= holes only", prefix(closed.span, 6))
+        formats = args.get("formats")
+        if formats is not None and "json" not in args:
+            self.fail("formats= applies to json= holes only", prefix(formats.span, 7))
         if len(given) > 1:
             later = max(given[:2], key=lambda a: a.span.start)
             self.constraint_error(f"{given[0].name}= and {given[1].name}= cannot both "
@@ -112,12 +116,13 @@ class ArgChecker:
         if "json" in args:
             schema = args["json"].expr
             flag = literal(closed.expr) if closed is not None else False
+            mode = literal(formats.expr) if formats is not None else "assert"
             value = literal(schema)
             spec = None
-            if isinstance(flag, bool) and isinstance(value, dict):
-                spec = self.lowered("json", value, schema, JsonFormat(closed=flag))
+            if isinstance(flag, bool) and mode in FORMAT_MODES and isinstance(value, dict):
+                spec = self.lowered("json", value, schema, JsonFormat(closed=flag, formats=mode))
             return ir.JsonSchema(schema, closed.expr if closed is not None else None,
-                                 lowered=spec)
+                                 formats.expr if formats is not None else None, lowered=spec)
         if "grammar" in args:
             grammar = args["grammar"].expr
             spec = None
@@ -322,6 +327,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "options": _want_options,
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
     "closed": lambda v: None if isinstance(v, bool) else "true or false",
+    "formats": lambda v: None if v in FORMAT_MODES else '"assert", "known" or "annotation"',
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
     "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",

@@ -53,11 +53,14 @@ class Regex:
 @dataclass(frozen=True, slots=True)
 class JsonSchema:
     """The value must be JSON valid against the schema (an expression giving a dict, a bool or
-    a JSON string); `closed` (an expression giving a bool) forbids properties the schema's
+    a JSON string); `formats` (an expression giving "assert", "known" or "annotation") says
+    how `format` keywords are read (qrun/constraint/grammar/formats.py); `closed` (an
+    expression giving a bool) forbids properties the schema's
     objects do not list."""
 
     schema: Expr
     closed: Expr | None = None
+    formats: Expr | None = None
     engine: str = LLGUIDANCE
     lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
 
@@ -100,10 +103,12 @@ class GenParams:
         match self.constraint:
             case Regex(pattern=pattern):
                 yield pattern
-            case JsonSchema(schema=schema, closed=closed):
+            case JsonSchema(schema=schema, closed=closed, formats=formats):
                 yield schema
                 if closed is not None:
                     yield closed
+                if formats is not None:
+                    yield formats
             case Grammar(grammar=grammar):
                 yield grammar
             case None:
@@ -417,10 +422,12 @@ def _gen(op: Gen) -> str:
             parts.append(f"regex={name}")
         case Regex(pattern=pattern):
             parts.append(f"regex={ex.format_expr(pattern)}")
-        case JsonSchema(schema=schema, closed=closed):
+        case JsonSchema(schema=schema, closed=closed, formats=formats):
             parts.append(f"json={ex.format_expr(schema)}")
             if closed is not None:
                 parts.append(f"closed={ex.format_expr(closed)}")
+            if formats is not None:
+                parts.append(f"formats={ex.format_expr(formats)}")
         case Grammar(grammar=grammar):
             parts.append(f"grammar={ex.format_expr(grammar)}")
     if params.constraint is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from qrun.backends.base import Backend
 from qrun.constraint.grammar import FIXED, ConstraintLimits, JsonFormat, with_prefix
+from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
 from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
@@ -51,15 +52,23 @@ class ConstraintCompiler:
             case ir.Regex(pattern=expr):
                 return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
                                 FIXED, limits)
-            case ir.JsonSchema(schema=expr, closed=closed_expr):
+            case ir.JsonSchema(schema=expr, closed=closed_expr, formats=formats_expr):
                 closed = False
                 if closed_expr is not None:
                     closed = evaluate(closed_expr, scope, source, budget)
                     if not isinstance(closed, bool):
                         raise EvaluationError(f"closed must be true or false, got {closed!r}",
                                               closed_expr.span, source)
+                formats = "assert"
+                if formats_expr is not None:
+                    formats = evaluate(formats_expr, scope, source, budget)
+                    if formats not in FORMAT_MODES:
+                        raise EvaluationError(
+                            f'formats must be "assert", "known" or "annotation", got '
+                            f"{formats!r}", formats_expr.span, source)
                 schema = evaluate(expr, scope, source, budget)
-                return _lowered("json", schema, expr, source, JsonFormat(closed=closed), limits)
+                return _lowered("json", schema, expr, source,
+                                JsonFormat(closed=closed, formats=formats), limits)
             case ir.Grammar(grammar=expr):
                 return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source,
                                 FIXED, limits)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MODES", "Assertion", "assertion"]
+__all__ = ["DRAFT3_FORMATS", "FORMATS", "MODES", "Assertion", "assertion"]
 
 # "assert": every format asserted, an unknown one is an error; "known": the known ones
 # asserted, unknown ones ignored (what jsonschema's FormatChecker does); "annotation": every
@@ -35,11 +35,11 @@ class Assertion:
 def assertion(name: str, draft: int) -> Assertion | None:
     """How format `name` is asserted in a schema of `draft` (schema.py draft_of), or None
     when qrun does not know it."""
-    if draft == 3 and name in _DRAFT3:
-        return _DRAFT3[name]
+    if draft == 3 and name in DRAFT3_FORMATS:
+        return DRAFT3_FORMATS[name]
     if name == "utc-millisec":  # used beyond draft 3, and always about numbers
-        return _DRAFT3[name]
-    return _FORMATS.get(name)
+        return DRAFT3_FORMATS[name]
+    return FORMATS.get(name)
 
 
 def _full(regex: str) -> str:
@@ -181,7 +181,7 @@ def _regex_format(depth: int) -> str:
     return inner
 
 
-_FORMATS: dict[str, Assertion] = {
+FORMATS: dict[str, Assertion] = {
     "date-time": Assertion(True, f"^{_DATE}[Tt]{_NO_LEAP_SECOND}"),
     "date": Assertion(True, f"^{_DATE}"),
     "time": Assertion(True, f"^{_NO_LEAP_SECOND}"),
@@ -210,7 +210,7 @@ _FORMATS: dict[str, Assertion] = {
 # number (nothing for strings), `color` a CSS 2.1 color.
 _CSS21 = ("aqua|black|blue|fuchsia|gray|green|lime|maroon|navy|olive|orange|purple|red|silver"
           "|teal|white|yellow")
-_DRAFT3: dict[str, Assertion] = {
+DRAFT3_FORMATS: dict[str, Assertion] = {
     "time": Assertion(pattern=_full("(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]")),
     "host-name": Assertion(pattern=_full(f"{_LABEL}(?:\\.{_LABEL})*"), max_length=253),
     "ip-address": Assertion(pattern=_full(_IPV4)),

@@ -311,8 +311,8 @@ def _unknown_format(schema: Any) -> GrammarError | None:
         if "format" in sub and (not isinstance(name, str) or assertion(name, draft) is None):
             what = (f"unknown format {json.dumps(name, ensure_ascii=False)}"
                     if isinstance(name, str) else "a format is a string")
-            return GrammarError(f'{what}: qrun asserts the standard formats (docs/language.md '
-                                f'§7.4); formats="annotation" ignores formats',
+            return GrammarError(f"{what}: qrun asserts the standard formats "
+                                f'(docs/language.md §7.4); formats="annotation" ignores formats',
                                 pointer=_pointer(pointer, "format"))
     return None
 

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import qrun
 from qrun.constraint.grammar import JsonFormat, check_schema
-from qrun.constraint.grammar.formats import _DRAFT3, _FORMATS, assertion
+from qrun.constraint.grammar.formats import DRAFT3_FORMATS, FORMATS, assertion
 from qrun.constraint.vocab import Vocabulary
 from qrun.errors import ConstraintError, UsageError
 from qrun.matcher import Matcher
@@ -103,7 +104,7 @@ def test_the_checker_knows_every_format() -> None:
     # the soundness tests below would prove nothing.
     missing = [f for f in STANDARD if f not in CHECKER.checkers]
     assert not missing, f"jsonschema lacks checkers for {missing}: pip install -e '.[dev]'"
-    assert set(STANDARD) == set(_FORMATS)
+    assert set(STANDARD) == set(FORMATS)
 
 
 @pytest.mark.parametrize("fmt", STANDARD)
@@ -155,7 +156,7 @@ def test_every_string_the_matcher_takes_passes_the_checker(model: Any, fmt: str,
 # lacks the bytes 0xF1, 0xF2 and 0xF5-0xFF: no character past U+3FFFF).
 _ALPHABET = st.characters(max_codepoint=0x3FFFF, exclude_categories=["Cs"])
 WRITTEN = {f: st.from_regex(re.compile(a.pattern), fullmatch=True, alphabet=_ALPHABET)
-           for f, a in sorted(_FORMATS.items()) if a.pattern and not a.llguidance
+           for f, a in sorted(FORMATS.items()) if a.pattern and not a.llguidance
            and f not in ("idn-email", "regex")}
 
 
@@ -184,7 +185,7 @@ def test_draft03_names_and_meanings(model: Any) -> None:
     cases = [("time", "12:30:00", "12:30:00Z"), ("host-name", "example.com", "-x"),
              ("ip-address", "10.0.0.1", "10.0.0"), ("color", "#a0b1c2", "#ab"),
              ("utc-millisec", "anything", None)]
-    assert {name for name, *_ in cases} == set(_DRAFT3)
+    assert {name for name, *_ in cases} == set(DRAFT3_FORMATS)
     for fmt, good, bad in cases:
         matcher = Matcher(model, json={"$schema": DRAFT3, "type": "string", "format": fmt})
         assert _accepts(matcher, good), (fmt, good)
@@ -247,3 +248,54 @@ def test_the_format_modes(model: Any) -> None:
         Matcher(model, json=schema, formats="loose")
     with pytest.raises(ValueError, match="formats must be one of"):
         JsonFormat(formats="loose")
+
+
+# ---- the hole argument formats= (lang/args.py, runtime/constraints.py) ------------------------
+
+UUID_SCHEMA = '{"type": "string", "format": "uuid"}'
+INT32_SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer", "format": "int32"}}}'
+
+
+def test_a_hole_asserts_a_format_whatever_the_draft(tiny: Any) -> None:
+    schema = '{"$schema": "' + DRAFT4 + '", "type": "string", "format": "uuid"}'
+    query = qrun.Query("id: {{ gen id json=" + schema + " max_tokens=40 }}")
+    for seed in range(3):
+        value = query.run(model=tiny, seed=seed, temperature=1.0).vars["id"]
+        assert CHECKER.conforms(value, "uuid"), value
+
+
+def test_an_unknown_format_is_a_compile_error_unless_formats_says_otherwise(
+        tiny: Any) -> None:
+    with pytest.raises(qrun.TemplateErrors) as caught:
+        qrun.Query("{{ gen v json=" + INT32_SCHEMA + " }}")
+    error = caught.value.errors[0]
+    assert 'unknown format "int32"' in error.message
+    assert "/properties/n/format" in error.message
+    for mode in ("known", "annotation"):
+        hole = f'formats="{mode}" max_tokens=20'
+        query = qrun.Query("{{ gen v json=" + INT32_SCHEMA + " " + hole + " }}")
+        value = query.run(model=tiny, seed=0).vars["v"]
+        assert isinstance(value, dict)
+    # "annotation" ignores the known formats too: a uuid hole then takes any string
+    loose = qrun.Query("{{ gen v json=" + UUID_SCHEMA + ' formats="annotation" max_tokens=8 }}')
+    assert isinstance(loose.run(model=tiny, seed=0).vars["v"], str)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{{ gen v regex="a" formats="known" }}', "formats= applies to json= holes only"),
+    ('{{ gen v json={"type": "string"} formats="loose" }}',
+     'formats must be "assert", "known" or "annotation"'),
+])
+def test_formats_argument_errors(text: str, message: str) -> None:
+    with pytest.raises(qrun.TemplateErrors, match=message):
+        qrun.Query(text)
+
+
+def test_formats_from_a_variable_is_checked_when_the_hole_runs(tiny: Any) -> None:
+    query = qrun.Query("{{ gen v json=s formats=mode max_tokens=20 }}")
+    assert isinstance(query.run({"s": INT32_SCHEMA, "mode": "known"}, model=tiny,
+                                seed=0).vars["v"], dict)
+    with pytest.raises(qrun.EvaluationError, match="formats must be"):
+        query.run({"s": INT32_SCHEMA, "mode": "loose"}, model=tiny)
+    with pytest.raises(qrun.ConstraintError, match='unknown format "int32"'):
+        query.run({"s": INT32_SCHEMA, "mode": "assert"}, model=tiny)
