@@ -3,8 +3,11 @@
 token with SmolLM2's tokenizer, as the published harnesses do (jsonschemabench
 maskbench/maskbench/runner.py, llguidance json_stats/src/json_stats.rs):
 
-- per schema, `Matcher("smollm2", json=schema)` (layout "flexible": any JSON whitespace, the
-  harnesses' `whitespace_flexible`) is built and its first mask computed; that time is the
+- per schema, `Matcher("smollm2", json=schema, formats="known")` (layout "flexible": any
+  JSON whitespace, the harnesses' `whitespace_flexible`; `formats="known"`: the standard
+  formats asserted and unknown ones such as "int32" ignored, as the suite's validator,
+  jsonschema's FormatChecker, does; `--formats assert`, a json= hole's default, refuses a
+  schema with an unknown format) is built and its first mask computed; that time is the
   time to first mask (json_stats' `ttfm_us`: compile + first mask). A schema qrun refuses
   (ConstraintError) is "refused", any other exception an "error".
 - each test instance is serialized as runner.py does, `json.dumps(data, indent=None,
@@ -34,7 +37,8 @@ over the vocabulary), and first-mask times only for schemas the worker had not c
 (a repeated schema text hits qrun's cache and would flatter the figures).
 
 Run: python -m bench.maskbench [--data DIR] [--limit N [--spread]] [--match TEXT] [--workers 2]
-     [--timeout 60] [--compact] [--out FILE.jsonl] [--json] [--write]
+     [--timeout 60] [--compact] [--formats known|assert|annotation] [--out FILE.jsonl]
+     [--json] [--write]
 The data: `git clone https://github.com/guidance-ai/jsonschemabench` and pass
 `--data jsonschemabench/maskbench/data` (or set QRUN_MASKBENCH); default /work/maskbench/data.
 """
@@ -49,7 +53,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -112,7 +116,7 @@ class _Disagreement(Exception):
 class Runner:
     """One process's Matcher factory and tokenizer (loaded once)."""
 
-    def __init__(self, compact: bool = False) -> None:
+    def __init__(self, compact: bool = False, formats: str = "known") -> None:
         from transformers import AutoTokenizer
 
         from qrun.backends.loading import ensure_converted, locate_model
@@ -125,7 +129,8 @@ class Runner:
         self.matcher_class = Matcher
         self.key_order = schema_key_order
         self.search_order, self.limited = search_order, limited
-        self.layout = FLEXIBLE  # the Matcher's default layout, "flexible"
+        self.formats = formats
+        self.layout = replace(FLEXIBLE, formats=formats)  # the Matcher's, "flexible"
         self._indexes = LlgCache(4)
         hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model(MODEL)))
         self.encode: Callable[[str], list[int]] = (
@@ -150,7 +155,7 @@ class Runner:
         self.seen.add(key)
         started, started_cpu = time.perf_counter(), time.thread_time()
         try:
-            matcher = self.matcher_class(MODEL, json=schema)
+            matcher = self.matcher_class(MODEL, json=schema, formats=self.formats)
             compiled = time.perf_counter()
             matcher.allowed()
         except ConstraintError as exc:
@@ -259,8 +264,8 @@ def check_schema_file(runner: Runner, path: Path) -> SchemaResult:
     return runner.check(path.name, data)
 
 
-def _worker(conn: Connection, compact: bool) -> None:
-    runner = Runner(compact)
+def _worker(conn: Connection, compact: bool, formats: str) -> None:
+    runner = Runner(compact, formats)
     conn.send("ready")
     while True:
         path = conn.recv()
@@ -273,14 +278,16 @@ class _Pool:
     """Worker processes fed one file at a time; a worker past the time limit is killed (its
     own process, by its handle) and replaced, and its schema recorded as a timeout."""
 
-    def __init__(self, workers: int, compact: bool, timeout_s: float) -> None:
+    def __init__(self, workers: int, compact: bool, timeout_s: float,
+                 formats: str = "known") -> None:
         self.context = multiprocessing.get_context("spawn")
-        self.compact, self.timeout_s = compact, timeout_s
+        self.compact, self.timeout_s, self.formats = compact, timeout_s, formats
         self.slots = [self._start() for _ in range(max(1, workers))]
 
     def _start(self) -> tuple[Any, Connection]:
         parent, child = self.context.Pipe()
-        process = self.context.Process(target=_worker, args=(child, self.compact), daemon=True)
+        process = self.context.Process(target=_worker, args=(child, self.compact, self.formats),
+                                       daemon=True)
         process.start()
         child.close()
         if parent.recv() != "ready":
@@ -485,7 +492,8 @@ def maskbench_section(result: dict[str, Any]) -> list[str]:
              f"`{result['command']}` ({result['date']}; {s['schemas']:,} schemas, "
              f"{s['tests_valid']:,} valid and {s['tests_invalid']:,} invalid instances, "
              f"{s['tokens']:,} masks; llguidance {result.get('llguidance', '?')}; "
-             "SmolLM2's tokenizer; bench/maskbench.py says the method). Wall-clock times on "
+             f"SmolLM2's tokenizer; formats=\"{s.get('formats', 'known')}\"; "
+             "bench/maskbench.py says the method). Wall-clock times on "
              "the shared VM: p99s include preemption.", "",
              "| | qrun.Matcher | target |", "| --- | ---: | --- |"]
     for label, value, key in rows:
@@ -527,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--match", default="", help="only files whose name contains this")
     p.add_argument("--workers", type=int, default=2, help="processes")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per schema")
+    p.add_argument("--formats", default="known", choices=("known", "assert", "annotation"),
+                   help="how schemas' formats are read (qrun.Matcher formats=)")
     p.add_argument("--compact", action="store_true",
                    help="serialize instances without blanks (json_stats' serde_json)")
     p.add_argument("--out", default="", help="write every schema's result here (JSON lines)")
@@ -542,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
               "jsonschemabench/maskbench/data)", file=sys.stderr)
         return 2
     started = time.monotonic()
-    pool = _Pool(args.workers, args.compact, args.timeout)
+    pool = _Pool(args.workers, args.compact, args.timeout, args.formats)
     results: list[SchemaResult] = []
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
     try:
@@ -562,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     summary["workers"] = args.workers
+    summary["formats"] = args.formats
     summary["targets"] = targets(summary)
     print(json.dumps(summary, indent=2) if args.json else _text(summary))
     if args.write:
