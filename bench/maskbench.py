@@ -136,6 +136,11 @@ class Runner:
         self.encode: Callable[[str], list[int]] = (
             lambda text: hf.encode(text, add_special_tokens=False))
         self.separators = (",", ":") if compact else (", ", ": ")
+        # Once per process, like the tokenizer: the jsonschema validator that the finite-list
+        # rewrite uses (grammar/finite.py) imports its format checkers (with the dev extra's
+        # rfc3987-syntax, ~0.9 s) on the first schema that needs it.
+        import jsonschema  # noqa: F401
+
         warm = Matcher(MODEL, json={"type": "object"})  # the tokenizer, llguidance's too
         warm.allowed()
         self.vocab = warm.vocab
