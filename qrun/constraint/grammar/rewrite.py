@@ -26,6 +26,11 @@ validator):
   branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
 - `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
+- Keywords beside a `$ref` that say nothing there (refs.py): all of them in drafts 4-7,
+  which ignore them; annotations, and a `type` the target (or each `anyOf` branch) implies,
+  in any draft. llguidance refuses them beside a circular `$ref`.
+- `propertyNames` that is a finite list of names, one `pattern` or length bounds becomes
+  listed properties or a `patternProperties` key (property_names.py).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
 - Patterns llguidance 1.7 would quote wrongly (letting `"` or `\\` through a class that
   excludes it) leave U+0000 out of the classes concerned, last, over every subschema
@@ -33,8 +38,9 @@ validator):
 
 A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
 Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
-a short finite list), an `if` without a complement, `contains`, `propertyNames`, `not` of
-anything else, a `oneOf` whose overlap has no form.
+a short finite list), an `if` without a complement, `contains`, the `propertyNames`
+property_names.py has no form for, `not` of anything else, a `oneOf` whose overlap has no
+form, other siblings of a circular `$ref` in 2019-09 and later.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from qrun.constraint.grammar.formats import assertion
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
 from qrun.constraint.grammar.pattern_escapes import fix_patterns
+from qrun.constraint.grammar.property_names import property_names
+from qrun.constraint.grammar.refs import drop_ref_siblings
 from qrun.constraint.grammar.schema import (
     draft_of,
     pinned_pointers,
@@ -83,12 +91,18 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     inline = not any(key in sub for sub in positions[1:] for key in _IDS
                      if isinstance(sub.get(key), str))
     root = out if inline else None  # where local `$ref`s may be followed
+    drop_ref_siblings(out, draft, root)  # refs.py
+    positions = [sub for _, sub in schema_positions(out)]
     if inline and filter_finite(out, schema, draft):
         positions = [sub for _, sub in schema_positions(out)]
     # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written.
     pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf", "if", "then", "else"))
     pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
         if pinned_at else set()
+    # ...and those whose names a `$ref` points into keep them (property_names.py moves them).
+    names_at = pinned_pointers(ref_targets(out), ("propertyNames", "additionalProperties",
+                                                  "patternProperties"))
+    names_pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in names_at}
     for sub in positions:
         _formats(sub, draft, formats)
         _no_ops(sub)
@@ -98,6 +112,8 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
             if draft >= 7:  # `if` is an unknown keyword before draft-07
                 _conditional(sub, root)
         _dependencies(sub)
+        if id(sub) not in names_pinned:
+            property_names(sub, root, draft)  # property_names.py
     for sub in positions:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:

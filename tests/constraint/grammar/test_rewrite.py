@@ -21,6 +21,11 @@ from qrun.constraint.grammar.text import HEADER
 from qrun.constraint.vocab import Vocabulary
 from qrun.matcher import Matcher
 
+# A tree whose kids carry a `$ref` sibling (refs.py cases).
+_NODE = {"type": "object", "properties": {"v": {"type": "string"}, "kids": {
+    "type": "array", "items": {"$ref": "#/definitions/node", "maxProperties": 1}}}}
+_DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
 # (name, schema, values: valid or not as the original says). Each schema is refused by
 # llguidance as written (checked below).
 CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
@@ -108,6 +113,43 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
     ("not required", {"type": "object", "not": {"required": ["secret"]},
                       "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
      [{"a": 1}, {"a": 1, "secret": 2}, {"b": 1}, {"a": 1, "b": 2}]),
+    # refs.py: the siblings of a circular `$ref` that say nothing there.
+    # Draft-07 ignores the siblings of `$ref` (the `maxProperties` here).
+    ("circular $ref with a sibling, draft-07",
+     {"$schema": _DRAFT7, "definitions": {"node": _NODE}, "$ref": "#/definitions/node"},
+     [{}, {"kids": [{"v": "a", "kids": []}]}, {"kids": [1]}, {"v": 1}, []]),
+    ("circular $ref with an implied type, 2020-12",
+     {"$defs": {"node": {"type": "object", "properties": {"kids": {
+         "type": "array", "items": {"$ref": "#/$defs/node", "type": "object",
+                                    "description": "a child"}}}}},
+      "$ref": "#/$defs/node"},
+     [{}, {"kids": [{}]}, {"kids": [{"kids": [{}]}]}, {"kids": [1]}, 1]),
+    # property_names.py: the names as properties or patterns.
+    ("propertyNames pattern",
+     {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+      "properties": {"Ab": {"type": "number"}}, "additionalProperties": {"type": "integer"}},
+     [{}, {"ab": 1}, {"ab": "s"}, {"Ab": 1}, {"a1": 1}, {"": 1}, []]),
+    ("propertyNames lengths",
+     {"type": "object", "propertyNames": {"minLength": 2, "maxLength": 3}},
+     [{}, {"ab": 1}, {"abc": None}, {"a": 1}, {"abcd": 1}, {"a\nb": 1}]),
+    ("propertyNames ref to a pattern beside a match-all pattern",
+     {"type": "object", "propertyNames": {"$ref": "#/$defs/key"},
+      "patternProperties": {".*": {"type": "number"}}, "additionalProperties": False,
+      "$defs": {"key": {"type": "string", "pattern": "^k[0-9]$"}}},
+     [{}, {"k1": 1}, {"k1": "s"}, {"k": 1}, {"xk1": 1}]),
+    ("propertyNames enum",
+     {"type": "object", "propertyNames": {"enum": ["a", "b", "c", "dd"], "maxLength": 1},
+      "properties": {"a": {"type": "string"}, "z": {}},
+      "patternProperties": {"^b": {"type": "integer"}},
+      "additionalProperties": {"type": "boolean"}},
+     [{}, {"a": "s"}, {"a": 1}, {"b": 1}, {"b": True}, {"c": True}, {"c": 1}, {"z": 1},
+      {"dd": True}]),
+    ("propertyNames false", {"type": "object", "propertyNames": False},
+     [{}, {"a": 1}, [], "x"]),
+    ("propertyNames that only says string",
+     {"type": "object", "propertyNames": {"type": "string", "description": "any"},
+      "additionalProperties": {"type": "integer"}},
+     [{}, {"a": 1}, {"a": "s"}]),
 ]
 
 _IDS = [name for name, _, _ in CASES]
@@ -306,3 +348,32 @@ def test_if_is_no_keyword_before_draft_07() -> None:
     schema = {"$schema": "http://json-schema.org/draft-06/schema#",
               "if": {"type": "string"}, "then": {"maxLength": 2}}
     assert "if" in rewrite(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    # 2020-12 applies a `$ref`'s siblings: one the target does not imply stays.
+    {"$defs": {"node": {"type": "object", "properties": {"kids": {
+        "type": "array", "items": {"$ref": "#/$defs/node", "maxProperties": 1}}}}},
+     "$ref": "#/$defs/node"},
+    # A pattern beside other patternProperties, a listed property the pattern would match,
+    # a name schema with `not`.
+    {"type": "object", "propertyNames": {"pattern": "^a"},
+     "patternProperties": {"^ab": {"type": "string"}}},
+    {"type": "object", "propertyNames": {"pattern": "^a"}, "properties": {"ab": {}},
+     "additionalProperties": {"type": "string"}},
+    {"type": "object", "propertyNames": {"not": {"enum": ["x"]}}},
+], ids=["2020 sibling", "other patterns", "listed and matched", "not"])
+def test_what_refs_and_property_names_leave_stays_refused(schema: dict[str, Any]) -> None:
+    assert check_schema(schema) is not None
+    out = rewrite(schema)
+    for value in [{}, {"a": 1}, {"ab": "s"}, {"x": 1}, {"kids": [{"kids": []}]}]:
+        assert _valid(out, value) == _valid(schema, value), value
+
+
+def test_property_names_a_ref_points_into_stay_as_written() -> None:
+    schema = {"type": "object", "propertyNames": {"pattern": "^a"},
+              "additionalProperties": {"type": "string"},
+              "properties": {"b": {"$ref": "#/additionalProperties"}}}
+    assert rewrite(schema)["propertyNames"] == {"pattern": "^a"}
+    del schema["properties"]
+    assert "propertyNames" not in rewrite(schema)

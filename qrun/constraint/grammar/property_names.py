@@ -1,0 +1,154 @@
+"""`propertyNames` (llguidance 1.7 refuses the keyword) as the properties an object may have:
+
+- a name schema that only says "a string" (every name is one) is dropped;
+- `false` admits no property, and a finite list of names (`enum`/`const`, filtered by the
+  rest of the name schema with the `jsonschema` validator) becomes those names listed in
+  `properties` (each with the schema it had, from `properties`, a matching
+  `patternProperties` key or `additionalProperties`) and `additionalProperties: false`;
+- a name schema that is one `pattern`, or only length bounds, becomes that pattern: the
+  additional properties (`additionalProperties`, default true) move to
+  `patternProperties: {P: ...}` and `additionalProperties` becomes false (a
+  `patternProperties` key matches anywhere in the name, as `pattern` does).
+
+Listed properties whose name the schema refuses become `false` (absent); a listed one it
+takes beside a pattern and an `additionalProperties` that says something stays refused (the
+pattern would match that name too). Anything else
+(other `patternProperties` beside a pattern, a name schema with `not`, `oneOf`, `format`...)
+stays as written and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from qrun.constraint.grammar.schema import resolve
+
+__all__ = ["property_names"]
+
+_ANNOTATIONS = frozenset({"$schema", "$id", "id", "$comment", "title", "description",
+                          "default", "examples", "example", "readOnly", "writeOnly",
+                          "deprecated", "$anchor"})
+_LENGTHS = frozenset({"minLength", "maxLength"})
+# `patternProperties` keys that match every name (any name gets their schema).
+_EVERY_NAME = frozenset({"", ".*", "^.*", ".*$", "^.*$"})
+_DEPTH = 3
+
+
+def property_names(sub: dict[str, Any], root: Any, draft: int) -> None:
+    """Rewrite `sub`'s `propertyNames` in place where the module docstring says how;
+    `root` resolves local `$ref`s (None: not followed), `draft` is the document's."""
+    if "propertyNames" not in sub:
+        return
+    names = _resolved(sub["propertyNames"], root)
+    if names is None or '"$ref"' in json.dumps(names):  # the validator would not resolve it
+        return
+    if names is not False and not _says_more(names):
+        del sub["propertyNames"]
+        return
+    listed, patterns = sub.get("properties", {}), sub.get("patternProperties", {})
+    additional = sub.get("additionalProperties", True)
+    if not isinstance(listed, dict) or not isinstance(patterns, dict):
+        return
+    if names is False or "enum" in names or "const" in names:
+        _finite(sub, names, listed, patterns, additional, _validator(draft))
+        return
+    kept = set(names) - _ANNOTATIONS - {"type"}
+    if kept == {"pattern"} and isinstance(names["pattern"], str):
+        pattern = names["pattern"]
+    elif kept and kept <= _LENGTHS and all(_count(names.get(k, 0)) for k in kept):
+        low, high = names.get("minLength", 0), names.get("maxLength", "")
+        pattern = f"^[\\s\\S]{{{low},{high}}}$"
+    else:
+        return
+    if not _compiles(pattern):
+        return
+    if patterns:
+        # Other patterns would keep names the name schema refuses: only one that matches
+        # every name (so `additionalProperties` never applies) is replaced by the new one.
+        if len(patterns) != 1 or next(iter(patterns)) not in _EVERY_NAME:
+            return
+        additional = next(iter(patterns.values()))
+    valid = _validator(draft)(names)
+    if not patterns and additional not in (True, {}) and any(map(valid.is_valid, listed)):
+        return  # the new pattern would apply `additionalProperties` to a listed property
+    new_listed = {name: (value if valid.is_valid(name) else False)
+                  for name, value in listed.items()}
+    if "properties" in sub:
+        sub["properties"] = new_listed
+    sub["patternProperties"] = {pattern: additional}
+    sub["additionalProperties"] = False
+    del sub["propertyNames"]
+
+
+def _finite(sub: dict[str, Any], names: Any, listed: dict[str, Any],
+            patterns: dict[str, Any], additional: Any, validator: Any) -> None:
+    choices = [] if names is False else names["enum"] if "enum" in names \
+        else [names["const"]]
+    if not isinstance(choices, list) or not all(_compiles(p) for p in patterns):
+        return
+    valid = validator(names)
+    allowed = [c for c in dict.fromkeys(c for c in choices if isinstance(c, str))
+               if valid.is_valid(c)]
+    properties: dict[str, Any] = {name: False for name in listed if name not in allowed}
+    for name in allowed:
+        if name in listed:
+            properties[name] = listed[name]
+        elif any(re.search(p, name) for p in patterns):
+            properties[name] = True  # the matching patternProperties apply as before
+        else:
+            properties[name] = additional
+    sub["properties"] = properties
+    sub["additionalProperties"] = False
+    del sub["propertyNames"]
+
+
+def _resolved(names: Any, root: Any) -> Any:
+    """The name schema with local `$ref`s at its top followed; None when one is not local,
+    dangles, or has siblings that say something."""
+    for _ in range(_DEPTH):
+        if not isinstance(names, dict) or "$ref" not in names:
+            return names if isinstance(names, bool | dict) else None
+        if root is None or set(names) - _ANNOTATIONS - {"$ref"} \
+                or not isinstance(names["$ref"], str):
+            return None
+        names = resolve(root, names["$ref"])
+    return None
+
+
+def _says_more(names: Any) -> bool:
+    """Whether a name schema refuses some string (not only annotations and a `type` that
+    takes strings)."""
+    if names is True:
+        return False
+    types = names.get("type", "string")
+    types = [types] if isinstance(types, str) else types
+    return bool(set(names) - _ANNOTATIONS - {"type"}) or not isinstance(types, list) \
+        or "string" not in types
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _compiles(pattern: Any) -> bool:
+    """Whether Python reads `pattern` (the `jsonschema` validator matches with `re.search`)."""
+    if not isinstance(pattern, str):
+        return False
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
+def _validator(draft: int) -> Any:
+    """The `jsonschema` validator class of `draft` (imported here: 60 ms, on the first
+    `propertyNames` only), format checks on as in finite.py."""
+    import jsonschema
+
+    cls = {3: jsonschema.Draft3Validator, 4: jsonschema.Draft4Validator,
+           6: jsonschema.Draft6Validator, 7: jsonschema.Draft7Validator,
+           2019: jsonschema.Draft201909Validator}.get(draft, jsonschema.Draft202012Validator)
+    return lambda schema: cls(schema, format_checker=jsonschema.FormatChecker())
