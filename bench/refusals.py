@@ -1,7 +1,8 @@
 """Which MaskBench schemas qrun refuses, by reason, and whether the ones it compiles take
 exactly the suite's valid instances (issue #24 item 3's figures).
 
-Each schema goes through `check_schema(schema, JsonFormat())` (the rewrite, then llguidance);
+Each schema goes through `check_schema(schema, JsonFormat(formats=...))` (the rewrite, then
+llguidance; --formats, default "known" as bench/maskbench.py reads them);
 the refused are counted by reason (the keyword llguidance names, "oneOf", or the reason's
 first words) and how many carry no JSON pointer. With --matcher, every test instance of
 each compiled schema goes through `qrun.Matcher("smollm2", json=schema)` (flexible layout,
@@ -9,7 +10,8 @@ each compiled schema goes through `qrun.Matcher("smollm2", json=schema)` (flexib
 schema (name, reason, pointer, and with --matcher the wrongly accepted and rejected instance
 numbers), so two trees can be compared schema by schema.
 
-Run: .venv/bin/python -m bench.refusals [DIR] [--matcher] [--out FILE]
+Run: .venv/bin/python -m bench.refusals [DIR] [--formats known|assert|annotation] [--matcher]
+     [--out FILE]
 (DIR: the suite's data/*.json, from guidance-ai/jsonschemabench; default /work/maskbench/data)
 """
 
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matcher", action="store_true",
                         help="feed each compiled schema's instances through qrun.Matcher")
     parser.add_argument("--out", help="write one JSON line per schema to this file")
+    parser.add_argument("--formats", default="known", choices=("known", "assert", "annotation"),
+                        help="how schemas' formats are read (JsonFormat.formats)")
     args = parser.parse_args(argv)
     files = sorted(Path(args.data).glob("*.json"))
     if not files:
@@ -55,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     out = open(args.out, "w") if args.out else None  # noqa: SIM115 -- closed below
     for path in files:
         suite = json.loads(path.read_text())
-        error = check_schema(suite["schema"], JsonFormat())
+        error = check_schema(suite["schema"], JsonFormat(formats=args.formats))
         row: dict[str, Any] = {"name": path.name, "reason": None, "pointer": None}
         if error is not None:
             reasons[category(error.reason)] += 1
             unlocated += error.pointer is None
             row.update(reason=error.reason, pointer=error.pointer)
         elif args.matcher:
-            row.update(_instances(suite))
+            row.update(_instances(suite, args.formats))
             accepted += len(row["wrongly_accepted"])
             rejected += len(row["wrongly_rejected"])
             instances += len(suite["tests"])
@@ -80,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _instances(suite: dict[str, Any]) -> dict[str, list[int]]:
+def _instances(suite: dict[str, Any], formats: str) -> dict[str, list[int]]:
     import qrun
 
-    matcher = qrun.Matcher("smollm2", json=suite["schema"])
+    matcher = qrun.Matcher("smollm2", json=suite["schema"], formats=formats)
     found: dict[str, list[int]] = {"wrongly_accepted": [], "wrongly_rejected": []}
     for number, test in enumerate(suite["tests"]):
         matcher.reset()
