@@ -3,8 +3,9 @@
 - a name schema that only says "a string" (every name is one) is dropped;
 - `false` admits no property, and a finite list of names (`enum`/`const`, filtered by the
   rest of the name schema with the `jsonschema` validator) becomes those names listed in
-  `properties` (each with the schema it had, from `properties`, a matching
-  `patternProperties` key or `additionalProperties`) and `additionalProperties: false`;
+  `properties` (each with the schemas JSON Schema applies to it: its `properties` entry and
+  every `patternProperties` entry it matches, else `additionalProperties`), no
+  `patternProperties` and `additionalProperties: false`;
 - a name schema that is one `pattern`, or only length bounds, becomes that pattern: the
   additional properties (`additionalProperties`, default true) move to
   `patternProperties: {P: ...}` and `additionalProperties` becomes false (a
@@ -93,14 +94,18 @@ def _finite(sub: dict[str, Any], names: Any, listed: dict[str, Any],
                if valid.is_valid(c)]
     properties: dict[str, Any] = {name: False for name in listed if name not in allowed}
     for name in allowed:
-        if name in listed:
-            properties[name] = listed[name]
-        elif any(re.search(p, name) for p in patterns):
-            properties[name] = True  # the matching patternProperties apply as before
-        else:
-            properties[name] = additional
+        # What JSON Schema applies to a property of this name: its `properties` entry and
+        # every `patternProperties` entry whose pattern it matches, else
+        # `additionalProperties`. The patterns go: left in place they would still take names
+        # the list refuses (a `.*` key takes every name).
+        schemas = [listed[name]] if name in listed else []
+        schemas += [schema for p, schema in patterns.items() if re.search(p, name)]
+        if not schemas:
+            schemas = [additional]
+        properties[name] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
     sub["properties"] = properties
     sub["additionalProperties"] = False
+    sub.pop("patternProperties", None)
     del sub["propertyNames"]
 
 
