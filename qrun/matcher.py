@@ -83,6 +83,8 @@ class Matcher:
         self.vocab: Vocabulary = _vocabulary(model)
         self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
         (kind, value), = given.items()
+        if not isinstance(closed, bool):
+            raise UsageError(f"closed must be True or False, got {closed!r}")
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
         fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed,

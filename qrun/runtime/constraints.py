@@ -16,7 +16,7 @@ from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
 from qrun.constraint.regex_index import IndexCache
-from qrun.constraint.spec import LLGUIDANCE, ConstraintSpec, Cursor, LoweringError, lower
+from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec, Cursor, LoweringError, lower
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
@@ -46,9 +46,12 @@ class ConstraintCompiler:
                 wrong type.
         """
         limits = budget.limits.constraints() if budget is not None else DEFAULT_LIMITS
-        if constraint.lowered is not None and constraint.lowered.limits == limits:
-            return constraint.lowered  # the compiler's, under the same limits
+        lowered = constraint.lowered
+        if lowered is not None and (lowered.engine == DFA or lowered.limits == limits):
+            return lowered  # the compiler's (a regex's size is no constraint limit's)
         match constraint:
+            case ir.Regex(stdlib_name=str(name)):
+                return _lowered("pattern", name, constraint.pattern, source, FIXED, limits)
             case ir.Regex(pattern=expr):
                 return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
                                 FIXED, limits)

@@ -206,3 +206,36 @@ def test_matcher_takes_limits(tiny: TransformersBackend) -> None:
     assert "Matcher(..., limits=qrun.Limits(grammar_chars=" in " ".join(caught.value.notes)
     with pytest.raises(qrun.UsageError, match="limits must be a qrun.Limits"):
         qrun.Matcher(tiny, grammar=GRAMMAR, limits={"grammar_chars": 5})  # type: ignore[arg-type]
+
+
+def test_a_named_pattern_keeps_its_type_under_a_runs_limits(tiny: TransformersBackend) -> None:
+    # A run with its own limits used to lower regex=INT again as a plain regex: "313".
+    query = qrun.Query("{{ gen x regex=INT max_tokens=3 }} {{ gen b regex=BOOL }}")
+    for limits in (None, qrun.Limits(grammar_chars=200_000)):
+        result = query.run(model=tiny, seed=0, limits=limits)
+        assert isinstance(result.vars["x"], int) and isinstance(result.vars["b"], bool)
+
+
+@pytest.mark.parametrize("names", [{"enum": ["a"], "pattern": "("},
+                                   {"enum": ["a"], "minLength": "x"},
+                                   {"enum": ["a"], "type": "nonsense"}])
+def test_a_name_schema_the_validator_cannot_read_is_a_located_refusal(
+        tiny: TransformersBackend, names: dict[str, Any]) -> None:
+    schema = {"type": "object", "propertyNames": names}
+    with pytest.raises(qrun.TemplateErrors) as caught:
+        qrun.Query("{{ gen x json=" + json.dumps(schema) + " }}")
+    assert "/propertyNames" in caught.value.errors[0].message
+    with pytest.raises(qrun.ConstraintError):
+        qrun.Matcher(tiny, json=schema)
+
+
+def test_annotation_formats_leave_property_names_alone_too(tiny: TransformersBackend) -> None:
+    schema = {"type": "object", "propertyNames": {"enum": ["a", "b@c.d"], "format": "email"}}
+    assert qrun.Matcher(tiny, json=schema, formats="annotation").consume_text('{"a": 1}')
+    assert not qrun.Matcher(tiny, json=schema, formats="known").consume_text('{"a": 1}')
+
+
+@pytest.mark.parametrize("closed", ["no", [], 1])
+def test_matcher_checks_closed(tiny: TransformersBackend, closed: Any) -> None:
+    with pytest.raises(qrun.UsageError, match="closed must be True or False"):
+        qrun.Matcher(tiny, json={"type": "object"}, closed=closed)

@@ -37,9 +37,19 @@ _EVERY_NAME = frozenset({"", ".*", "^.*", ".*$", "^.*$"})
 _DEPTH = 3
 
 
-def property_names(sub: dict[str, Any], root: Any, draft: int) -> None:
+def property_names(sub: dict[str, Any], root: Any, draft: int, formats: str = "assert") -> None:
     """Rewrite `sub`'s `propertyNames` in place where the module docstring says how;
-    `root` resolves local `$ref`s (None: not followed), `draft` is the document's."""
+    `root` resolves local `$ref`s (None: not followed), `draft` is the document's, `formats`
+    how its `format`s are read (formats.py MODES: "annotation" checks none). A name schema
+    the validator cannot read (a bad pattern, a bound that is not a number) stays as written,
+    for llguidance to refuse with its reason."""
+    try:
+        _property_names(sub, root, draft, formats != "annotation")
+    except Exception:  # noqa: BLE001 - jsonschema on an unchecked name schema: re.error,
+        return  # TypeError, UnknownType...; nothing was written yet (writes come last)
+
+
+def _property_names(sub: dict[str, Any], root: Any, draft: int, check_formats: bool) -> None:
     if "propertyNames" not in sub:
         return
     names = _resolved(sub["propertyNames"], root)
@@ -53,7 +63,7 @@ def property_names(sub: dict[str, Any], root: Any, draft: int) -> None:
     if not isinstance(listed, dict) or not isinstance(patterns, dict):
         return
     if names is False or "enum" in names or "const" in names:
-        _finite(sub, names, listed, patterns, additional, _validator(draft))
+        _finite(sub, names, listed, patterns, additional, _validator(draft, check_formats))
         return
     kept = set(names) - _ANNOTATIONS - {"type"}
     if kept == {"pattern"} and isinstance(names["pattern"], str):
@@ -71,7 +81,7 @@ def property_names(sub: dict[str, Any], root: Any, draft: int) -> None:
         if len(patterns) != 1 or next(iter(patterns)) not in _EVERY_NAME:
             return
         additional = next(iter(patterns.values()))
-    valid = _validator(draft)(names)
+    valid = _validator(draft, check_formats)(names)
     if not patterns and additional not in (True, {}) and any(map(valid.is_valid, listed)):
         return  # the new pattern would apply `additionalProperties` to a listed property
     new_listed = {name: (value if valid.is_valid(name) else False)
@@ -148,7 +158,7 @@ def _compiles(pattern: Any) -> bool:
     return True
 
 
-def _validator(draft: int) -> Any:
+def _validator(draft: int, check_formats: bool) -> Any:
     """The `jsonschema` validator class of `draft` (imported here: 60 ms, on the first
     `propertyNames` only), format checks on as in finite.py."""
     import jsonschema
@@ -156,4 +166,5 @@ def _validator(draft: int) -> Any:
     cls = {3: jsonschema.Draft3Validator, 4: jsonschema.Draft4Validator,
            6: jsonschema.Draft6Validator, 7: jsonschema.Draft7Validator,
            2019: jsonschema.Draft201909Validator}.get(draft, jsonschema.Draft202012Validator)
-    return lambda schema: cls(schema, format_checker=jsonschema.FormatChecker())
+    checker = jsonschema.FormatChecker() if check_formats else None
+    return lambda schema: cls(schema, format_checker=checker)

@@ -113,7 +113,7 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
                 _conditional(sub, root)
         _dependencies(sub)
         if id(sub) not in names_pinned:
-            property_names(sub, root, draft)  # property_names.py
+            property_names(sub, root, draft, formats)  # property_names.py
     for sub in positions:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:
