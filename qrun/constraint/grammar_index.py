@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +32,7 @@ from qrun.constraint.grammar import (
     schema_grammar,
 )
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
+from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import Vocabulary
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
@@ -469,13 +470,11 @@ class LlgCache:
     never compile the same grammar twice."""
 
     def __init__(self, max_entries: int = 64) -> None:
-        self._max_entries = max(1, max_entries)
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = \
-            OrderedDict()
+        self._entries: Lru[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = Lru(
+            max(1, max_entries))
         # Grammar texts of the schemas `schema` met, per schema text and layout: a schema met
         # again skips the rewrite (a deep copy and walks, up to ~10 ms on MaskBench's largest).
-        self._texts: OrderedDict[tuple[str, JsonFormat, ConstraintLimits], str] = OrderedDict()
+        self._texts: Lru[tuple[str, JsonFormat, ConstraintLimits], str] = Lru(max(1, max_entries))
 
     def schema(self, schema: Any, vocab: Vocabulary, fmt: JsonFormat = FIXED,
                limits: ConstraintLimits = DEFAULT, locate: bool = True) -> LlgIndex:
@@ -494,15 +493,11 @@ class LlgCache:
                 json.dumps(schema, ensure_ascii=False), fmt, limits)
         except (TypeError, ValueError, RecursionError):
             key = None  # not JSON data: schema_grammar says where
-        with self._lock:
-            grammar = self._texts.get(key) if key is not None else None
+        grammar = self._texts.get(key) if key is not None else None
         if grammar is None:
             grammar = schema_grammar(schema, fmt, limits)
             if key is not None:
-                with self._lock:
-                    self._texts[key] = grammar
-                    if len(self._texts) > self._max_entries:
-                        self._texts.popitem(last=False)
+                self._texts.put(key, grammar)
         try:
             return self.get(grammar, vocab, limits)
         except GrammarError as exc:
@@ -518,14 +513,5 @@ class LlgCache:
         Raises:
             GrammarError: llguidance refused the grammar.
         """
-        key = (vocab, grammar, limits)
-        with self._lock:
-            index = self._entries.get(key)
-            if index is None:
-                index = LlgIndex(grammar, vocab, limits)
-                self._entries[key] = index
-                if len(self._entries) > self._max_entries:
-                    self._entries.popitem(last=False)
-            else:
-                self._entries.move_to_end(key)
-            return index
+        return self._entries.get_or_build((vocab, grammar, limits),
+                                          lambda: LlgIndex(grammar, vocab, limits))

@@ -4,12 +4,10 @@ with one. Which token to take back is the runtime's policy (qrun/runtime/healing
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import numpy as np
 import numpy.typing as npt
 
+from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import Vocabulary
 
 # Prefix masks kept per vocabulary: the healed text is nearly always one of a few strings
@@ -22,8 +20,7 @@ class PrefixMasks:
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[bytes, npt.NDArray[np.bool_]] = OrderedDict()
+        self._cache: Lru[bytes, npt.NDArray[np.bool_]] = Lru(_PREFIX_MASKS)
         self._everything: npt.NDArray[np.bool_] | None = None
         # Every token's bytes, zero-padded to the longest (49,152 x 81 bytes for SmolLM2,
         # 4 MB): a prefix test over the whole vocabulary is then one numpy comparison.
@@ -37,11 +34,9 @@ class PrefixMasks:
     def compatible(self, prefix: bytes) -> npt.NDArray[np.bool_]:
         """Bool [V]: tokens whose bytes start with `prefix`, or are a non-empty proper prefix of
         it (the rest of `prefix` then comes from later tokens)."""
-        with self._lock:
-            mask = self._cache.get(prefix)
-            if mask is not None:
-                self._cache.move_to_end(prefix)
-                return mask
+        mask = self._cache.get(prefix)
+        if mask is not None:
+            return mask
         n = len(prefix)
         starts: npt.NDArray[np.bool_]
         if n <= self._bytes.shape[1]:
@@ -52,10 +47,7 @@ class PrefixMasks:
         for cut in range(1, n):
             starts[list(self.vocab.ids_of(prefix[:cut]))] = True  # duplicated tokens too
         starts.flags.writeable = False  # cached and shared
-        with self._lock:
-            self._cache[prefix] = starts
-            if len(self._cache) > _PREFIX_MASKS:
-                self._cache.popitem(last=False)
+        self._cache.put(prefix, starts)
         return starts
 
     def everything(self) -> npt.NDArray[np.bool_]:

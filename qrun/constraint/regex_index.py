@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import TokenTrie, Vocabulary
 from qrun.regex.dfa import (
     UNREACHABLE,
@@ -398,9 +399,7 @@ class IndexCache:
     def __init__(self, max_entries: int = 64) -> None:
         if max_entries < 1:
             raise ValueError("IndexCache needs max_entries >= 1")
-        self._max_entries = max_entries
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[Vocabulary, str, bytes], TokenIndex] = OrderedDict()
+        self._entries: Lru[tuple[Vocabulary, str, bytes], TokenIndex] = Lru(max_entries)
 
     def get(self, pattern: str, vocab: Vocabulary, prefix: bytes = b"") -> TokenIndex:
         """The index over `vocab` of `prefix` followed by a match of `pattern` (see
@@ -409,17 +408,9 @@ class IndexCache:
         Raises:
             PatternError: see compile_dfa.
         """
-        key = (vocab, pattern, prefix)
-        with self._lock:
-            index = self._entries.get(key)
-            if index is None:
-                index = TokenIndex.build(compile_dfa(pattern, prefix), vocab)
-                self._entries[key] = index
-                if len(self._entries) > self._max_entries:
-                    self._entries.popitem(last=False)
-            else:
-                self._entries.move_to_end(key)
-            return index
+        return self._entries.get_or_build(
+            (vocab, pattern, prefix),
+            lambda: TokenIndex.build(compile_dfa(pattern, prefix), vocab))
 
     def __len__(self) -> int:
         return len(self._entries)

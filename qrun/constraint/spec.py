@@ -11,8 +11,6 @@ template computes (runtime/constraints.py), Matcher its own (matcher.py)."""
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +22,7 @@ from qrun.constraint.grammar import FIXED, JsonFormat, check_lark, check_schema,
 from qrun.constraint.grammar import lark_grammar as lark_text
 from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar.limits import ConstraintLimits
+from qrun.constraint.lru import Lru
 from qrun.constraint.patterns import PATTERNS
 from qrun.errors import suggest
 from qrun.regex import PatternError, compile_dfa, escape
@@ -160,26 +159,19 @@ def lower(kind: str, value: Any, options: JsonFormat = FIXED,
     if key is None:  # unhashable and not JSON: only a type error can come of it
         return _lower(kind, value, options, limits)
     key = (*key, limits)
-    with _LOCK:
-        found = _LOWERED.get(key)
-        if found is not None:
-            _LOWERED.move_to_end(key)
-    if found is None:
+    found = _LOWERED.get(key)
+    if found is None:  # lowered outside the cache's lock: a schema may take seconds
         try:
             found = _lower(kind, value, options, limits)
         except LoweringError as exc:
             found = exc
-        with _LOCK:
-            _LOWERED[key] = found
-            if len(_LOWERED) > _LOWERED_MAX:
-                _LOWERED.popitem(last=False)
+        _LOWERED.put(key, found)
     if isinstance(found, LoweringError):
         raise found.again()
     return found
 
 
-_LOWERED: OrderedDict[tuple[Any, ...], ConstraintSpec | LoweringError] = OrderedDict()
-_LOCK = threading.Lock()
+_LOWERED: Lru[tuple[Any, ...], ConstraintSpec | LoweringError] = Lru(_LOWERED_MAX)
 
 
 def _key(kind: str, value: Any, options: JsonFormat) -> tuple[Any, ...] | None:

@@ -19,6 +19,7 @@ __all__ = [
     "non_finite",
     "pinned_pointers",
     "pointed_below",
+    "pointer_target",
     "ref_targets",
     "resolve",
     "schema_positions",
@@ -66,9 +67,17 @@ def resolve(root: Any, ref: str) -> Any:
     nowhere (or is not a local JSON pointer)."""
     if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
         return None
+    parts = ref[2:].split("/") if len(ref) > 1 else []
+    return pointer_target(root, (re.sub(r"%([0-9A-Fa-f]{2})",
+                                        lambda m: chr(int(m.group(1), 16)), part)
+                                 for part in parts))
+
+
+def pointer_target(root: Any, parts: Iterable[str]) -> Any:
+    """The node the JSON pointer segments `parts` (still ~-escaped, RFC 6901) lead to from
+    `root`, or None when one of them leads nowhere."""
     node = root
-    for part in ref[2:].split("/") if len(ref) > 1 else []:
-        part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+    for part in parts:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]

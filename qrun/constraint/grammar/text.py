@@ -33,6 +33,7 @@ from qrun.constraint.grammar.schema import (
     draft_of,
     escape,
     non_finite,
+    pointer_target,
     schema_positions,
 )
 from qrun.constraint.grammar.schema_size import crowded_place
@@ -436,18 +437,9 @@ def _without(schema: Any, removals: list[tuple[str, str]]) -> Any:
     one below a key removed before is gone already."""
     out = copy.deepcopy(schema)
     for pointer, key in removals:
-        node = out
-        for part in pointer.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            elif isinstance(node, dict) and part in node:
-                node = node[part]
-            else:
-                break
-        else:
-            if isinstance(node, dict) and key in node:
-                value = node.pop(key)
-                if key == "oneOf":
-                    node["anyOf"] = value
+        node = pointer_target(out, pointer.split("/")[1:])
+        if isinstance(node, dict) and key in node:
+            value = node.pop(key)
+            if key == "oneOf":
+                node["anyOf"] = value
     return out
