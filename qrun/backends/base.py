@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,7 @@ import numpy.typing as npt
 from qrun.backends.kv_cache import KVCache
 
 if TYPE_CHECKING:
+    from qrun.backends.chat_template import ToolCallFormat, ToolTurn
     from qrun.backends.prefix_cache import PrefixCache
     from qrun.constraint.vocab import Vocabulary
 
@@ -210,6 +211,16 @@ class Backend(Protocol):
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         """The text the model's chat template puts before and after a `role` message, or None
         when the model has no chat template."""
+        ...
+
+    def tool_call_format(self) -> ToolCallFormat | None:
+        """How the model writes a tool call, read from its chat template
+        (backends/chat_template.py), or None: no template, or one without tool calls."""
+        ...
+
+    def tools_turn(self, tools: list[dict[str, Any]]) -> ToolTurn | None:
+        """A system turn with `tools` (OpenAI's function format) as the chat template renders
+        it, or None where the model has no chat template or its template ignores tools."""
         ...
 
     def clear_cache(self) -> None:

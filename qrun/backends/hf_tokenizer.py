@@ -11,11 +11,15 @@ from functools import cached_property
 from typing import Any
 
 from qrun.backends.base import BackendDefaults, control_tokens_of
+from qrun.backends.chat_template import (
+    ToolCallFormat,
+    ToolTurn,
+    role_markers,
+    tool_call_format,
+    tools_turn,
+)
 from qrun.constraint.vocab import Vocabulary, VocabularyError
 from qrun.errors import ModelLoadError
-
-# A text no chat template would contain, used to cut a rendered message into its markers.
-_SENTINEL = "\x00QRUN-CONTENT\x00"
 
 # transformers' fast tokenizers implement `split_special_tokens` by setting a flag on the one
 # Rust tokenizer they wrap, then encoding: two threads encoding at once (the runs of a batch,
@@ -78,25 +82,28 @@ class HFTokenizerMixin(BackendDefaults):
 
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         if role not in self._markers:
-            self._markers[role] = self._render_markers(role)
+            self._markers[role] = (role_markers(self._render, role)
+                                   if self._has_chat_template() else None)
         return self._markers[role]
 
-    def _render_markers(self, role: str) -> tuple[str, str] | None:
-        if not getattr(self.tokenizer, "chat_template", None):
-            return None
-        # Some templates (SmolLM2's among them) add a default system turn before the first
-        # message; rendering after an explicit system turn and subtracting it leaves only
-        # this role's own markers.
-        base = [{"role": "system", "content": "S"}] if role != "system" else []
-        before = self._render(base) if base else ""
-        rendered = self._render([*base, {"role": role, "content": _SENTINEL}])
-        if not rendered.startswith(before) or _SENTINEL not in rendered:
-            return None
-        prefix, _, suffix = rendered[len(before):].partition(_SENTINEL)
-        return prefix, suffix
+    def tool_call_format(self) -> ToolCallFormat | None:
+        return self._tool_call_format
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+    @cached_property
+    def _tool_call_format(self) -> ToolCallFormat | None:
+        return tool_call_format(self._render) if self._has_chat_template() else None
+
+    def tools_turn(self, tools: list[dict[str, Any]]) -> ToolTurn | None:
+        if not self._has_chat_template():
+            return None
+        return tools_turn(self._render, tools, self.control_tokens)
+
+    def _has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def _render(self, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
         return str(text)
 
 

@@ -16,6 +16,7 @@ cost sequence ids, not copies, and give way when ids or cells run short."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import weakref
@@ -33,6 +34,13 @@ from qrun.backends.base import (
     TreeScorer,
     control_tokens_of,
 )
+from qrun.backends.chat_template import (
+    ToolCallFormat,
+    ToolTurn,
+    role_markers,
+    tool_call_format,
+    tools_turn,
+)
 from qrun.backends.llama_threads import llama_threads
 from qrun.backends.llamacpp_api import DECODE_NO_ROOM, Batch, Context, Model, last_log
 from qrun.backends.prefix_cache import PrefixCache
@@ -47,8 +55,6 @@ BATCH_TOKENS = 2048
 TREE_LEAVES = 32
 # Sequence ids the prefix cache leaves free for the runs (it evicts its oldest entries first).
 RESERVED_SEQUENCES = 16
-# A text no chat template would contain, used to cut a rendered message into its markers.
-_SENTINEL = "\x00QRUN-CONTENT\x00"
 
 
 class LlamaCppError(BackendError):
@@ -175,6 +181,7 @@ class LlamaCppBackend(BackendDefaults):
         limits = [n for n in (model.n_ctx_train, context.n_ctx if context else 0) if n > 0]
         self._max_context = min(limits) if limits else None
         self._markers: dict[str, tuple[str, str] | None] = {}
+        self._tool_format: tuple[ToolCallFormat | None] | None = None  # (found,) once read
         self._vocabulary: Vocabulary | None = None
         self._control_tokens: dict[str, int] | None = None
 
@@ -227,32 +234,37 @@ class LlamaCppBackend(BackendDefaults):
 
     def chat_markers(self, role: str) -> tuple[str, str] | None:
         if role not in self._markers:
-            self._markers[role] = self._render_markers(role)
+            self._markers[role] = (role_markers(self._render, role)
+                                   if self._chat_template() else None)
         return self._markers[role]
 
-    def _render_markers(self, role: str) -> tuple[str, str] | None:
-        template = self.model.meta("tokenizer.chat_template")
-        if not template:
-            return None
-        # As backends/hf_tokenizer.py: render after an explicit system turn and subtract it
-        # (SmolLM2's template adds a default system turn before the first message).
-        base = [{"role": "system", "content": "S"}] if role != "system" else []
-        before = self._render(template, base) if base else ""
-        rendered = self._render(template, [*base, {"role": role, "content": _SENTINEL}])
-        if not rendered.startswith(before) or _SENTINEL not in rendered:
-            return None
-        prefix, _, suffix = rendered[len(before):].partition(_SENTINEL)
-        return prefix, suffix
+    def tool_call_format(self) -> ToolCallFormat | None:
+        if self._tool_format is None:
+            found = tool_call_format(self._render) if self._chat_template() else None
+            self._tool_format = (found,)
+        return self._tool_format[0]
 
-    def _render(self, template: str, messages: list[dict[str, str]]) -> str:
+    def tools_turn(self, tools: list[dict[str, Any]]) -> ToolTurn | None:
+        if not self._chat_template():
+            return None
+        return tools_turn(self._render, tools, self.control_tokens)
+
+    def _chat_template(self) -> str:
+        return str(self.model.meta("tokenizer.chat_template") or "")
+
+    def _render(self, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> str:
         # The environment transformers renders chat templates in (trim_blocks, lstrip_blocks,
         # sandboxed); llama.cpp's own llama_chat_apply_template is not a Jinja engine.
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=False,
+        # transformers' tojson: no HTML escaping, as the model saw in training
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        return env.from_string(self._chat_template()).render(
+            messages=messages, tools=tools, add_generation_prompt=False,
             bos_token=self.model.text(self.model.bos) if self.model.bos >= 0 else "",
             eos_token=self.model.text(self.model.eos) if self.model.eos >= 0 else "")
 
@@ -464,3 +476,16 @@ def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True
         cells = min(2 * trained, 32768)
         context = Context(model, cells, MAX_SEQUENCES, BATCH_TOKENS, llama_threads())
     return LlamaCppBackend(model, context, name, cache_mb, time.perf_counter() - started)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Jinja's `tojson` as transformers defines it for chat templates (plain json.dumps: no
+    HTML escaping of `<`, `>`, `&`, `'`)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    """The `raise_exception` transformers gives chat templates (a template refusing input)."""
+    raise ValueError(message)

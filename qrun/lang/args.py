@@ -13,6 +13,7 @@ from typing import Any
 from qrun.constraint.grammar import FIXED, JsonFormat
 from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
 from qrun.constraint.spec import ConstraintSpec, LoweringError, lower
+from qrun.constraint.tools import ToolsError, lower_tools, read_tools
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
@@ -22,9 +23,11 @@ from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_numb
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
-            "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
+            "tools", "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
 # The arguments that constrain a hole; at most one per hole.
-CONSTRAINT_ARGS = ("regex", "json", "grammar")
+CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
+# The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).
+SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
                      "dtype", "inputs")
@@ -103,11 +106,13 @@ class ArgChecker:
         shows at --check, and its spec is kept in the IR for the runs."""
         given = [args[name] for name in CONSTRAINT_ARGS if name in args]
         closed = args.get("closed")
-        if closed is not None and "json" not in args:
-            self.fail("closed= applies to json= holes only", prefix(closed.span, 6))
+        schema_hole = any(name in args for name in SCHEMA_ARGS)
+        if closed is not None and not schema_hole:
+            self.fail("closed= applies to json= and tools= holes only", prefix(closed.span, 6))
         formats = args.get("formats")
-        if formats is not None and "json" not in args:
-            self.fail("formats= applies to json= holes only", prefix(formats.span, 7))
+        if formats is not None and not schema_hole:
+            self.fail("formats= applies to json= and tools= holes only",
+                      prefix(formats.span, 7))
         if len(given) > 1:
             later = max(given[:2], key=lambda a: a.span.start)
             self.constraint_error(f"{given[0].name}= and {given[1].name}= cannot both "
@@ -123,6 +128,8 @@ class ArgChecker:
                 spec = self.lowered("json", value, schema, JsonFormat(closed=flag, formats=mode))
             return ir.JsonSchema(schema, closed.expr if closed is not None else None,
                                  formats.expr if formats is not None else None, lowered=spec)
+        if "tools" in args:
+            return self.tool_call(args["tools"].expr, closed, formats)
         if "grammar" in args:
             grammar = args["grammar"].expr
             spec = None
@@ -142,13 +149,37 @@ class ArgChecker:
             return ir.Regex(arg.expr, lowered=self.lowered("regex", arg.expr.value, arg.expr))
         return ir.Regex(arg.expr)
 
+    def tool_call(self, tools: ex.Expr, closed: ast.HoleArg | None,
+                  formats: ast.HoleArg | None) -> ir.ToolCall:
+        """A tools= hole: a literal list is read and its call schema lowered now
+        (qrun/constraint/tools.py), errors pointing at the item at fault."""
+        flag = literal(closed.expr) if closed is not None else False
+        mode = literal(formats.expr) if formats is not None else "assert"
+        value = literal(tools)
+        spec = None
+        if isinstance(flag, bool) and mode in FORMAT_MODES and isinstance(value, list):
+            spec = self.lowered("tools", value, tools, JsonFormat(closed=flag, formats=mode))
+        return ir.ToolCall(tools, closed.expr if closed is not None else None,
+                           formats.expr if formats is not None else None, lowered=spec)
+
+    def role_tools(self, tools: ex.Expr) -> None:
+        """A literal `{% system tools=[...] %}` list is read now (qrun/constraint/tools.py):
+        an error points at the item at fault."""
+        value = literal(tools)
+        if value is MISSING:
+            return
+        try:
+            read_tools(value)
+        except ToolsError as error:
+            self.constraint_error(str(error), pointed_span(tools, str(error)))
+
     def lowered(self, kind: str, value: Any, where: ex.Expr,
                 fmt: JsonFormat = FIXED) -> ConstraintSpec | None:
         """The spec of a literal constraint, or None after reporting why it has none: at the
         offending character of a regex written without escapes, at the line and column of a
         grammar, else at the whole literal."""
         try:
-            return lower(kind, value, fmt)
+            return lower_tools(value, fmt) if kind == "tools" else lower(kind, value, fmt)
         except LoweringError as error:
             notes = list(error.notes)
             if error.limit is not None:
@@ -159,6 +190,8 @@ class ArgChecker:
             return None
 
     def _error_span(self, error: LoweringError, where: ex.Expr) -> Span:
+        if isinstance(where, ex.ListExpr):  # a tools list: the item the pointer names
+            return pointed_span(where, error.message)
         span = where.span
         if not isinstance(where, ex.Const) or not isinstance(where.value, str):
             return span
@@ -254,6 +287,25 @@ def pattern_name(arg: ast.HoleArg) -> str | None:
     return None
 
 
+def pointed_span(node: ex.Expr, message: str) -> Span:
+    """The span of the part of a list or dict literal that the JSON pointer at the end of
+    `message` (`... (at /1/function/name)`) names, as deep as the literal spells it."""
+    found = re.search(r"\(at (/[^)]*)\)$", message)
+    for part in (found.group(1).split("/")[1:] if found else []):
+        key = part.replace("~1", "/").replace("~0", "~")
+        match node:
+            case ex.ListExpr(items=items) if key.isdigit() and int(key) < len(items):
+                node = items[int(key)]
+            case ex.DictExpr(items=pairs):
+                inner = next((v for k, v in pairs if literal(k) == key), None)
+                if inner is None:
+                    break
+                node = inner
+            case _:
+                break
+    return node.span
+
+
 def prefix(span: Span, length: int) -> Span:
     """The first `length` characters of a one-line span."""
     end = min(span.end, span.start + length)
@@ -328,6 +380,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
     "closed": lambda v: None if isinstance(v, bool) else "true or false",
     "formats": lambda v: None if v in FORMAT_MODES else '"assert", "known" or "annotation"',
+    "tools": lambda v: None if isinstance(v, list) else
+    "a list of tools (a list or a variable)",
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
     "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",

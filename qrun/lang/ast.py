@@ -145,11 +145,12 @@ class Set:
 @dataclass(frozen=True, slots=True)
 class Role:
     """`{% system %}`, `{% user %}` or `{% assistant %}` ... matching end tag; `span` is the
-    opening tag."""
+    opening tag; `args` its arguments (`{% system tools=TOOLS %}`), as written."""
 
     role: str
     body: tuple[Node, ...]
     span: Span
+    args: tuple[HoleArg, ...] = ()
 
 
 Node = Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include

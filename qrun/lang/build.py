@@ -55,6 +55,7 @@ class _Frame:
     span: Span
     targets: tuple[tuple[str, Span], ...] = ()  # a for loop's variables
     iterable: ex.Expr | None = None  # a for loop's iterable
+    args: tuple[ast.HoleArg, ...] = ()  # a role's arguments
     body: list[ast.Node] = field(default_factory=list)
     arms: list[ast.IfArm] = field(default_factory=list)
     orelse: list[ast.Node] | None = None
@@ -234,6 +235,9 @@ class _Builder:
             frame.targets = tuple((str(t), self.token_span(t)) for t in targets
                                   if isinstance(t, Token))
             frame.iterable = self.exprs.expr(iterable)
+        else:
+            frame.args = tuple(self.hole_arg(arg) for arg in body.children[1:]
+                               if isinstance(arg, Tree))
         self.stack.append(frame)
 
     def branch(self, body: Tree[Token], span: Span) -> None:
@@ -294,7 +298,7 @@ class _Builder:
             node = ast.For(tuple(n for n, _ in frame.targets), frame.iterable,
                            tuple(frame.body), frame.span, tuple(s for _, s in frame.targets))
         else:
-            node = ast.Role(frame.kind, tuple(frame.body), frame.span)
+            node = ast.Role(frame.kind, tuple(frame.body), frame.span, frame.args)
         self.add(node)
 
     def add(self, node: ast.Node) -> None:

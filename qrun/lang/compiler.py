@@ -14,7 +14,7 @@ from dataclasses import replace
 from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.args import ArgChecker, pattern_name
+from qrun.lang.args import ArgChecker, pattern_name, prefix
 from qrun.lang.build import MAX_ERRORS
 from qrun.lang.evaluate import LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards
@@ -224,8 +224,31 @@ class _Compiler:
             outer = ctx.role
             self.fail(f"'{{% {node.role} %}}' inside '{{% {outer.role} %}}': roles cannot nest",
                       node.span, f"the '{{% {outer.role} %}}' block starts at {outer.span}")
+        tools = self.role_tools(node, flow, ctx)
         body = self.body(node.body, flow, replace(ctx, role=node))
-        return ir.Role(node.role, body, node.span)
+        return ir.Role(node.role, body, node.span, tools)
+
+    def role_tools(self, node: ast.Role, flow: Flow, ctx: Context) -> ex.Expr | None:
+        """The `tools=` of `{% system tools=TOOLS %}` (docs/language.md §7.7), the one
+        argument a role takes; a literal list is checked now."""
+        tools: ex.Expr | None = None
+        for arg in node.args:
+            self.expr(arg.expr, flow, ctx)
+            name_span = prefix(arg.span, len(arg.name))
+            if arg.name != "tools":
+                self.fail(f"unknown argument '{arg.name}' for {node.role}", name_span,
+                          f"{node.role} accepts: tools" if node.role == "system" else
+                          "roles take no arguments; the system turn takes tools=")
+            elif node.role != "system":
+                self.fail(f"tools= is an argument of the system turn, not of {node.role}",
+                          name_span, "write {% system tools=TOOLS %}: the chat template "
+                          "renders the tools there")
+            elif tools is not None:
+                self.fail("argument 'tools' given twice", name_span)
+            else:
+                tools = arg.expr
+                self.args.role_tools(arg.expr)
+        return tools
 
     # ---- includes ----------------------------------------------------------------------------
 

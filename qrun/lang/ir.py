@@ -75,7 +75,23 @@ class Grammar:
     lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
 
 
-Constraint = Regex | JsonSchema | Grammar
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """The value is a call to one of `tools` (an expression giving a list of tools in OpenAI's
+    function format, qrun/constraint/tools.py): JSON `{"name": ..., "arguments": ...}` with a
+    name from the list and arguments valid under that tool's parameters, in the model's own
+    tool-call format where its chat template has one (runtime/tool_calls.py). Its value is the
+    dict `{"name": str, "arguments": dict}`. `closed` and `formats` read the parameters as
+    they read a json= schema (closed unless `closed` gives false)."""
+
+    tools: Expr
+    closed: Expr | None = None
+    formats: Expr | None = None
+    engine: str = LLGUIDANCE
+    lowered: ConstraintSpec | None = field(default=None, compare=False, repr=False)
+
+
+Constraint = Regex | JsonSchema | Grammar | ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +119,8 @@ class GenParams:
         match self.constraint:
             case Regex(pattern=pattern):
                 yield pattern
-            case JsonSchema(schema=schema, closed=closed, formats=formats):
+            case JsonSchema(schema=schema, closed=closed, formats=formats) | ToolCall(
+                    tools=schema, closed=closed, formats=formats):
                 yield schema
                 if closed is not None:
                     yield closed
@@ -211,11 +228,13 @@ class Set:
 @dataclass(frozen=True, slots=True)
 class Role:
     """A chat turn: `role` is "system", "user" or "assistant"; body is wrapped in the model's
-    chat-template markers."""
+    chat-template markers. `tools` (a system turn's, an expression giving a list of tools)
+    are rendered into the turn as the chat template renders them (runtime/tool_calls.py)."""
 
     role: str
     body: tuple[Op, ...]
     span: Span
+    tools: Expr | None = None
 
 
 Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
@@ -319,7 +338,10 @@ def exprs(op: Op) -> Iterator[Expr]:
             yield from (e for e in (options, temperature, normalize) if e is not None)
         case Gen(params=params):
             yield from params.exprs()
-        case EmitText() | Role() | Break() | Continue() | Include():
+        case Role(tools=tools):
+            if tools is not None:
+                yield tools
+        case EmitText() | Break() | Continue() | Include():
             pass
 
 
@@ -388,8 +410,9 @@ def _op(op: Op, depth: int) -> list[str]:
                     *_ops(body, depth + 1)]
         case Set(name=name, expr=value, span=span):
             return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]
-        case Role(role=role, body=body, span=span):
-            return [_line(depth, f"role {role}", span), *_ops(body, depth + 1)]
+        case Role(role=role, body=body, span=span, tools=tools):
+            head = f"role {role}" + (f" tools={ex.format_expr(tools)}" if tools is not None else "")
+            return [_line(depth, head, span), *_ops(body, depth + 1)]
         case _:
             assert_never(op)
 
@@ -430,8 +453,16 @@ def _gen(op: Gen) -> str:
                 parts.append(f"formats={ex.format_expr(formats)}")
         case Grammar(grammar=grammar):
             parts.append(f"grammar={ex.format_expr(grammar)}")
+        case ToolCall(tools=tools, closed=closed, formats=formats):
+            parts.append(f"tools={ex.format_expr(tools)}")
+            if closed is not None:
+                parts.append(f"closed={ex.format_expr(closed)}")
+            if formats is not None:
+                parts.append(f"formats={ex.format_expr(formats)}")
     if params.constraint is not None:
         parts.append(f"[{params.constraint.engine}]")
+    if isinstance(params.constraint, ToolCall):
+        parts.append("-> {name, arguments}")
     for key in ("temperature", "top_p", "top_k", "seed", "heal", "keep_stop", "ends_at_text"):
         value = getattr(params, key)
         if value is not None:

@@ -17,6 +17,7 @@ from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
 from qrun.constraint.regex_index import IndexCache
 from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec, Cursor, LoweringError, lower
+from qrun.constraint.tools import DEFAULT_KEYS, CallKeys, lower_tools
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import evaluate
@@ -47,6 +48,8 @@ class ConstraintCompiler:
         """
         limits = budget.limits.constraints() if budget is not None else DEFAULT_LIMITS
         lowered = constraint.lowered
+        if isinstance(constraint, ir.ToolCall) and self.call_keys() != DEFAULT_KEYS:
+            lowered = None  # the compiler wrote the default call; this model writes its own
         if lowered is not None and (lowered.engine == DFA or lowered.limits == limits):
             return lowered  # the compiler's (a regex's size is no constraint limit's)
         match constraint:
@@ -55,8 +58,10 @@ class ConstraintCompiler:
             case ir.Regex(pattern=expr):
                 return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
                                 FIXED, limits)
-            case ir.JsonSchema(schema=expr, closed=closed_expr, formats=formats_expr):
-                closed = False
+            case ir.JsonSchema(schema=expr, closed=closed_expr, formats=formats_expr) | ir.ToolCall(
+                    tools=expr, closed=closed_expr, formats=formats_expr):
+                # A tool's arguments are closed unless the hole says otherwise (lang/args.py).
+                closed = isinstance(constraint, ir.ToolCall)
                 if closed_expr is not None:
                     closed = evaluate(closed_expr, scope, source, budget)
                     if not isinstance(closed, bool):
@@ -70,11 +75,20 @@ class ConstraintCompiler:
                             f'formats must be "assert", "known" or "annotation", got '
                             f"{formats!r}", formats_expr.span, source)
                 schema = evaluate(expr, scope, source, budget)
-                return _lowered("json", schema, expr, source,
-                                JsonFormat(closed=closed, formats=formats), limits)
+                fmt = JsonFormat(closed=closed, formats=formats)
+                if isinstance(constraint, ir.ToolCall):
+                    return _lowered("tools", schema, expr, source, fmt, limits,
+                                    self.call_keys())
+                return _lowered("json", schema, expr, source, fmt, limits)
             case ir.Grammar(grammar=expr):
                 return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source,
                                 FIXED, limits)
+
+    def call_keys(self) -> CallKeys:
+        """How this model writes a tool call's object: its chat template's keys, else the
+        default `{"name": ..., "arguments": ...}` (docs/language.md §7.7)."""
+        found = self.backend.tool_call_format()
+        return found.keys if found is not None else DEFAULT_KEYS
 
     def cursor(self, spec: ConstraintSpec, prefix: bytes = b"") -> Cursor:
         """A fresh cursor at the start of the constraint, which first requires the healed
@@ -98,11 +112,13 @@ class ConstraintCompiler:
 
 
 def _lowered(kind: str, value: Any, where: Expr, source: Source, fmt: JsonFormat,
-             limits: ConstraintLimits) -> ConstraintSpec:
+             limits: ConstraintLimits, keys: CallKeys = DEFAULT_KEYS) -> ConstraintSpec:
     """The spec of a value the template computed, its errors at the expression's span: a
     value of the wrong type is an evaluation error, one its engine refuses a constraint
     error."""
     try:
+        if kind == "tools":
+            return lower_tools(value, fmt, keys, limits)
         return lower(kind, value, fmt, limits)
     except LoweringError as error:
         kind_of_error = EvaluationError if error.wrong_type else ConstraintError

@@ -41,6 +41,13 @@ from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
 from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stats import Stats
+from qrun.runtime.tool_calls import (
+    Pieces,
+    call_format,
+    call_value,
+    checked_tools,
+    system_pieces,
+)
 from qrun.source import Source, Span
 
 
@@ -232,12 +239,22 @@ class Run:
             raise GenerationError(f"model '{self.backend.name}' was loaded without weights (a "
                                   "tokenizer only), so it cannot fill holes", op.span,
                                   self.program.source)
+        # A tool call in the model's own format: its chat template's text around the JSON
+        # (runtime/tool_calls.py), which is the template's text the model reads next.
+        call = call_format(self.backend, op)
+        if call is not None:
+            self._emit(call.prefix, special=True, op=op)
+            after = call.suffix or after
         with self._filling(op):
             request = self._gen_request(op, after)
             record = filler.fill(self.session, request, self._show)
+        if isinstance(op.params.constraint, ir.ToolCall):
+            record.value = call_value(record.value, self.constraints.call_keys())
         self.recorder.end_hole(constraint=record.constraint, value=record.value,
                                text=record.text, finish=record.finish, seconds=record.seconds)
         self._capture(op.name, record, op.in_loop)
+        if call is not None:
+            self._emit(call.suffix, special=True, op=op)
 
     def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params
@@ -429,18 +446,25 @@ class Run:
                 f"the '{op.role}' role needs a chat template, and model '{self.backend.name}' "
                 "has none", op.span, self.source,
                 notes=["write the turn markers as fixed text, or use a chat model"])
-        before, after = markers
-        self._emit(before, special=True, op=op)
+        before: Pieces = ((markers[0], True),)
+        after: Pieces = ((markers[1], True),)
+        if op.tools is not None:  # the tools' text is data: never control tokens
+            tools = checked_tools(self._eval(op.tools), op.tools.span, self.source)
+            before, after = system_pieces(self.backend, tools, markers)
+        for text, special in before:
+            self._emit(text, special=special, op=op)
+        follows = "".join(text for text, _ in after)
         try:
-            self._exec_block(op.body, after)
+            self._exec_block(op.body, follows)
         except _LoopControl:  # a break or continue inside the turn still ends the turn
             self._end_role(op, after)
             raise
         self._end_role(op, after)
 
-    def _end_role(self, op: ir.Role, after: str) -> None:
+    def _end_role(self, op: ir.Role, after: Pieces) -> None:
         self.budget.step(op.span)  # output from here on is reported at the role
-        self._emit(after, special=True, op=op)
+        for text, special in after:
+            self._emit(text, special=special, op=op)
 
 
 class _LoopControl(Exception):
@@ -468,6 +492,7 @@ def _text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | No
 
 def _constraint_span(op: ir.Gen) -> Span:
     match op.params.constraint:
-        case ir.Regex(pattern=expr) | ir.JsonSchema(schema=expr) | ir.Grammar(grammar=expr):
+        case ir.Regex(pattern=expr) | ir.JsonSchema(schema=expr) | ir.Grammar(grammar=expr) | \
+                ir.ToolCall(tools=expr):
             return expr.span
     return op.span

@@ -295,7 +295,7 @@ CASES = [
     ("json-and-grammar", '{{ gen a json={} grammar="start: \'a\'" }}', Constraint, 1, 18,
      "json= and grammar= cannot both", ""),
     ("closed-without-json", '{{ gen a regex="a" closed=true }}', Compile, 1, 20,
-     "closed= applies to json= holes only", ""),
+     "closed= applies to json= and tools= holes only", ""),
     ("closed-not-bool", '{{ gen a json={} closed="yes" }}', Compile, 1, 25,
      "closed must be true or false", ""),
     ("grammar-not-str", "{{ gen a grammar=3 }}", Constraint, 1, 18,

@@ -282,7 +282,7 @@ def test_an_unknown_format_is_a_compile_error_unless_formats_says_otherwise(
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('{{ gen v regex="a" formats="known" }}', "formats= applies to json= holes only"),
+    ('{{ gen v regex="a" formats="known" }}', "formats= applies to json= and tools= holes only"),
     ('{{ gen v json={"type": "string"} formats="loose" }}',
      'formats must be "assert", "known" or "annotation"'),
 ])
