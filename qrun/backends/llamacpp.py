@@ -254,17 +254,8 @@ class LlamaCppBackend(BackendDefaults):
 
     def _render(self, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> str:
-        # The environment transformers renders chat templates in (trim_blocks, lstrip_blocks,
-        # sandboxed); llama.cpp's own llama_chat_apply_template is not a Jinja engine.
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        # transformers' tojson: no HTML escaping, as the model saw in training
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        return env.from_string(self._chat_template()).render(
-            messages=messages, tools=tools, add_generation_prompt=False,
+        return render_chat(
+            self._chat_template(), messages, tools,
             bos_token=self.model.text(self.model.bos) if self.model.bos >= 0 else "",
             eos_token=self.model.text(self.model.eos) if self.model.eos >= 0 else "")
 
@@ -477,6 +468,23 @@ def load_llamacpp(name: str, gguf_path: str, cache_mb: int, weights: bool = True
         context = Context(model, cells, MAX_SEQUENCES, BATCH_TOKENS, llama_threads())
     return LlamaCppBackend(model, context, name, cache_mb, time.perf_counter() - started)
 
+
+
+def render_chat(template: str, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None, bos_token: str = "",
+                eos_token: str = "") -> str:
+    """A GGUF's chat template rendered as transformers renders chat templates (a sandboxed
+    Jinja with trim_blocks and lstrip_blocks, its `tojson` and `raise_exception`): llama.cpp's
+    own llama_chat_apply_template is not a Jinja engine."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template).render(
+        messages=messages, tools=tools, add_generation_prompt=False, bos_token=bos_token,
+        eos_token=eos_token)
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
