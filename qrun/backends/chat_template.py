@@ -1,8 +1,9 @@
 """What the runtime reads from a model's chat template (a Jinja text shipped with the model), in
 one place for every backend: a role's markers (docs/language.md §11), the model's own tool-call
-format, and a system turn with tools rendered in (§7.7). Each backend only renders messages
-(transformers' apply_chat_template, vLLM's tokenizer, or llama.cpp's GGUF template in a
-sandboxed Jinja): it passes its `Render`, and the probing here is the same for all."""
+format, and a system turn with tools rendered in (docs/language.md §7.7). Each backend only
+renders messages (transformers' apply_chat_template, vLLM's tokenizer, or llama.cpp's GGUF
+template in a sandboxed Jinja): it passes its `Render`, and the probing here is the same for
+all."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -146,3 +148,19 @@ def test_a_computed_tools_list_is_checked_when_the_hole_comes(
         qrun.Query(CALL).run(model=tiny, tools=[bad])
     with pytest.raises(EvaluationError, match="tools: a tool is an object"):
         qrun.Query("{% system tools=tools %}x{% endsystem %}").run(model=tiny, tools=["x"])
+
+
+def test_the_documented_example_runs_and_renders_as_documented(
+        tiny: TransformersBackend) -> None:
+    """docs/language.md §7.7: its template runs, and the system turn it shows is the one the
+    default rendering gives."""
+    docs = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text()
+    section = docs.split("### 7.7 Tool calls", 1)[1].split("\n## 8.", 1)[0]
+    template, rendered = re.findall(r"^```\n(.*?)^```", section, re.M | re.S)[:2]
+    result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=2, question="2+2?")
+    action = result.vars["action"]
+    assert action["name"] in ("search", "calc")
+    assert result.text.startswith(rendered.rstrip("\n"))
+    shown = (f"Searching for {action['arguments'].get('query')}..." if action["name"] ==
+             "search" else f"Computing {action['arguments'].get('expression')}...")
+    assert shown in result.text
