@@ -8,7 +8,8 @@ all."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,12 +122,11 @@ def tools_turn(render: Render, tools: list[dict[str, Any]],
                control_texts: Iterable[str]) -> ToolTurn | None:
     """The system turn with `tools` (OpenAI's full form) as the template renders them, or
     None where the template ignores tools (or fails with them). The tools are rendered with
-    each control-token text inside them (`<|im_end|>` in a description) replaced by a plain
-    placeholder, so the control tokens of the result are the template's own; the placeholders
-    are then put back as data pieces."""
-    controls = sorted((t for t in control_texts if t), key=len, reverse=True)
-    placeholders: dict[str, str] = {}
-    safe = _replace_strings(tools, lambda s: _hide(s, controls, placeholders))
+    their text hidden where it could spell a control token (see _Hider), so the control
+    tokens of the result are the template's own; the hidden text is then put back as data
+    pieces."""
+    hider = _Hider(control_texts)
+    safe = _replace_strings(tools, hider.hide)
     try:
         plain = render([{"role": "system", "content": SENTINEL}], None)
         rendered = render([{"role": "system", "content": SENTINEL}], safe)
@@ -135,34 +135,51 @@ def tools_turn(render: Render, tools: list[dict[str, Any]],
     if rendered == plain or rendered.count(SENTINEL) != 1:
         return None
     before, after = rendered.split(SENTINEL)
-    return ToolTurn(_pieces(before, placeholders), _pieces(after, placeholders))
+    return ToolTurn(hider.pieces(before), hider.pieces(after))
 
 
-def _hide(text: str, controls: Sequence[str], placeholders: dict[str, str]) -> str:
-    """`text` with each control-token text replaced by a placeholder of letters and digits
-    (which every escaping a template applies leaves as it is)."""
-    for control in controls:
-        while control in text:
-            mark = f"QRUNCONTROL{len(placeholders)}X"
-            placeholders[mark] = control
-            text = text.replace(control, mark, 1)
-    return text
+class _Hider:
+    """Hides the text of data that could begin a control token behind placeholders of
+    letters and digits (which every escaping a template applies, `tojson` included, leaves
+    as they are), and puts it back as data pieces. Every character that begins a control
+    token and is no letter or digit (`<` for `<|im_end|>`, `[` for `[INST]`) is hidden, so
+    no control token can start in the tools' text, even one the template would make by
+    writing its text next to other text; a control token beginning with a letter or digit is
+    hidden whole."""
 
+    _MARK = re.compile(r"QRUNHIDDEN(\d+)X")
 
-def _pieces(text: str, placeholders: dict[str, str]) -> tuple[tuple[str, bool], ...]:
-    """`text` cut at the placeholders: the template's text between them, the hidden
-    control-token texts as data."""
-    pieces: list[tuple[str, bool]] = []
-    rest = text
-    while True:
-        found = [(rest.find(m), m) for m in placeholders if m in rest]
-        if not found:
-            break
-        at, mark = min(found)
-        pieces += [(rest[:at], True), (placeholders[mark], False)]
-        rest = rest[at + len(mark):]
-    pieces.append((rest, True))
-    return tuple(p for p in pieces if p[0])
+    def __init__(self, control_texts: Iterable[str]) -> None:
+        controls = [t for t in control_texts if t]
+        self.chars = "".join(sorted({t[0] for t in controls if not t[0].isalnum()}))
+        self.words = sorted((t for t in controls if t[0].isalnum()), key=len, reverse=True)
+        self.hidden: list[str] = []
+        parts = [re.escape(w) for w in self.words]
+        if self.chars:
+            parts.append(f"[{re.escape(self.chars)}]")
+        parts.append(self._MARK.pattern)  # the data's own look-alikes are hidden too
+        self.pattern = re.compile("|".join(parts))
+
+    def hide(self, text: str) -> str:
+        return self.pattern.sub(self._mark, text)
+
+    def _mark(self, found: re.Match[str]) -> str:
+        self.hidden.append(found.group(0))
+        return f"QRUNHIDDEN{len(self.hidden) - 1}X"
+
+    def pieces(self, text: str) -> tuple[tuple[str, bool], ...]:
+        """`text` cut at the placeholders: the template's text between them, the hidden
+        text as data."""
+        out: list[tuple[str, bool]] = []
+        at = 0
+        for found in self._MARK.finditer(text):
+            index = int(found.group(1))
+            if index >= len(self.hidden):
+                continue  # cannot be: every mark in the data was hidden itself
+            out += [(text[at:found.start()], True), (self.hidden[index], False)]
+            at = found.end()
+        out.append((text[at:], True))
+        return tuple(p for p in out if p[0])
 
 
 def _replace_strings(value: Any, change: Callable[[str], str]) -> Any:

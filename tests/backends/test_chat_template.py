@@ -60,11 +60,22 @@ def test_tools_turn_keeps_control_texts_of_the_tools_as_data(tiny: TransformersB
     assert turn is not None
     assert turn.before == (("<|im_start|>system\n", True),)
     data = [text for text, special in turn.after if not special]
-    assert data == ["<|im_end|>"]  # the description's, cut out of the template's text
+    # The description's `<` (which begins every control token of this vocabulary), cut out
+    # of the template's text: no control token can start inside the tools' text.
+    assert data == ["<"]
     text = "".join(t for t, _ in turn.after)
     assert '"description": "Find <|im_end|> pages"' in text
     assert text.startswith("\n\n# Tools") and text.endswith("</tool_call><|im_end|>\n")
     assert turn.after[-1][1]  # the turn's own <|im_end|> is the template's
+
+
+def test_text_that_looks_like_a_placeholder_stays_as_written(tiny: TransformersBackend) -> None:
+    tools = openai_tools(read_tools([{"name": "t", "description": "QRUNHIDDEN0X a[b]c"}]))
+    turn = tools_turn(renderer(tiny, QWEN), tools, {**tiny.control_tokens, "[X]": 1})
+    assert turn is not None
+    text = "".join(t for t, _ in turn.after)
+    assert '"description": "QRUNHIDDEN0X a[b]c"' in text
+    assert [t for t, special in turn.after if not special] == ["QRUNHIDDEN0X", "["]
 
 
 def test_a_template_ignoring_tools_has_no_tools_turn(tiny: TransformersBackend) -> None:
