@@ -1,0 +1,337 @@
+"""Calls a template makes besides the stdlib (docs/language.md §21-§22): its macros, the host
+functions its caller registered (qrun/functions.py), and run_tool. lang/evaluate.py reaches
+them through the Calls protocol; the executor runs a macro inline when its call is the whole
+of a `{{ }}` (CallRunner.inline).
+
+A host call's arguments and result are checked as plain data (lang/inputs.py), a failure
+becomes an EvaluationError at the call, and every call is recorded (trace and Stats). Sync
+functions run on a worker thread when a timeout applies (a thread cannot be stopped: one that
+times out is left to finish in the background); async ones on a private event loop in its own
+thread, so a call works whether or not the caller runs an event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from qrun.errors import EvaluationError, PositionedError, UsageError
+from qrun.functions import Functions, HostFunction
+from qrun.lang import expr as ex
+from qrun.lang import ir
+from qrun.lang.compiler import RUN_TOOL
+from qrun.lang.evaluate import evaluate
+from qrun.lang.expr import Expr
+from qrun.lang.functions import text_of
+from qrun.lang.inputs import plain_inputs
+from qrun.limits import Budget
+from qrun.runtime.recorder import Recorder
+from qrun.runtime.session import Session
+from qrun.runtime.stats import Stats
+from qrun.source import Source, Span
+
+
+class Run(Protocol):
+    """What calls need of the run making them (runtime/executor.py Run)."""
+
+    program: ir.Program
+    scope: dict[str, Any]
+    source: Source
+    budget: Budget
+    stats: Stats
+    recorder: Recorder
+    session: Session
+    pieces: list[str]
+    quiet: int
+    on_text: Callable[[str], None] | None
+
+    def _flush_text(self) -> None: ...
+
+    def _eval(self, expr: Expr) -> Any: ...
+
+    def _emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None: ...
+
+    def enter_scope(self, scope: dict[str, Any], source: Source) -> tuple[Any, ...]: ...
+
+    def leave_scope(self, saved: tuple[Any, ...]) -> None: ...
+
+    def exec_body(self, ops: Sequence[ir.Op]) -> None: ...
+
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="qrun-host")
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The private event loop async host functions run on (started on first use)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="qrun-host-loop",
+                             daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
+def invoke(function: HostFunction, args: list[Any], kwargs: dict[str, Any],
+           timeout: float | None) -> Any:
+    """`function(*args, **kwargs)`, awaited when async, within `timeout` seconds.
+
+    Raises:
+        TimeoutError: it took longer.
+        Exception: whatever the function raised.
+    """
+    if function.is_async:
+        coroutine: Coroutine[Any, Any, Any] = function.function(*args, **kwargs)
+        future = asyncio.run_coroutine_threadsafe(coroutine, _event_loop())
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError from None
+    if timeout is None:
+        return function.function(*args, **kwargs)
+    pending = _POOL.submit(function.function, *args, **kwargs)
+    try:
+        return pending.result(timeout)
+    except concurrent.futures.TimeoutError:
+        pending.cancel()
+        raise TimeoutError from None
+
+
+class _Return(Exception):
+    """`{% return %}` on its way out of the macro it ends."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
+class CallRunner:
+    """The Calls of one run (lang/evaluate.py): macros of `run.program`, the host functions
+    of `functions`, and run_tool."""
+
+    def __init__(self, run: Run, functions: Functions | None) -> None:
+        self.run = run
+        self.functions = functions if functions is not None else Functions()
+        self.macros = run.program.macros
+        self.depth = 0
+        # A macro sees the inputs and the top-level `set`s (docs/language.md §21).
+        self.globals = {*run.program.inputs, *run.program.optional_inputs,
+                        *(op.name for op in run.program.ops if isinstance(op, ir.Set))}
+
+    def check(self) -> None:
+        """Before any model work: the registry has every host function the program calls
+        (it may have been compiled with another).
+
+        Raises:
+            EvaluationError: at the first call of a function not registered.
+        """
+        for name, span in self.run.program.host_calls.items():
+            if name != RUN_TOOL and name not in self.functions:
+                raise EvaluationError(f"no host function '{name}' is registered for this run",
+                                      span, self.run.program.source)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.macros or name in self.functions or name == RUN_TOOL
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
+        if name in self.macros:
+            with hidden(self.run) as taken:
+                value = self.macro(self.macros[name], args, kwargs, span)
+            return taken.text if value is _NO_RETURN else value
+        if name == RUN_TOOL:
+            return self.run_tool(args, kwargs, span)
+        return self.host(self.functions[name], args, kwargs, span)
+
+    # ---- macros --------------------------------------------------------------------------------
+
+    def inline(self, call: ir.EmitValue) -> bool:
+        """Run `{{ macro(...) }}` in the current context (its text and tokens stay, and are
+        streamed), then emit its `return` value, if any. False when `call` is not a macro
+        call (the executor evaluates it as any value)."""
+        expr = call.expr
+        if not isinstance(expr, ex.Call) or expr.func not in self.macros:
+            return False
+        run = self.run
+        args = [run._eval(arg) for arg in expr.args]
+        kwargs = {name: run._eval(value) for name, value in expr.kwargs}
+        value = self.macro(self.macros[expr.func], args, kwargs, expr.span)
+        if value is not _NO_RETURN:
+            run._emit(text_of(value), op=call)
+        return True
+
+    def macro(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span
+              ) -> Any:
+        """Run `macro`'s body with its own scope and captures; its `return` value, or
+        _NO_RETURN. Errors inside get a note naming the call."""
+        run = self.run
+        call_source = run.source
+        if self.depth >= run.budget.limits.call_depth:
+            raise EvaluationError(
+                f"macro calls nested more than {run.budget.limits.call_depth} deep", span,
+                call_source, ["raise the limit with run(..., limits=qrun.Limits(call_depth=...))"
+                              " (docs/language.md §14.9)"])
+        run.budget.step(span)
+        scope: dict[str, Any] = {k: run.scope[k] for k in self.globals if k in run.scope}
+        scope.update(self.bind(macro, args, kwargs, span, scope))
+        saved = run.enter_scope(scope, run.program.source)
+        self.depth += 1
+        try:
+            run.exec_body(macro.body)
+        except _Return as returned:
+            return returned.value
+        except PositionedError as err:
+            where = f"in macro '{macro.name}' called at {call_source.name}:{span}"
+            raise _with_note(err, where) from None
+        finally:
+            self.depth -= 1
+            run.leave_scope(saved)
+        return _NO_RETURN
+
+    def bind(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span,
+             scope: dict[str, Any]) -> dict[str, Any]:
+        names = [p.name for p in macro.params]
+        if len(args) > len(names):
+            raise EvaluationError(f"{macro.name}() takes {len(names)} arguments, got "
+                                  f"{len(args)}", span, self.run.source)
+        bound = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names or name in bound:
+                raise EvaluationError(f"{macro.name}() got an unexpected argument '{name}'",
+                                      span, self.run.source)
+            bound[name] = value
+        for param in macro.params:
+            if param.name in bound:
+                continue
+            if param.default is None:
+                raise EvaluationError(f"{macro.name}() is missing argument '{param.name}'",
+                                      span, self.run.source)
+            bound[param.name] = evaluate(param.default, {**scope, **bound},
+                                         self.run.program.source, self.run.budget, self)
+        return bound
+
+    def returned(self, value: Any) -> None:
+        raise _Return(value)
+
+    # ---- host functions ------------------------------------------------------------------------
+
+    def run_tool(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
+        source = self.run.source
+        call = args[0] if args else kwargs.get("call")
+        if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+            raise EvaluationError("run_tool() takes a tool call {\"name\": ..., \"arguments\": "
+                                  "{...}}", span, source)
+        name, arguments = call["name"], call.get("arguments", {})
+        if not isinstance(arguments, Mapping):
+            raise EvaluationError(f"run_tool(): the arguments of '{name}' must be a dict",
+                                  span, source)
+        function = self.functions.get(name)
+        if function is None:
+            listed = ", ".join(self.functions) or "none"
+            raise EvaluationError(f"run_tool(): no host function named '{name}' "
+                                  f"(registered: {listed})", span, source)
+        return self.host(function, [], dict(arguments), span)
+
+    def host(self, function: HostFunction, args: list[Any], kwargs: dict[str, Any],
+             span: Span) -> Any:
+        run = self.run
+        source = run.source
+        name = function.name
+        try:
+            plain = plain_inputs({f"{name}() argument {i + 1}": v for i, v in enumerate(args)}
+                                 | {f"{name}() argument '{k}'": v for k, v in kwargs.items()})
+        except UsageError as err:
+            raise EvaluationError(str(err).removeprefix("input "), span, source) from None
+        args, kwargs = list(plain.values())[:len(args)], dict(zip(
+            kwargs, list(plain.values())[len(args):], strict=True))
+        refused = function.signature.check(name, len(args), tuple(kwargs))
+        if refused is not None:
+            raise EvaluationError(refused, span, source)
+        timeout = run.budget.limits.call_timeout_s
+        started = time.perf_counter()
+        error: str | None = None
+        result: Any = None
+        try:
+            result = invoke(function, args, kwargs, timeout)
+            result = plain_inputs({"result": result})["result"]
+        except TimeoutError:
+            error = f"{name}() took longer than {timeout:g}s"
+        except UsageError as err:
+            error = f"{name}() returned a value that is not plain data: " + \
+                str(err).removeprefix("input 'result'").lstrip(": ")
+        except Exception as exc:  # noqa: BLE001 - the caller's function failing is the error
+            error = f"{name}() failed: {type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - started
+        run.stats.host_calls += 1
+        run.stats.host_s += seconds
+        run.recorder.host_call(name, args, kwargs, result, error, seconds, span.line,
+                               span.column)
+        if error is not None:
+            raise EvaluationError(error, span, source)
+        return result
+
+
+_NO_RETURN: Any = object()
+
+
+class Mark:
+    """A point of the run to come back to: the context's length and the result's pieces when
+    it was made. Text emitted after it is held back from the stream (the run is `quiet`)
+    until release() shows it, or take_back() drops it from the session (the KV cache cropped,
+    nothing re-encoded), the result text and the stream. Captures made since stay."""
+
+    def __init__(self, run: Run) -> None:
+        run._flush_text()
+        self.run = run
+        self.length, self.pieces = len(run.session.token_ids), len(run.pieces)
+        run.quiet += 1
+
+    def text(self) -> str:
+        """The text emitted since the mark."""
+        return "".join(self.run.pieces[self.pieces:])
+
+    def release(self) -> None:
+        """Keep what came since; stream it now unless an enclosing mark holds it."""
+        run = self.run
+        run.quiet -= 1
+        if not run.quiet and run.on_text is not None:
+            for piece in run.pieces[self.pieces:]:
+                if piece:
+                    run.on_text(piece)
+
+    def take_back(self) -> str:
+        """Drop what came since; returns its text."""
+        run = self.run
+        run.quiet -= 1
+        text = self.text()
+        del run.pieces[self.pieces:]
+        run.session.take_back(self.length)
+        return text
+
+
+class Taken:
+    """The text a hidden stretch emitted (set when it ends)."""
+
+    text = ""
+
+
+@contextmanager
+def hidden(run: Run) -> Iterator[Taken]:
+    """Run the body in the current context, then take its text back (Mark.take_back), also
+    when it fails."""
+    taken = Taken()
+    mark = Mark(run)
+    try:
+        yield taken
+    finally:
+        taken.text = mark.take_back()
+
+
+def _with_note(err: PositionedError, note: str) -> PositionedError:
+    return type(err)(err.message, err.span, err.source, [*err.notes, note])
