@@ -259,8 +259,8 @@ class _Compiler:
         seen: set[str] = set()
         flow = Flow()
         for param in node.params:
-            if param.default is not None:
-                self.expr(param.default, flow, Context())
+            if param.default is not None:  # it may use the parameters before it
+                self.expr(param.default, flow, Context(locals=frozenset(seen)))
             elif params and params[-1].default is not None:
                 self.fail(f"parameter '{param.name}' without a default after one with a "
                           "default", param.span)

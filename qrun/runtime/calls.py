@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from qrun.errors import EvaluationError, PositionedError, UsageError
+from qrun.errors import EvaluationError, LimitError, PositionedError, UsageError
 from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
@@ -173,7 +173,7 @@ class CallRunner:
         run = self.run
         call_source = run.source
         if self.depth >= run.budget.limits.call_depth:
-            raise EvaluationError(
+            raise LimitError(
                 f"macro calls nested more than {run.budget.limits.call_depth} deep", span,
                 call_source, ["raise the limit with run(..., limits=qrun.Limits(call_depth=...))"
                               " (docs/language.md §14.9)"])
@@ -333,5 +333,14 @@ def hidden(run: Run) -> Iterator[Taken]:
         taken.text = mark.take_back()
 
 
+MAX_CALL_NOTES = 5
+"""An error inside nested calls names at most this many calls (the innermost first)."""
+
+
 def _with_note(err: PositionedError, note: str) -> PositionedError:
+    """`err` with `note` added, unless it repeats the last note (a recursive call from the
+    same place) or the error names MAX_CALL_NOTES calls already."""
+    called = [n for n in err.notes if n.startswith("in macro ")]
+    if (called and called[-1] == note) or len(called) >= MAX_CALL_NOTES:
+        return err
     return type(err)(err.message, err.span, err.source, [*err.notes, note])
