@@ -275,3 +275,16 @@ def test_run_many_calls_host_functions_in_each_run(model: TransformersBackend) -
     results = query.run_many([{"n": 1}, {"n": 2}, {"n": 3}], model=model, batch_size=2)
     assert [r.text.split(":")[0] for r in results if isinstance(r, qrun.Result)] == \
         ["2", "3", "4"]
+
+
+def test_the_trace_shows_each_call(model: TransformersBackend) -> None:
+    from qrun.trace import to_json, validate
+
+    r = run(model, '{{ add(1) }}{% try %}{{ boom() }}{% except %}x{% endtry %}', registry())
+    trace = r.trace()
+    validate(trace)
+    assert [(c["name"], c["result"], c["error"]) for c in trace["calls"]] == [
+        ("add", 2, None), ("boom", None, "boom() failed: ValueError: nope")]
+    assert '"calls": [{"name": "add"' in to_json(trace)
+    page = r.to_html()
+    assert "<h2>Host calls</h2>" in page and "boom() failed: ValueError: nope" in page
