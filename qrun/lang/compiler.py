@@ -30,6 +30,8 @@ from qrun.source import Source, Span
 PathLike = str | os.PathLike[str]
 Signatures = Mapping[str, Signature]
 """The host functions a template may call, by name (qrun/functions.py Functions.signatures)."""
+CALL = "call"
+"""The builtin that runs another template file: call("file.tmpl", name=value, ...)."""
 RUN_TOOL = "run_tool"
 """The builtin that runs a tool call `{name, arguments}` with the host function it names."""
 _HOST_NOTE = ("a host function is known only when registered: Query(text, functions=...), "
@@ -91,21 +93,10 @@ def compile_template(template: ast.Template, source: Source, includes: Includes 
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
     """
     compiler = _Compiler(source, template, includes or Includes(None), functions or {})
-    options, model, declared = compiler.args.front_matter(template.front_matter,
-                                                          compiler.check_new_name)
-    compiler.declared = declared
-    try:
-        ops = compiler.body(template.body, Flow(), Context(), top=True)
-    except _TooManyErrors:
-        ops = ()
+    program = compiler.program(template)
     if compiler.errors:
         raise TemplateErrors(compiler.errors[:MAX_ERRORS])
-    names = declared if declared is not None else tuple(compiler.free)
-    optional = tuple(n for n in names if n in compiler.safe_uses and n not in compiler.required)
-    spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in names}
-    return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
-                      tuple(compiler.captures), options, model, source, spans, optional,
-                      find_warnings(ops, source), compiler.macros, compiler.host_calls)
+    return program
 
 
 class _TooManyErrors(Exception):
@@ -114,7 +105,8 @@ class _TooManyErrors(Exception):
 
 class _Compiler:
     def __init__(self, source: Source, template: ast.Template, includes: Includes,
-                 functions: Signatures) -> None:
+                 functions: Signatures, called: dict[tuple[str, str], ir.Program] | None = None
+                 ) -> None:
         self.source = source
         self.errors: list[TemplateError] = []
         self.declared: tuple[str, ...] | None = None
@@ -127,7 +119,11 @@ class _Compiler:
         self.sets = _first_spans(template.body, ast.Set)
         self.args = ArgChecker(source, self.errors)
         self.includes = includes
-        self.includes.start(source)
+        # The template files `call()` runs, by (calling file, name as written), shared with
+        # the compiles of those files (runtime/calls.py finds a call's program there).
+        self.called: dict[tuple[str, str], ir.Program] = {} if called is None else called
+        if called is None:  # the top template (a called file's compile is inside its)
+            self.includes.start(source)
         self.site: Span | None = None  # the outermost include tag, inside an included file
         self.host = dict(functions)
         self.host_calls: dict[str, Span] = {}  # host functions called, at their first call
@@ -135,6 +131,23 @@ class _Compiler:
         self.macro_nodes = {node.name: node for node in template.body
                             if isinstance(node, ast.Macro)}
         self.macros: dict[str, ir.Macro] = {}
+
+    def program(self, template: ast.Template) -> ir.Program:
+        """The whole template, checked and lowered (what it holds even with errors)."""
+        options, model, declared = self.args.front_matter(template.front_matter,
+                                                          self.check_new_name)
+        self.declared = declared
+        try:
+            ops = self.body(template.body, Flow(), Context(), top=True)
+        except _TooManyErrors:
+            ops = ()
+        names = declared if declared is not None else tuple(self.free)
+        optional = tuple(n for n in names if n in self.safe_uses and n not in self.required)
+        spans = {name: self.first_use.get(name) or self.declared_at[name] for name in names}
+        warnings = find_warnings(ops, self.source) if not self.errors else ()
+        return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
+                          tuple(self.captures), options, model, self.source, spans, optional,
+                          warnings, self.macros, self.host_calls, self.called)
 
     @property
     def declared_at(self) -> dict[str, Span]:
@@ -248,7 +261,7 @@ class _Compiler:
                       "template)")
             return None
         self.check_new_name(node.name, node.name_span, "macro")
-        if node.name in FUNCTIONS or node.name in (RUN_TOOL, *self.host):
+        if node.name in FUNCTIONS or node.name in (RUN_TOOL, CALL, *self.host):
             what = "a host function" if node.name in self.host else "a builtin function"
             self.fail(f"macro '{node.name}' has the name of {what}", node.name_span)
         first = self.macro_nodes.get(node.name)
@@ -362,10 +375,10 @@ class _Compiler:
             self.source = self.args.source = outer
             self.site = outer_site
 
-    def note_included(self, first_error: int, tag: Span) -> None:
+    def note_included(self, first_error: int, tag: Span, how: str = "included") -> None:
         """Errors from `first_error` on that lie in another file get a note naming the tag
-        (in self.source) that includes it."""
-        where = f"included from {self.source.name}:{tag}"
+        (in self.source) that includes (or calls) it."""
+        where = f"{how} from {self.source.name}:{tag}"
         for index in range(first_error, len(self.errors)):
             err = self.errors[index]
             if err.source is not self.source:
@@ -524,6 +537,10 @@ class _Compiler:
                 return
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
+            case ex.Call(func="call", args=args, kwargs=kwargs, span=span) \
+                    if CALL not in self.macro_nodes:
+                self.call_file(args, kwargs, span)
+                kids = [value for _, value in kwargs]
             case ex.Call(func=func, args=args, kwargs=kwargs, span=span):
                 self.function(func, len(args), kwargs, span)
                 if func == "default" and kids:  # default(x, ...): x may be undefined
@@ -591,6 +608,49 @@ class _Compiler:
             refused = keyword_error(func, name)
             if refused is not None:
                 self.fail(refused, span)
+
+    def call_file(self, args: tuple[ex.Expr, ...], kwargs: tuple[tuple[str, ex.Expr], ...],
+                  span: Span) -> None:
+        """`call("file.tmpl", name=value, ...)`: the file is found as `{% include %}` finds
+        one (lang/include.py: relative to the calling file, inside the include folder) and
+        compiled now, as a template of its own whose inputs the keyword arguments give."""
+        first = args[0] if args else None
+        if not isinstance(first, ex.Const) or not isinstance(first.value, str) or len(args) > 1:
+            self.fail("call() takes the template file's name as a string literal, then its "
+                      "inputs by name", span, 'e.g. call("summary.tmpl", text=doc)')
+            return
+        key = (self.source.name, first.value)
+        program = self.called.get(key)
+        if program is None:
+            first_error = len(self.errors)
+            loaded = self.includes.load(ast.Include(first, span), self.source)
+            if isinstance(loaded, list):
+                self.errors.extend(loaded)
+                self.note_included(first_error, span, "called")
+                return
+            _, source, template = loaded
+            inner = _Compiler(source, template, self.includes, self.host, self.called)
+            with self.includes.entered(source, span):
+                program = inner.program(template)
+            self.errors.extend(inner.errors)
+            self.note_included(first_error, span, "called")
+            if inner.errors:
+                return
+            self.called[key] = program
+            for name in program.captures:
+                if name not in self.captures:  # a run that calls holes needs the model
+                    self.captures.append(name)
+        given = [name for name, _ in kwargs]
+        missing = [name for name in program.inputs if name not in given]
+        if missing:
+            self.fail(f"call({ex.literal_text(first.value)}) is missing input"
+                      f"{'s' if len(missing) > 1 else ''} " + ", ".join(map(repr, missing)),
+                      span)
+        known = {*program.inputs, *program.optional_inputs}
+        for name in given:
+            if name not in known:
+                self.fail(f"{first.value} has no input '{name}'", span,
+                          "its inputs: " + (", ".join(sorted(known)) or "none"))
 
     def signature(self, func: str) -> Signature | None:
         """How a macro, a host function or run_tool is called (None for other names)."""

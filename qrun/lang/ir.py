@@ -295,6 +295,8 @@ class Program:
     # (a run checks the registry it is given has them: runtime/calls.py).
     macros: Mapping[str, Macro] = field(default_factory=dict, compare=False)
     host_calls: Mapping[str, Span] = field(default_factory=dict, compare=False)
+    # The template files `call()` runs: (calling file's name, name as written) -> program.
+    called: Mapping[tuple[str, str], Program] = field(default_factory=dict, compare=False)
 
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs the template reads (the optional ones that are given), as plain data

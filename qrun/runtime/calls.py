@@ -19,11 +19,11 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from qrun.errors import EvaluationError, LimitError, PositionedError, UsageError
+from qrun.errors import EvaluationError, LimitError, PositionedError, QrunError, UsageError
 from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
-from qrun.lang.compiler import RUN_TOOL
+from qrun.lang.compiler import CALL, RUN_TOOL
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
 from qrun.lang.functions import text_of
@@ -119,11 +119,20 @@ class CallRunner:
     def __init__(self, run: Run, functions: Functions | None) -> None:
         self.run = run
         self.functions = functions if functions is not None else Functions()
-        self.macros = run.program.macros
         self.depth = 0
-        # A macro sees the inputs and the top-level `set`s (docs/language.md §21).
-        self.globals = {*run.program.inputs, *run.program.optional_inputs,
-                        *(op.name for op in run.program.ops if isinstance(op, ir.Set))}
+        # The program whose ops run now: the run's, or a file's that call() runs.
+        self.programs = [run.program]
+
+    @property
+    def macros(self) -> Mapping[str, ir.Macro]:
+        return self.programs[-1].macros
+
+    def globals(self) -> set[str]:
+        """What a macro sees of its program: the inputs and top-level `set`s
+        (docs/language.md §21.1)."""
+        program = self.programs[-1]
+        return {*program.inputs, *program.optional_inputs,
+                *(op.name for op in program.ops if isinstance(op, ir.Set))}
 
     def check(self) -> None:
         """Before any model work: the registry has every host function the program calls
@@ -138,13 +147,18 @@ class CallRunner:
                                       span, self.run.program.source)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.macros or name in self.functions or name == RUN_TOOL
+        return (name in self.macros or name in self.functions or name == RUN_TOOL
+                or name == CALL)
 
     def call(self, name: str, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         if name in self.macros:
             with hidden(self.run) as taken:
                 value = self.macro(self.macros[name], args, kwargs, span)
             return taken.text if value is _NO_RETURN else value
+        if name == CALL:
+            with hidden(self.run) as taken:
+                self.call_file(args, kwargs, span)
+            return taken.text
         if name == RUN_TOOL:
             return self.run_tool(args, kwargs, span)
         return self.host(self.functions[name], args, kwargs, span)
@@ -156,11 +170,15 @@ class CallRunner:
         streamed), then emit its `return` value, if any. False when `call` is not a macro
         call (the executor evaluates it as any value)."""
         expr = call.expr
-        if not isinstance(expr, ex.Call) or expr.func not in self.macros:
+        if not isinstance(expr, ex.Call) or (expr.func not in self.macros
+                                             and expr.func != CALL):
             return False
         run = self.run
         args = [run._eval(arg) for arg in expr.args]
         kwargs = {name: run._eval(value) for name, value in expr.kwargs}
+        if expr.func not in self.macros:
+            self.call_file(args, kwargs, expr.span)
+            return True
         value = self.macro(self.macros[expr.func], args, kwargs, expr.span)
         if value is not _NO_RETURN:
             run._emit(text_of(value), op=call)
@@ -172,15 +190,11 @@ class CallRunner:
         _NO_RETURN. Errors inside get a note naming the call."""
         run = self.run
         call_source = run.source
-        if self.depth >= run.budget.limits.call_depth:
-            raise LimitError(
-                f"macro calls nested more than {run.budget.limits.call_depth} deep", span,
-                call_source, ["raise the limit with run(..., limits=qrun.Limits(call_depth=...))"
-                              " (docs/language.md §14.9)"])
-        run.budget.step(span)
-        scope: dict[str, Any] = {k: run.scope[k] for k in self.globals if k in run.scope}
+        self.check_depth(span)
+        globals_ = self.globals()
+        scope: dict[str, Any] = {k: run.scope[k] for k in globals_ if k in run.scope}
         scope.update(self.bind(macro, args, kwargs, span, scope))
-        saved = run.enter_scope(scope, run.program.source)
+        saved = run.enter_scope(scope, self.programs[-1].source)
         self.depth += 1
         try:
             run.exec_body(macro.body)
@@ -193,6 +207,46 @@ class CallRunner:
             self.depth -= 1
             run.leave_scope(saved)
         return _NO_RETURN
+
+    def check_depth(self, span: Span) -> None:
+        run = self.run
+        if self.depth >= run.budget.limits.call_depth:
+            raise LimitError(
+                f"calls nested more than {run.budget.limits.call_depth} deep", span,
+                run.source, ["raise the limit with run(..., limits=qrun.Limits(call_depth=...))"
+                             " (docs/language.md §14.9)"])
+        run.budget.step(span)
+
+    def call_file(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> None:
+        """`call("file.tmpl", name=value, ...)`: run the file's program (compiled with the
+        calling template: lang/compiler.py) with the keyword arguments as its inputs, in the
+        current context; its captures are its own."""
+        run = self.run
+        call_source = run.source
+        name = args[0] if args else None
+        program = run.program.called.get((call_source.name, name)) \
+            if isinstance(name, str) else None
+        if program is None or len(args) != 1:
+            raise EvaluationError("call() runs a template file named by a string literal, "
+                                  "with its inputs by name", span, call_source)
+        self.check_depth(span)
+        try:
+            inputs = program.check_inputs(kwargs)
+        except QrunError as err:
+            message = err.message if isinstance(err, PositionedError) else str(err)
+            raise EvaluationError(f"call({name!r}): {message}", span, call_source) from None
+        saved = run.enter_scope(dict(inputs), program.source)
+        self.programs.append(program)
+        self.depth += 1
+        try:
+            run.exec_body(program.ops)
+        except PositionedError as err:
+            where = f"in call({name!r}) at {call_source.name}:{span}"
+            raise _with_note(err, where) from None
+        finally:
+            self.depth -= 1
+            self.programs.pop()
+            run.leave_scope(saved)
 
     def bind(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span,
              scope: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +267,7 @@ class CallRunner:
                 raise EvaluationError(f"{macro.name}() is missing argument '{param.name}'",
                                       span, self.run.source)
             bound[param.name] = evaluate(param.default, {**scope, **bound},
-                                         self.run.program.source, self.run.budget, self)
+                                         self.programs[-1].source, self.run.budget, self)
         return bound
 
     def returned(self, value: Any) -> None:
@@ -340,7 +394,7 @@ MAX_CALL_NOTES = 5
 def _with_note(err: PositionedError, note: str) -> PositionedError:
     """`err` with `note` added, unless it repeats the last note (a recursive call from the
     same place) or the error names MAX_CALL_NOTES calls already."""
-    called = [n for n in err.notes if n.startswith("in macro ")]
+    called = [n for n in err.notes if n.startswith(("in macro ", "in call("))]
     if (called and called[-1] == note) or len(called) >= MAX_CALL_NOTES:
         return err
     return type(err)(err.message, err.span, err.source, [*err.notes, note])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,10 +84,10 @@ def test_recursion_is_bounded_by_the_call_depth(model: TransformersBackend) -> N
     template = ("{% macro fact(n) %}{% if n <= 1 %}{% return 1 %}{% endif %}"
                 "{% return n * fact(n - 1) %}{% endmacro %}{{ fact(k) }}")
     assert run(model, template, k=10).text == "3628800"
-    with alarm(60), pytest.raises(LimitError, match="nested more than 40 deep") as info:
+    with alarm(60), pytest.raises(LimitError, match="calls nested more than 40 deep") as info:
         run(model, "{% macro down(n) %}{{ down(n + 1) }}{% endmacro %}{{ down(0) }}")
     assert "in macro 'down' called at" in str(info.value)
-    with alarm(60), pytest.raises(LimitError, match="nested more than 5 deep"):
+    with alarm(60), pytest.raises(LimitError, match="calls nested more than 5 deep"):
         run(model, template, k=10, limits=qrun.Limits(call_depth=5))
 
 
@@ -288,3 +289,55 @@ def test_the_trace_shows_each_call(model: TransformersBackend) -> None:
     assert '"calls": [{"name": "add"' in to_json(trace)
     page = r.to_html()
     assert "<h2>Host calls</h2>" in page and "boom() failed: ValueError: nope" in page
+
+
+# ---- call("file.tmpl") ---------------------------------------------------------------------------
+
+
+def test_call_runs_a_file_with_its_inputs_inline_or_hidden(
+        model: TransformersBackend, tmp_path: Path) -> None:
+    (tmp_path / "greet.tmpl").write_text("Hello {{ who | title }}{% set n = 1 %}"
+                                         "{{ gen g max_tokens=2 }}.", encoding="utf-8")
+    main = tmp_path / "main.tmpl"
+    main.write_text('A {{ call("greet.tmpl", who="ann") }} B {% set s = call("greet.tmpl", '
+                    'who="bo") %}[{{ s[:8] }}]', encoding="utf-8")
+    query = qrun.Query.from_file(main)
+    assert "g" in query.program.captures  # a run that calls holes loads the model's weights
+    r = query.run(model=model, max_tokens=3, seed=3)
+    assert r.text.startswith("A Hello Ann") and r.text.endswith(" B [Hello Bo]")
+    assert "g" not in r.vars and "n" not in r.vars
+    assert context_text(model, r) == r.text  # the hidden call left nothing behind
+
+
+def test_call_is_checked_when_the_template_compiles(tmp_path: Path) -> None:
+    (tmp_path / "f.tmpl").write_text("{{ a }}{{ b | default(1) }}", encoding="utf-8")
+    (tmp_path / "loop.tmpl").write_text('{{ call("loop.tmpl") }}', encoding="utf-8")
+
+    def messages(text: str) -> list[str]:
+        path = tmp_path / "t.tmpl"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(TemplateErrors) as info:
+            qrun.Query.from_file(path)
+        return [e.message for e in info.value.errors]
+
+    assert messages('{{ call("f.tmpl") }}') == ["call(\"f.tmpl\") is missing input 'a'"]
+    assert messages('{{ call("f.tmpl", a=1, c=2) }}') == ["f.tmpl has no input 'c'"]
+    assert messages("{{ call(name) }}") == [
+        "call() takes the template file's name as a string literal, then its inputs by name"]
+    assert messages('{{ call("../outside.tmpl") }}')[0].startswith(
+        'cannot include "../outside.tmpl"')
+    assert messages('{{ call("loop.tmpl") }}')[0].startswith("include cycle")
+    assert messages('{{ call("none.tmpl") }}')[0].endswith("not found")
+    with pytest.raises(TemplateErrors, match="needs a folder"):
+        qrun.Query('{{ call("f.tmpl", a=1) }}')
+
+
+def test_an_error_in_a_called_file_points_into_it(
+        model: TransformersBackend, tmp_path: Path) -> None:
+    (tmp_path / "bad.tmpl").write_text("line\n{{ d.k }}", encoding="utf-8")
+    query = qrun.Query('x {{ call("bad.tmpl", d={}) }}', include_dir=tmp_path)
+    with pytest.raises(EvaluationError) as info:
+        query.run(model=model)
+    err = info.value
+    assert err.source.name.endswith("bad.tmpl") and err.span.line == 2
+    assert err.notes[-1] == "in call('bad.tmpl') at <string>:1:6"
