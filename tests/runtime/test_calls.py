@@ -7,6 +7,7 @@ exceptions, plain-data checks, try/except, run_tool, and the trace's records of 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from pathlib import Path
@@ -341,3 +342,21 @@ def test_an_error_in_a_called_file_points_into_it(
     err = info.value
     assert err.source.name.endswith("bad.tmpl") and err.span.line == 2
     assert err.notes[-1] == "in call('bad.tmpl') at <string>:1:6"
+
+
+def test_the_docs_examples_of_sections_21_and_22_run(
+        model: TransformersBackend, tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text("utf-8")
+    section = text[text.index("## 21. Macros"):]
+    examples = re.findall(r"^```jinja\n(.*?)^```", section, flags=re.M | re.S)
+    assert len(examples) == 4
+    (tmp_path / "summarize.tmpl").write_text(
+        "Summarize in {{ words }} words: {{ text }}\n{{ gen s max_tokens=4 }}", "utf-8")
+    functions = qrun.Functions({"calc": lambda expression: len(expression)})
+    inputs = {"topic": "tides", "document": "A long text.", "expression": "1+1"}
+    for example in examples:
+        query = qrun.Query(example, include_dir=tmp_path, functions=functions)
+        assert query.warnings == ()
+        r = query.run({k: v for k, v in inputs.items() if k in query.inputs}, model=model,
+                      max_tokens=4, seed=0)
+        assert r.text
