@@ -289,7 +289,7 @@ class Run:
         spec = None
         if p.constraint is not None:
             spec = self.constraints.spec(p.constraint, self.scope, self.source,
-                                         self.budget)
+                                         self.budget, self.calls)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
         # forward where one forward can return the logits of two positions (transformers).
@@ -456,9 +456,10 @@ class Run:
                 return
 
     def _exec_try(self, op: ir.Try, after: str | None) -> None:
-        """The body's text is held back from the stream until it succeeds; when it fails with
-        an EvaluationError (not a limit), its text leaves the context and the result, and the
-        handler runs with the message bound."""
+        """The text before the block is tokenized up to it (a seam, as before a hole: the
+        body's text must be taken back alone). The body's text is held back from the stream
+        until it succeeds; when it fails with an EvaluationError (not a limit), its text leaves
+        the context and the result, and the handler runs with the message bound."""
         mark = Mark(self)
         try:
             self._exec_block(op.body, after)
@@ -467,14 +468,16 @@ class Run:
             raise
         except EvaluationError as err:
             mark.take_back()
-            saved = self.scope.get(op.name) if op.name is not None else None
-            if op.name is not None:
-                self.scope[op.name] = err.message
-            self._exec_block(op.handler, after)
-            if op.name is not None:
+            if op.name is None:
+                self._exec_block(op.handler, after)
+                return
+            saved = {op.name: self.scope[op.name]} if op.name in self.scope else {}
+            self.scope[op.name] = err.message
+            try:
+                self._exec_block(op.handler, after)
+            finally:
                 self.scope.pop(op.name, None)
-                if saved is not None:
-                    self.scope[op.name] = saved
+                self.scope.update(saved)
             return
         except BaseException:
             mark.release()

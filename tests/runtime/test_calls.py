@@ -360,3 +360,10 @@ def test_the_docs_examples_of_sections_21_and_22_run(
         r = query.run({k: v for k, v in inputs.items() if k in query.inputs}, model=model,
                       max_tokens=4, seed=0)
         assert r.text
+
+
+def test_a_hole_argument_may_call_host_functions_and_macros(model: TransformersBackend) -> None:
+    functions = qrun.Functions({"digits": lambda n: f"[0-9]{{{n}}}"})
+    r = run(model, "{% macro n() %}{% return 3 %}{% endmacro %}"
+                   "{{ gen x regex=digits(n()) }}", functions)
+    assert len(r["x"]) == 3 and r["x"].isdigit()
