@@ -346,7 +346,7 @@ def test_an_error_in_a_called_file_points_into_it(
 
 def test_the_docs_examples_of_sections_21_and_22_run(
         model: TransformersBackend, tmp_path: Path) -> None:
-    text = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text("utf-8")
+    text = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text("utf-8")
     section = text[text.index("## 21. Macros"):]
     examples = re.findall(r"^```jinja\n(.*?)^```", section, flags=re.M | re.S)
     assert len(examples) == 4
