@@ -28,7 +28,7 @@ from qrun.lang.functions import FUNCTIONS
 from qrun.lang.signature import Signature
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_RESERVED = frozenset({"run_tool", "call", "loop", "holes", "gen", "select"})
+_RESERVED = frozenset({"run_tool", "tools", "call", "loop", "holes", "gen", "select"})
 
 
 @dataclass(frozen=True, slots=True)

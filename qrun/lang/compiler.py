@@ -34,6 +34,9 @@ CALL = "call"
 """The builtin that runs another template file: call("file.tmpl", name=value, ...)."""
 RUN_TOOL = "run_tool"
 """The builtin that runs a tool call `{name, arguments}` with the host function it names."""
+TOOLS = "tools"
+"""The builtin that gives the registered host functions as OpenAI tool specs (all, or the
+named ones): `{{ gen action tools=tools(["calc"]) }}`."""
 _HOST_NOTE = ("a host function is known only when registered: Query(text, functions=...), "
               "or `qrun FILE --functions FILE.py` (docs/language.md §22)")
 
@@ -261,7 +264,7 @@ class _Compiler:
                       "template)")
             return None
         self.check_new_name(node.name, node.name_span, "macro")
-        if node.name in FUNCTIONS or node.name in (RUN_TOOL, CALL, *self.host):
+        if node.name in FUNCTIONS or node.name in (RUN_TOOL, CALL, TOOLS, *self.host):
             what = "a host function" if node.name in self.host else "a builtin function"
             self.fail(f"macro '{node.name}' has the name of {what}", node.name_span)
         first = self.macro_nodes.get(node.name)
@@ -594,7 +597,7 @@ class _Compiler:
             refused = signature.check(func, positional, tuple(name for name, _ in kwargs))
             if refused is not None:
                 self.fail(refused, span)
-            if func in self.host or func == RUN_TOOL:
+            if func in self.host:
                 self.host_calls.setdefault(func, span)
             return
         if func not in FUNCTIONS:
@@ -660,6 +663,8 @@ class _Compiler:
             return Signature(tuple(p.name for p in macro.params), required)
         if func == RUN_TOOL:
             return Signature(("call",), 1)
+        if func == TOOLS:
+            return Signature(("names",), 0)
         return self.host.get(func)
 
     def test(self, test: str, args: tuple[ex.Expr, ...], span: Span) -> None:

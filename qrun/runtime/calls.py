@@ -23,7 +23,7 @@ from qrun.errors import EvaluationError, LimitError, PositionedError, QrunError,
 from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
-from qrun.lang.compiler import CALL, RUN_TOOL
+from qrun.lang.compiler import CALL, RUN_TOOL, TOOLS
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
 from qrun.lang.functions import text_of
@@ -147,8 +147,8 @@ class CallRunner:
                                       span, self.run.program.source)
 
     def __contains__(self, name: object) -> bool:
-        return (name in self.macros or name in self.functions or name == RUN_TOOL
-                or name == CALL)
+        return (name in self.macros or name in self.functions
+                or name in (RUN_TOOL, TOOLS, CALL))
 
     def call(self, name: str, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         if name in self.macros:
@@ -161,6 +161,8 @@ class CallRunner:
             return taken.text
         if name == RUN_TOOL:
             return self.run_tool(args, kwargs, span)
+        if name == TOOLS:
+            return self.tools(args, kwargs, span)
         return self.host(self.functions[name], args, kwargs, span)
 
     # ---- macros --------------------------------------------------------------------------------
@@ -274,6 +276,20 @@ class CallRunner:
         raise _Return(value)
 
     # ---- host functions ------------------------------------------------------------------------
+
+    def tools(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
+        """`tools()` or `tools(["calc", ...])`: OpenAI tool specs of registered functions."""
+        names = args[0] if args else kwargs.get("names")
+        if names is not None and (not isinstance(names, list)
+                                  or not all(isinstance(n, str) for n in names)):
+            raise EvaluationError("tools() takes a list of host function names", span,
+                                  self.run.source)
+        try:
+            return self.functions.tools(names)
+        except UsageError as err:
+            listed = ", ".join(self.functions) or "none"
+            raise EvaluationError(f"tools(): {err} (registered: {listed})", span,
+                                  self.run.source) from None
 
     def run_tool(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         source = self.run.source

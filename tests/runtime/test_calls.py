@@ -367,3 +367,13 @@ def test_a_hole_argument_may_call_host_functions_and_macros(model: TransformersB
     r = run(model, "{% macro n() %}{% return 3 %}{% endmacro %}"
                    "{{ gen x regex=digits(n()) }}", functions)
     assert len(r["x"]) == 3 and r["x"].isdigit()
+
+
+def test_tools_gives_the_registered_functions_as_tool_specs(model: TransformersBackend) -> None:
+    r = run(model, '{% set t = tools(["add"]) %}{{ t[0].function.name }} '
+                   "{{ t[0].function.parameters.required }} {{ tools() | length }}", registry())
+    assert r.text == f'add ["a"] {len(registry())}'
+    with pytest.raises(EvaluationError, match="no host function named 'rm'"):
+        run(model, '{{ tools(["rm"]) }}', registry())
+    with pytest.raises(qrun.UsageError, match="reserved"):
+        qrun.Functions({"tools": len})
