@@ -358,6 +358,11 @@ class Mark:
 
     def __init__(self, run: Run) -> None:
         run._flush_text()
+        if run.session.overshoot is not None:
+            # A hole's tokens past its value, held until the next text says whether they stay:
+            # resolved now (dropped, the value's bytes appended as text's tokens), so that
+            # what take_back drops is only what came after the mark.
+            run.session.settle()
         self.run = run
         self.length, self.pieces = len(run.session.token_ids), len(run.pieces)
         run.quiet += 1
