@@ -482,6 +482,11 @@ class _Compiler:
         if self.is_input(name):
             self.input_use(name, span, safe)
             return
+        if ctx.macro is not None and name in self.holes and name not in flow.captured:
+            self.fail(f"macro '{ctx.macro}' cannot see the capture '{name}'", span,
+                      "a macro sees its parameters, the inputs and the template's `set` "
+                      f"variables: pass it as an argument, {ctx.macro}({name}=...)")
+            return
         known = (flow.captured, flow.sets, self.holes, self.sets)
         if safe and any(name in names for names in known):
             return  # undefined until it is captured or set: `is defined` tells

@@ -89,3 +89,9 @@ def test_an_unregistered_function_names_the_way_to_register_it() -> None:
 def test_the_new_keywords_stay_names_elsewhere() -> None:
     program = compile_source("{{ x.while }}{{ d.return }}{% set try_count = 1 %}")
     assert program.inputs == ("x", "d")
+
+
+def test_a_macro_does_not_see_the_templates_captures() -> None:
+    assert errors("{{ gen name }}{% macro m() %}{{ name }}{% endmacro %}{{ m() }}") == [
+        "macro 'm' cannot see the capture 'name'"]
+    compile_source("{% macro m() %}{{ gen name }}{{ name }}{% endmacro %}{{ m() }}")
