@@ -32,6 +32,7 @@ _EXPORTS = {
     "compile_file": "qrun.lang",
     "compile_source": "qrun.lang",
     "Query": "qrun.api",
+    "Functions": "qrun.functions",
     "Matcher": "qrun.matcher",
     "load_model": "qrun.backends",
     "Result": "qrun.runtime.result",
@@ -45,6 +46,7 @@ __all__ = [
     "BackendError",
     "ConstraintError",
     "EvaluationError",
+    "Functions",
     "GenRecord",
     "GenerationError",
     "HoleRecord",
@@ -104,6 +106,7 @@ if TYPE_CHECKING:
         TemplateWarning,
         UsageError,
     )
+    from qrun.functions import Functions
     from qrun.lang import compile_file, compile_source
     from qrun.lang.ir import Program
     from qrun.limits import Limits

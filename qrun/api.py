@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from qrun.errors import QrunError, TemplateWarning, UsageError
+from qrun.functions import Functions
 from qrun.lang import compile_file, compile_source
 from qrun.lang.ir import Program
 from qrun.options import ModelOptions, RunOptions
@@ -19,24 +20,33 @@ if TYPE_CHECKING:
     from qrun.runtime.result import Result
 
 
+HostFunctions = Functions | Mapping[str, Callable[..., Any]]
+"""Host functions as a qrun.Functions or a dict of name -> callable (docs/language.md §22)."""
+
+
 class Query:
     """A compiled template, ready to run many times. A template given as text includes other
-    files (`{% include %}`) only from `include_dir`.
+    files (`{% include %}`) only from `include_dir`. `functions` are the host functions its
+    template may call (checked when it compiles: names and arguments).
 
     Raises (on construction from text):
         TemplateErrors: the template does not compile (every error found, with positions).
     """
 
     def __init__(self, template: str | Program, name: str = "<string>",
-                 include_dir: str | os.PathLike[str] | None = None) -> None:
-        self.program: Program = (template if isinstance(template, Program)
-                                 else compile_source(template, name, include_dir))
+                 include_dir: str | os.PathLike[str] | None = None,
+                 functions: HostFunctions | None = None) -> None:
+        self.functions = Functions.of(functions)
+        self.program: Program = (
+            template if isinstance(template, Program)
+            else compile_source(template, name, include_dir, self.functions.signatures()))
         self._models: dict[ModelOptions, Backend] = {}
         self._constraints: dict[Backend, ConstraintCompiler] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str],
-                  include_dir: str | os.PathLike[str] | None = None) -> Query:
+                  include_dir: str | os.PathLike[str] | None = None,
+                  functions: HostFunctions | None = None) -> Query:
         """Compile a .tmpl file (errors are reported under its path); its includes stay inside
         `include_dir`, by default the file's folder.
 
@@ -44,7 +54,8 @@ class Query:
             UsageError: the file cannot be read.
             TemplateErrors: the template does not compile.
         """
-        return cls(compile_file(path, include_dir))
+        registry = Functions.of(functions)
+        return cls(compile_file(path, include_dir, registry.signatures()), functions=registry)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -93,7 +104,7 @@ class Query:
         checked = self.program.check_inputs(inputs)
         backend = self._model(model)
         return Run(self.program, backend, checked, run_options, on_text,
-                   self._constraint_compiler(backend)).execute()
+                   self._constraint_compiler(backend), functions=self.functions).execute()
 
     def run_many(
         self,
@@ -135,13 +146,13 @@ class Query:
         if batch_size > 1 and len(rows) > 1:
             return run_batched(self.program, backend, rows,
                                [run_options.for_item(i) for i in range(len(rows))],
-                               constraints, batch_size, on_result)
+                               constraints, batch_size, on_result, self.functions)
         results: list[Result | QrunError] = []
         for index, values in enumerate(rows):
             outcome: Result | QrunError
             try:
                 outcome = Run(self.program, backend, values, run_options.for_item(index),
-                              None, constraints).execute()
+                              None, constraints, functions=self.functions).execute()
             except QrunError as exc:
                 outcome = exc
             results.append(outcome)

@@ -140,6 +140,11 @@ class EvaluationError(PositionedError):
     evaluation budget ran out); a run-time failure (exit 1)."""
 
 
+class LimitError(EvaluationError):
+    """The run hit one of its limits (qrun.Limits: steps, output, macro call depth...). An
+    EvaluationError that `{% try %}` does not catch: a runaway template must end."""
+
+
 @dataclass(frozen=True, slots=True)
 class TemplateWarning:
     """A template that compiles but very likely does not do what it says (docs/language.md

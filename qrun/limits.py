@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from qrun.errors import EvaluationError, UsageError
+from qrun.errors import LimitError, UsageError
 from qrun.source import Source, Span
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ class Limits:
         (characters of a Lark grammar, its longest chain of rules, the optional properties
         of a JSON Schema at one place of the value): qrun/constraint/grammar/limits.py,
         whose defaults these are.
+    call_depth: macro calls (and `call` of template files) nest at most this deep.
+    call_timeout_s: a host function call (qrun.Functions) taking longer fails with a
+        positioned error (None: no timeout, and a sync function runs on the run's thread).
     """
 
     steps: int = 1_000_000
@@ -53,13 +56,20 @@ class Limits:
     grammar_chars: int = 100_000
     grammar_depth: int = 500
     optional_properties: int = 4_000
+    call_depth: int = 40
+    call_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "output_chars", "int_bits", "grammar_chars", "grammar_depth",
-                     "optional_properties"):
+                     "optional_properties", "call_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"Limits.{name} must be a positive integer, got {value!r}")
+        timeout = self.call_timeout_s
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float) or not timeout > 0):
+            raise UsageError("Limits.call_timeout_s must be a positive number of seconds or "
+                             f"None, got {timeout!r}")
 
     def constraints(self) -> ConstraintLimits:
         """The constraint limits among these, for check_lark/check_schema and the grammar
@@ -149,7 +159,7 @@ class Budget:
         return f"the run took more than {self.limits.steps:,} evaluation steps"
 
     def _fail(self, message: str, span: Span, field: str) -> NoReturn:
-        raise EvaluationError(message, span, self.source, [raise_note(field)])
+        raise LimitError(message, span, self.source, [raise_note(field)])
 
 
 def raise_note(field: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,33 @@ INPUTS: dict[str, dict[str, Any]] = {
     "review.tmpl": {"review": "Quiet room in Lyon, lovely staff, but breakfast was 24 euros."},
     "catalog.tmpl": {},
     "query.tmpl": {},
+    "calculator.tmpl": {"question": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
 }
+# The host functions an example calls: the Python file `--functions` takes (examples/*.py).
+FUNCTIONS = {"calculator.tmpl": "calculator.py"}
+
+
+def functions_of(name: str) -> Any:
+    """The `functions` an example's host functions file defines (None for most examples)."""
+    if name not in FUNCTIONS:
+        return None
+    return runpy.run_path(str(EXAMPLES / FUNCTIONS[name]))["functions"]
+
+
+def check_calculator(r: qrun.Result) -> None:
+    """The expression holds its regex, calc() got it, and the text shows what calc() gave."""
+    expression = r["expression"]
+    assert regex.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,2})?( ?(\*\*|[-+*/]) ?[0-9]{1,6}"
+                           r"(\.[0-9]{1,2})?){0,4}", expression)
+    (call,) = r.recorder.to_dict()["calls"]
+    assert call["name"] == "calc" and call["args"] == [expression]
+    if call["error"] is None:
+        value = call["result"]
+        assert value == runpy.run_path(str(EXAMPLES / "calculator.py"))["calc"](expression)
+        assert f"Its value: {round(value, 2)}\n" in r.text
+    else:
+        assert f"It cannot be computed ({call['error']})." in r.text
+    assert r.stats.host_calls == 1
 
 
 def catalog_schema() -> Any:
@@ -173,6 +200,8 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
     if name == "query.tmpl":
         matcher = qrun.Matcher(model, grammar=query_grammar())
         assert matcher.consume_text(r["query"]) and matcher.accepting(), r["query"]
+    if name == "calculator.tmpl":
+        check_calculator(r)
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")
@@ -180,7 +209,7 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
 
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
-    query = qrun.Query.from_file(EXAMPLES / name)
+    query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
     r = query.run(INPUTS[name], model=tiny, seed=0)
     check_values(name, r, tiny)
     assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
@@ -190,9 +219,23 @@ def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) ->
 @pytest.mark.real
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_default_model(smollm2: TransformersBackend, name: str) -> None:
-    r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=smollm2)
+    query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
+    r = query.run(INPUTS[name], model=smollm2)
     check_values(name, r, smollm2)
     assert all(str(v).strip() for v in r.vars.values())
+
+
+def test_the_calculator_runs_from_the_command_line_with_its_functions(tiny_folder: str) -> None:
+    template, functions = EXAMPLES / "calculator.tmpl", EXAMPLES / "calculator.py"
+    question = INPUTS["calculator.tmpl"]["question"]
+    proc = subprocess.run([sys.executable, "-m", "qrun.cli", str(template), "--functions",
+                           str(functions), "-v", f"question={question}", "--model",
+                           tiny_folder, "--json", "--quiet", "--seed", "1"],
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["host_calls"] == 1
+    assert "Its value: " in out["text"] or "It cannot be computed" in out["text"]
 
 
 @pytest.mark.real

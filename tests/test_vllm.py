@@ -27,6 +27,7 @@ from test_examples import (
     check_endings,
     check_seams,
     check_values,
+    functions_of,
 )
 
 import qrun
@@ -102,12 +103,13 @@ def vllm_remote(vllm_url: str) -> Any:
 @pytest.fixture(scope="module")
 def reference(smollm2: TransformersBackend) -> dict[str, qrun.Result]:
     """The transformers backend's greedy run of every example (float32 like the engines)."""
-    return {name: qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=smollm2)
-            for name in sorted(INPUTS)}
+    return {name: qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name)).run(
+        INPUTS[name], model=smollm2) for name in sorted(INPUTS)}
 
 
 def run_example(backend: Any, name: str, reference: dict[str, qrun.Result], mode: str) -> None:
-    r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=backend)
+    query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
+    r = query.run(INPUTS[name], model=backend)
     check_values(name, r, backend)
     assert r.stats.context_tokens == len(r.token_ids)
     assert backend.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text

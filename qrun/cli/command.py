@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="FILE.html|FILE.json",
                         help="write what the run did, token by token: a self-contained HTML "
                              "page or JSON (docs/trace.md)")
+    parser.add_argument("--functions", metavar="FILE.py",
+                        help="host functions the template may call: the `functions` (a dict "
+                             "or a qrun.Functions) that this Python file defines; it is "
+                             "imported, so name only your own code")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
     parser.add_argument("--dump", action="store_true",
                         help="print the compiled program (one op per line) and exit")
@@ -137,7 +141,12 @@ def _run(args: argparse.Namespace) -> int:
     fields = _fields(args.fields)
     options = _options(args)
     model_options = _model_options(args)
-    query = Query.from_file(args.file)
+    functions = None
+    if args.functions is not None:
+        from qrun.cli.functions_file import load_functions
+
+        functions = load_functions(args.functions)
+    query = Query.from_file(args.file, functions=functions)
     for warning in query.warnings:  # on stderr; the exit code stays the run's
         print(warning.render(), file=sys.stderr)
     if args.dump:

@@ -153,7 +153,58 @@ class Role:
     args: tuple[HoleArg, ...] = ()
 
 
-Node = Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
+@dataclass(frozen=True, slots=True)
+class While:
+    """`{% while test %} body {% endwhile %}`; `span` is the opening tag."""
+
+    test: Expr
+    body: tuple[Node, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """`{% try %} body {% except err %} handler {% endtry %}`: `name` (None for a bare
+    `{% except %}`) is bound to the error's message in the handler; `handler` is None when the
+    block has no `{% except %}` (a compile error)."""
+
+    body: tuple[Node, ...]
+    name: str | None
+    handler: tuple[Node, ...] | None
+    span: Span
+    except_span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MacroParam:
+    """One parameter of a macro, with its default value when it has one."""
+
+    name: str
+    default: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Macro:
+    """`{% macro name(a, b="x") %} body {% endmacro %}`; `span` is the opening tag."""
+
+    name: str
+    params: tuple[MacroParam, ...]
+    body: tuple[Node, ...]
+    span: Span
+    name_span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """`{% return expr %}`: end the macro being run with the value of `expr`."""
+
+    expr: Expr
+    span: Span
+
+
+Node = (Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
+        | While | Try | Macro | Return)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +223,13 @@ def children(node: Node) -> Iterator[Node]:
             for arm in arms:
                 yield from arm.body
             yield from orelse or ()
-        case For(body=body) | Role(body=body):
+        case For(body=body) | Role(body=body) | While(body=body) | Macro(body=body):
             yield from body
-        case Text() | Interp() | Gen() | Select() | Set() | Break() | Continue() | Include():
+        case Try(body=body, handler=handler):
+            yield from body
+            yield from handler or ()
+        case (Text() | Interp() | Gen() | Select() | Set() | Break() | Continue() | Include()
+              | Return()):
             pass
 
 

@@ -21,7 +21,8 @@ Item = Token | Tree[Token]
 _RAW = re.compile(
     r"\{%(-?)[ \t\r\n]*raw[ \t\r\n]*(-?)%\}([\s\S]*?)\{%(-?)[ \t\r\n]*endraw[ \t\r\n]*(-?)%\}")
 _FRONT_LINE = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*(.*?)[ \t\r]*")
-_CLOSERS = {"if": "endif", "for": "endfor", "system": "endsystem", "user": "enduser",
+_CLOSERS = {"if": "endif", "for": "endfor", "while": "endwhile", "try": "endtry",
+            "macro": "endmacro", "system": "endsystem", "user": "enduser",
             "assistant": "endassistant"}
 MAX_BLOCK_DEPTH = 100
 """Blocks nest at most this deep: the compiler and runtime walk the tree recursively."""
@@ -51,11 +52,14 @@ def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
 class _Frame:
     """An open block while its end tag is being looked for."""
 
-    kind: str  # "if", "for", or a role name
+    kind: str  # "if", "for", "while", "try", "macro", or a role name
     span: Span
     targets: tuple[tuple[str, Span], ...] = ()  # a for loop's variables
-    iterable: ex.Expr | None = None  # a for loop's iterable
+    iterable: ex.Expr | None = None  # a for loop's iterable, a while loop's test
     args: tuple[ast.HoleArg, ...] = ()  # a role's arguments
+    name: str | None = None  # a macro's name, the name `{% except NAME %}` binds
+    name_span: Span | None = None
+    params: tuple[ast.MacroParam, ...] = ()
     body: list[ast.Node] = field(default_factory=list)
     arms: list[ast.IfArm] = field(default_factory=list)
     orelse: list[ast.Node] | None = None
@@ -208,10 +212,14 @@ class _Builder:
             name, value = body.children
             assert isinstance(name, Token)
             self.add(ast.Set(str(name), self.exprs.expr(value), span, self.token_span(name)))
-        elif kind in ("if_tag", "for_tag", "role_tag"):
+        elif kind in ("if_tag", "for_tag", "role_tag", "while_tag", "try_tag", "macro_tag"):
             self.open(body, span)
         elif kind in ("elif_tag", "else_tag"):
             self.branch(body, span)
+        elif kind == "except_tag":
+            self.except_(body, span)
+        elif kind == "return_tag":
+            self.add(ast.Return(self.exprs.expr(body.children[0]), span))
         elif kind == "break_tag":
             self.add(ast.Break(span))
         elif kind == "continue_tag":
@@ -222,7 +230,8 @@ class _Builder:
             self.end(_end_kind(body), span)
 
     def open(self, body: Tree[Token], span: Span) -> None:
-        kind = {"if_tag": "if", "for_tag": "for"}.get(str(body.data))
+        kind = {"if_tag": "if", "for_tag": "for", "while_tag": "while", "try_tag": "try",
+                "macro_tag": "macro"}.get(str(body.data))
         if kind is None:
             kind = str(body.children[0])
         if len(self.stack) == MAX_BLOCK_DEPTH + 1:  # the first block too deep, not each after it
@@ -235,10 +244,41 @@ class _Builder:
             frame.targets = tuple((str(t), self.token_span(t)) for t in targets
                                   if isinstance(t, Token))
             frame.iterable = self.exprs.expr(iterable)
+        elif kind == "while":
+            frame.iterable = self.exprs.expr(body.children[0])
+        elif kind == "macro":
+            name, *params = body.children
+            assert isinstance(name, Token)
+            frame.name, frame.name_span = str(name), self.token_span(name)
+            frame.params = tuple(self.macro_param(p) for p in params if isinstance(p, Tree))
         else:
             frame.args = tuple(self.hole_arg(arg) for arg in body.children[1:]
                                if isinstance(arg, Tree))
         self.stack.append(frame)
+
+    def macro_param(self, tree: Tree[Token]) -> ast.MacroParam:
+        name, default = tree.children
+        assert isinstance(name, Token)
+        value = self.exprs.expr(default) if default is not None else None
+        return ast.MacroParam(str(name), value, self.tree_span(tree))
+
+    def except_(self, body: Tree[Token], span: Span) -> None:
+        """`{% except %}` or `{% except NAME %}`: the handler of the innermost `try`."""
+        frame = self.stack[-1]
+        if frame.kind != "try":
+            notes: tuple[str, ...] = () if len(self.stack) == 1 else (
+                f"the innermost open block is {frame.opener} at {frame.span}",)
+            self.fail("'{% except %}' outside of a '{% try %}' block", span, notes)
+            return
+        if frame.orelse is not None:
+            self.fail("a '{% try %}' block has one '{% except %}'", span,
+                      (f"the first is at {frame.else_span}",))
+            return
+        name = body.children[0] if body.children else None
+        if isinstance(name, Token):
+            frame.name, frame.name_span = str(name), self.token_span(name)
+        frame.orelse, frame.else_span = frame.body, span
+        frame.body = []
 
     def branch(self, body: Tree[Token], span: Span) -> None:
         frame = self.stack[-1]
@@ -297,6 +337,20 @@ class _Builder:
             assert frame.targets and frame.iterable is not None
             node = ast.For(tuple(n for n, _ in frame.targets), frame.iterable,
                            tuple(frame.body), frame.span, tuple(s for _, s in frame.targets))
+        elif frame.kind == "while":
+            assert frame.iterable is not None
+            node = ast.While(frame.iterable, tuple(frame.body), frame.span)
+        elif frame.kind == "try":
+            # `orelse` holds the body before `{% except %}`, `body` the handler after it.
+            if frame.orelse is None:
+                node = ast.Try(tuple(frame.body), None, None, frame.span)
+            else:
+                node = ast.Try(tuple(frame.orelse), frame.name, tuple(frame.body), frame.span,
+                               frame.else_span)
+        elif frame.kind == "macro":
+            assert frame.name is not None and frame.name_span is not None
+            node = ast.Macro(frame.name, frame.params, tuple(frame.body), frame.span,
+                             frame.name_span)
         else:
             node = ast.Role(frame.kind, tuple(frame.body), frame.span, frame.args)
         self.add(node)
@@ -343,6 +397,8 @@ def _end_kind(body: Tree[Token]) -> str:
         return "if"
     if body.data == "endfor_tag":
         return "for"
+    if body.data in ("endwhile_tag", "endtry_tag", "endmacro_tag"):
+        return str(body.data)[3:-4]  # "endwhile_tag" -> "while"
     return str(body.children[0])[3:]  # "enduser" -> "user"
 
 

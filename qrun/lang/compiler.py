@@ -7,7 +7,7 @@ whole front end."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -21,19 +21,32 @@ from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.include import Includes, load_template
 from qrun.lang.lint import find_warnings
+from qrun.lang.signature import Signature
 from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, read_template, too_large
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
 from qrun.lang.text import normalize_text
 from qrun.source import Source, Span
 
 PathLike = str | os.PathLike[str]
+Signatures = Mapping[str, Signature]
+"""The host functions a template may call, by name (qrun/functions.py Functions.signatures)."""
+CALL = "call"
+"""The builtin that runs another template file: call("file.tmpl", name=value, ...)."""
+RUN_TOOL = "run_tool"
+"""The builtin that runs a tool call `{name, arguments}` with the host function it names."""
+TOOLS = "tools"
+"""The builtin that gives the registered host functions as OpenAI tool specs (all, or the
+named ones): `{{ gen action tools=tools(["calc"]) }}`."""
+_HOST_NOTE = ("a host function is known only when registered: Query(text, functions=...), "
+              "or `qrun FILE --functions FILE.py` (docs/language.md §22)")
 
 
-def compile_source(text: str, name: str = "<string>", include_dir: PathLike | None = None
-                   ) -> ir.Program:
+def compile_source(text: str, name: str = "<string>", include_dir: PathLike | None = None,
+                   functions: Signatures | None = None) -> ir.Program:
     """Parse, build and compile template `text` (reported under `name`). The text is
     normalized first (lang/text.py: newlines as Jinja writes them, no byte order mark).
     `{% include %}` is refused unless `include_dir` names the folder to include from.
+    `functions` are the host functions the template may call (their arguments are checked).
 
     Raises:
         TemplateErrors: every error found, in source order (a syntax error stops the parse;
@@ -45,10 +58,12 @@ def compile_source(text: str, name: str = "<string>", include_dir: PathLike | No
     source = Source(name, normalize_text(text))
     folder = os.fspath(include_dir) if include_dir is not None else None
     template, size = load_template(source)
-    return compile_template(template, source, Includes(folder, folder or ".", counted=size))
+    return compile_template(template, source, Includes(folder, folder or ".", counted=size),
+                            functions)
 
 
-def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Program:
+def compile_file(path: PathLike, include_dir: PathLike | None = None,
+                 functions: Signatures | None = None) -> ir.Program:
     """Compile the UTF-8 template file at `path`; errors are reported under that path. Its
     includes are relative to the including file, and stay inside `include_dir` (by default
     the folder of `path`).
@@ -68,33 +83,23 @@ def compile_file(path: PathLike, include_dir: PathLike | None = None) -> ir.Prog
     source = Source(name, normalize_text(text))
     root = os.fspath(include_dir) if include_dir is not None else None
     template, size = load_template(source)
-    return compile_template(template, source, Includes.for_file(name, root, size))
+    return compile_template(template, source, Includes.for_file(name, root, size), functions)
 
 
-def compile_template(template: ast.Template, source: Source, includes: Includes | None = None
-                     ) -> ir.Program:
+def compile_template(template: ast.Template, source: Source, includes: Includes | None = None,
+                     functions: Signatures | None = None) -> ir.Program:
     """Check `template` and lower it to the IR; `includes` resolves `{% include %}` (by
-    default includes are refused). The program carries the warnings of lang/lint.py.
+    default includes are refused); `functions` are the host functions it may call. The
+    program carries the warnings of lang/lint.py.
 
     Raises:
         TemplateErrors: every TemplateCompileError/ConstraintError found, in source order.
     """
-    compiler = _Compiler(source, template, includes or Includes(None))
-    options, model, declared = compiler.args.front_matter(template.front_matter,
-                                                          compiler.check_new_name)
-    compiler.declared = declared
-    try:
-        ops = compiler.body(template.body, Flow(), Context())
-    except _TooManyErrors:
-        ops = ()
+    compiler = _Compiler(source, template, includes or Includes(None), functions or {})
+    program = compiler.program(template)
     if compiler.errors:
         raise TemplateErrors(compiler.errors[:MAX_ERRORS])
-    names = declared if declared is not None else tuple(compiler.free)
-    optional = tuple(n for n in names if n in compiler.safe_uses and n not in compiler.required)
-    spans = {name: compiler.first_use.get(name) or compiler.declared_at[name] for name in names}
-    return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
-                      tuple(compiler.captures), options, model, source, spans, optional,
-                      find_warnings(ops, source))
+    return program
 
 
 class _TooManyErrors(Exception):
@@ -102,7 +107,9 @@ class _TooManyErrors(Exception):
 
 
 class _Compiler:
-    def __init__(self, source: Source, template: ast.Template, includes: Includes) -> None:
+    def __init__(self, source: Source, template: ast.Template, includes: Includes,
+                 functions: Signatures, called: dict[tuple[str, str], ir.Program] | None = None
+                 ) -> None:
         self.source = source
         self.errors: list[TemplateError] = []
         self.declared: tuple[str, ...] | None = None
@@ -115,8 +122,35 @@ class _Compiler:
         self.sets = _first_spans(template.body, ast.Set)
         self.args = ArgChecker(source, self.errors)
         self.includes = includes
-        self.includes.start(source)
+        # The template files `call()` runs, by (calling file, name as written), shared with
+        # the compiles of those files (runtime/calls.py finds a call's program there).
+        self.called: dict[tuple[str, str], ir.Program] = {} if called is None else called
+        if called is None:  # the top template (a called file's compile is inside its)
+            self.includes.start(source)
         self.site: Span | None = None  # the outermost include tag, inside an included file
+        self.host = dict(functions)
+        self.host_calls: dict[str, Span] = {}  # host functions called, at their first call
+        # Every top-level macro is visible in the whole template (and in each macro's body).
+        self.macro_nodes = {node.name: node for node in template.body
+                            if isinstance(node, ast.Macro)}
+        self.macros: dict[str, ir.Macro] = {}
+
+    def program(self, template: ast.Template) -> ir.Program:
+        """The whole template, checked and lowered (what it holds even with errors)."""
+        options, model, declared = self.args.front_matter(template.front_matter,
+                                                          self.check_new_name)
+        self.declared = declared
+        try:
+            ops = self.body(template.body, Flow(), Context(), top=True)
+        except _TooManyErrors:
+            ops = ()
+        names = declared if declared is not None else tuple(self.free)
+        optional = tuple(n for n in names if n in self.safe_uses and n not in self.required)
+        spans = {name: self.first_use.get(name) or self.declared_at[name] for name in names}
+        warnings = find_warnings(ops, self.source) if not self.errors else ()
+        return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
+                          tuple(self.captures), options, model, self.source, spans, optional,
+                          warnings, self.macros, self.host_calls, self.called)
 
     @property
     def declared_at(self) -> dict[str, Span]:
@@ -128,13 +162,17 @@ class _Compiler:
 
     # ---- statements --------------------------------------------------------------------------
 
-    def body(self, nodes: tuple[ast.Node, ...], flow: Flow, ctx: Context
+    def body(self, nodes: tuple[ast.Node, ...], flow: Flow, ctx: Context, top: bool = False
              ) -> tuple[ir.Op, ...]:
+        """`top`: the template's own top level, the one place a macro may be defined."""
         ops: list[ir.Op] = []
         for node in nodes:
             if len(self.errors) >= MAX_ERRORS:
                 raise _TooManyErrors
-            op = self.node(node, flow, ctx)
+            if isinstance(node, ast.Macro):
+                op: ir.Op | None = self.macro(node, top)
+            else:
+                op = self.node(node, flow, ctx)
             if op is not None:
                 ops.append(op)
         return _merge_text(ops)
@@ -164,7 +202,93 @@ class _Compiler:
                 return self.loop_control(node, flow, ctx)
             case ast.Include():
                 return self.include(node, flow, ctx)
+            case ast.While():
+                return self.while_(node, flow, ctx)
+            case ast.Try():
+                return self.try_(node, flow, ctx)
+            case ast.Return(expr=value, span=span):
+                self.expr(value, flow, ctx)
+                if ctx.macro is None:
+                    self.fail("'{% return %}' outside a macro", span,
+                              "a template ends where its text ends; a macro's value is what "
+                              "`{% return %}` gives")
+                flow.dead = True
+                return ir.Return(value, span)
         return None
+
+    def while_(self, node: ast.While, flow: Flow, ctx: Context) -> ir.While:
+        self.expr(node.test, flow, ctx)
+        exits: list[Flow] = []
+        body_flow = flow.copy()
+        body = self.body(node.body, body_flow, replace(ctx, in_loop=True, exits=exits))
+        self.after_loop(flow, body_flow, exits)
+        return ir.While(node.test, body, node.span)
+
+    def after_loop(self, flow: Flow, body_flow: Flow, exits: list[Flow]) -> None:
+        """Captures in a loop's body are lists after the loop; `set`s stay local to the body.
+        A capture is bound after the loop when every iteration that reaches the end of the
+        body has it (one cut short by break/continue adds no item); when none reaches the
+        end, when every break/continue has it."""
+        ends = [body_flow] if not body_flow.dead else [f for f in exits if not f.dead]
+        end_bound = set.intersection(*(f.bound for f in ends)) if ends else set()
+        new_captures = {n for n in body_flow.captured if n not in flow.captured}
+        flow.bound |= end_bound & new_captures
+        flow.captured.update(body_flow.captured)
+        flow.sets.update(body_flow.sets)
+
+    def try_(self, node: ast.Try, flow: Flow, ctx: Context) -> ir.Try:
+        """The body may stop anywhere, so after the block holds what both the whole body and
+        the handler (from the state before the body) give."""
+        body_flow = flow.copy()
+        body = self.body(node.body, body_flow, ctx)
+        if node.handler is None:
+            self.fail("'{% try %}' without '{% except %}'", node.span,
+                      "{% try %}...{% except err %}...{% endtry %}: the handler runs with "
+                      "`err`, the message, when the body fails")
+        handler_ctx = ctx
+        where = node.except_span or node.span
+        if node.name is not None and self.check_new_name(node.name, where, "except variable"):
+            handler_ctx = replace(ctx, locals=ctx.locals | {node.name})
+        handler_flow = flow.copy()
+        handler = self.body(node.handler or (), handler_flow, handler_ctx)
+        flow.merge([body_flow, handler_flow])
+        return ir.Try(body, node.name, handler, node.span)
+
+    def macro(self, node: ast.Macro, top: bool) -> ir.Macro | None:
+        """A macro's body is compiled once, with its parameters, the template's inputs and
+        `set`s in scope (a `set` it reads must have run before the call: checked at run
+        time); its captures belong to each call."""
+        if not top:
+            self.fail("a macro is defined only at the top level of a template", node.span,
+                      "move '{% macro %}' out of the block (macros are visible in the whole "
+                      "template)")
+            return None
+        self.check_new_name(node.name, node.name_span, "macro")
+        if node.name in FUNCTIONS or node.name in (RUN_TOOL, CALL, TOOLS, *self.host):
+            what = "a host function" if node.name in self.host else "a builtin function"
+            self.fail(f"macro '{node.name}' has the name of {what}", node.name_span)
+        first = self.macro_nodes.get(node.name)
+        if first is not None and first is not node:
+            self.fail(f"macro '{node.name}' is defined twice", node.name_span,
+                      f"first defined at {first.name_span}")
+        params: list[ir.Param] = []
+        seen: set[str] = set()
+        flow = Flow()
+        for param in node.params:
+            if param.default is not None:  # it may use the parameters before it
+                self.expr(param.default, flow, Context(locals=frozenset(seen)))
+            elif params and params[-1].default is not None:
+                self.fail(f"parameter '{param.name}' without a default after one with a "
+                          "default", param.span)
+            if self.check_new_name(param.name, param.span, "parameter") and param.name in seen:
+                self.fail(f"parameter '{param.name}' appears twice", param.span)
+            seen.add(param.name)
+            params.append(ir.Param(param.name, param.default))
+        ctx = Context(locals=frozenset(seen), defined=frozenset(self.sets), macro=node.name)
+        body = self.body(node.body, flow, ctx)
+        op = ir.Macro(node.name, tuple(params), body, node.span)
+        self.macros.setdefault(node.name, op)
+        return op
 
     def if_(self, node: ast.If, flow: Flow, ctx: Context) -> ir.If:
         branches: list[ir.Branch] = []
@@ -195,16 +319,7 @@ class _Compiler:
                         exits=exits)
         body_flow = flow.copy()
         body = self.body(node.body, body_flow, inner)
-        # Captures in the body are lists after the loop; `set`s stay local to the body. A
-        # capture is bound after the loop when every iteration that reaches the end of the
-        # body has it (one cut short by break/continue adds no item); when none reaches the
-        # end, when every break/continue has it.
-        ends = [body_flow] if not body_flow.dead else [f for f in exits if not f.dead]
-        end_bound = set.intersection(*(f.bound for f in ends)) if ends else set()
-        new_captures = {n for n in body_flow.captured if n not in flow.captured}
-        flow.bound |= end_bound & new_captures
-        flow.captured.update(body_flow.captured)
-        flow.sets.update(body_flow.sets)
+        self.after_loop(flow, body_flow, exits)
         return ir.For(node.targets, node.iterable, body, node.span)
 
     def loop_control(self, node: ast.Break | ast.Continue, flow: Flow, ctx: Context
@@ -286,10 +401,10 @@ class _Compiler:
             self.source = self.args.source = outer
             self.site = outer_site
 
-    def note_included(self, first_error: int, tag: Span) -> None:
+    def note_included(self, first_error: int, tag: Span, how: str = "included") -> None:
         """Errors from `first_error` on that lie in another file get a note naming the tag
-        (in self.source) that includes it."""
-        where = f"included from {self.source.name}:{tag}"
+        (in self.source) that includes (or calls) it."""
+        where = f"{how} from {self.source.name}:{tag}"
         for index in range(first_error, len(self.errors)):
             err = self.errors[index]
             if err.source is not self.source:
@@ -390,6 +505,11 @@ class _Compiler:
         if self.is_input(name):
             self.input_use(name, span, safe)
             return
+        if ctx.macro is not None and name in self.holes and name not in flow.captured:
+            self.fail(f"macro '{ctx.macro}' cannot see the capture '{name}'", span,
+                      "a macro sees its parameters, the inputs and the template's `set` "
+                      f"variables: pass it as an argument, {ctx.macro}({name}=...)")
+            return
         known = (flow.captured, flow.sets, self.holes, self.sets)
         if safe and any(name in names for names in known):
             return  # undefined until it is captured or set: `is defined` tells
@@ -448,9 +568,18 @@ class _Compiler:
                 return
             case ex.Attr(obj=obj, attr=attr, span=span):
                 self.attr(obj, attr, span, ctx)
-            case ex.Call(func=func, kwargs=kwargs, span=span) | ex.Filter(
-                    name=func, kwargs=kwargs, span=span):
-                self.function(func, kwargs, span)
+            case ex.Call(func="call", args=args, kwargs=kwargs, span=span) \
+                    if CALL not in self.macro_nodes:
+                self.call_file(args, kwargs, span)
+                kids = [value for _, value in kwargs]
+            case ex.Call(func=func, args=args, kwargs=kwargs, span=span):
+                self.function(func, len(args), kwargs, span)
+                if func == "default" and kids:  # default(x, ...): x may be undefined
+                    self.expr(kids.pop(0), flow, ctx, safe=True)
+            case ex.Filter(name=func, args=args, kwargs=kwargs, span=span):
+                self.function(func, len(args) + 1, kwargs, span)
+                if func == "default" and kids:  # x | default(...): x may be undefined
+                    self.expr(kids.pop(0), flow, ctx, safe=True)
                 if func == "default" and kids:  # default(x, ...): x may be undefined
                     self.expr(kids.pop(0), flow, ctx, safe=True)
             case ex.Test(name=test, args=args, span=span):
@@ -489,17 +618,82 @@ class _Compiler:
             self.fail(f"'loop' has no attribute '{attr}'", span,
                       *suggest(attr, LOOP_FIELDS), "loop attributes: " + ", ".join(LOOP_FIELDS))
 
-    def function(self, func: str, kwargs: tuple[tuple[str, ex.Expr], ...], span: Span) -> None:
+    def function(self, func: str, positional: int, kwargs: tuple[tuple[str, ex.Expr], ...],
+                 span: Span) -> None:
+        signature = self.signature(func)
+        if func not in FUNCTIONS and signature is not None:
+            refused = signature.check(func, positional, tuple(name for name, _ in kwargs))
+            if refused is not None:
+                self.fail(refused, span)
+            if func in self.host:
+                self.host_calls.setdefault(func, span)
+            return
         if func not in FUNCTIONS:
             hint = FILTER_HINTS.get(func)
-            self.fail(f"unknown function '{func}'", span,
-                      *([hint] if hint else suggest(func, FUNCTIONS)),
+            known = [*FUNCTIONS, *self.macro_nodes, *self.host]
+            notes = [hint] if hint else [*suggest(func, known), _HOST_NOTE]
+            self.fail(f"unknown function '{func}'", span, *notes,
                       "functions: " + ", ".join(FUNCTIONS))
             return
         for name, _ in kwargs:
             refused = keyword_error(func, name)
             if refused is not None:
                 self.fail(refused, span)
+
+    def call_file(self, args: tuple[ex.Expr, ...], kwargs: tuple[tuple[str, ex.Expr], ...],
+                  span: Span) -> None:
+        """`call("file.tmpl", name=value, ...)`: the file is found as `{% include %}` finds
+        one (lang/include.py: relative to the calling file, inside the include folder) and
+        compiled now, as a template of its own whose inputs the keyword arguments give."""
+        first = args[0] if args else None
+        if not isinstance(first, ex.Const) or not isinstance(first.value, str) or len(args) > 1:
+            self.fail("call() takes the template file's name as a string literal, then its "
+                      "inputs by name", span, 'e.g. call("summary.tmpl", text=doc)')
+            return
+        key = (self.source.name, first.value)
+        program = self.called.get(key)
+        if program is None:
+            first_error = len(self.errors)
+            loaded = self.includes.load(ast.Include(first, span), self.source)
+            if isinstance(loaded, list):
+                self.errors.extend(loaded)
+                self.note_included(first_error, span, "called")
+                return
+            _, source, template = loaded
+            inner = _Compiler(source, template, self.includes, self.host, self.called)
+            with self.includes.entered(source, span):
+                program = inner.program(template)
+            self.errors.extend(inner.errors)
+            self.note_included(first_error, span, "called")
+            if inner.errors:
+                return
+            self.called[key] = program
+            for name in program.captures:
+                if name not in self.captures:  # a run that calls holes needs the model
+                    self.captures.append(name)
+        given = [name for name, _ in kwargs]
+        missing = [name for name in program.inputs if name not in given]
+        if missing:
+            self.fail(f"call({ex.literal_text(first.value)}) is missing input"
+                      f"{'s' if len(missing) > 1 else ''} " + ", ".join(map(repr, missing)),
+                      span)
+        known = {*program.inputs, *program.optional_inputs}
+        for name in given:
+            if name not in known:
+                self.fail(f"{first.value} has no input '{name}'", span,
+                          "its inputs: " + (", ".join(sorted(known)) or "none"))
+
+    def signature(self, func: str) -> Signature | None:
+        """How a macro, a host function or run_tool is called (None for other names)."""
+        macro = self.macro_nodes.get(func)
+        if macro is not None:
+            required = sum(1 for p in macro.params if p.default is None)
+            return Signature(tuple(p.name for p in macro.params), required)
+        if func == RUN_TOOL:
+            return Signature(("call",), 1)
+        if func == TOOLS:
+            return Signature(("names",), 0)
+        return self.host.get(func)
 
     def test(self, test: str, args: tuple[ex.Expr, ...], span: Span) -> None:
         if test not in TESTS:

@@ -2,7 +2,9 @@
 eval). Every failure is an EvaluationError at the failing node's span. Results are bounded in
 size, and every node, and work that grows with a value's size, is charged to the run's Budget
 (qrun/limits.py), so an untrusted template can neither exhaust memory nor run for long. Only
-the stdlib functions of lang/functions.py are ever called, never a value. An undefined value
+the stdlib functions of lang/functions.py are ever called, never a value; the runtime may
+add the template's macros and the host functions its caller registered (`calls`, a Calls),
+which the stdlib's names shadow. An undefined value
 (a missing variable, key or item) is an error except where `is defined`, `is undefined` and
 `default` look at it (Jinja's StrictUndefined)."""
 
@@ -11,9 +13,9 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
-from qrun.errors import EvaluationError
+from qrun.errors import EvaluationError, LimitError
 from qrun.lang import expr as ex
 from qrun.lang.functions import (
     CONSTANT_TIME,
@@ -74,11 +76,26 @@ class LoopInfo:
 LOOP_FIELDS = ("index", "index0", "first", "last", "length", "revindex", "revindex0")
 
 
+class Calls(Protocol):
+    """The functions a run adds to the stdlib (runtime/calls.py): macros, host functions and
+    run_tool. Called with plain values; the result is plain data."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
+        """The value of `name(*args, **kwargs)` called at `span` (of the run's current source).
+
+        Raises:
+            EvaluationError: at `span` (or inside a macro, with a note naming `span`).
+        """
+        ...
+
+
 # ---- the interpreter -----------------------------------------------------------------------------
 
 
 def evaluate(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
-             budget: Budget | None = None) -> Any:
+             budget: Budget | None = None, calls: Calls | None = None) -> Any:
     """The value of `expr` with variables from `scope` (`loop` holds a LoopInfo in loops),
     charged to `budget` (the run's; a fresh default one when None).
 
@@ -86,11 +103,11 @@ def evaluate(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
         EvaluationError: at the span of the node that failed (undefined variable, missing key,
             type error, division by zero, a size limit, the budget running out ...).
     """
-    return _Evaluator(scope, source, budget).eval(expr)
+    return _Evaluator(scope, source, budget, calls).eval(expr)
 
 
 def evaluate_text(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
-                  budget: Budget | None = None) -> str:
+                  budget: Budget | None = None, calls: Calls | None = None) -> str:
     """`{{ expr }}` as text: a string as is, none as '', true/false, numbers as Python prints
     them, lists and dicts as JSON (a captured `json=` value reads as the JSON the model wrote;
     Python's repr where JSON cannot say it). A list or dict too large for the output left to
@@ -99,7 +116,7 @@ def evaluate_text(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
     Raises:
         EvaluationError: as evaluate, or the value cannot be printed.
     """
-    evaluator = _Evaluator(scope, source, budget)
+    evaluator = _Evaluator(scope, source, budget, calls)
     value = evaluator.eval(expr)
     try:
         if isinstance(value, list | tuple | Mapping):
@@ -117,9 +134,11 @@ def evaluate_text(expr: ex.Expr, scope: Mapping[str, Any], source: Source,
 
 
 class _Evaluator:
-    def __init__(self, scope: Mapping[str, Any], source: Source, budget: Budget | None) -> None:
+    def __init__(self, scope: Mapping[str, Any], source: Source, budget: Budget | None,
+                 calls: Calls | None = None) -> None:
         self.scope = scope
         self.source = source
+        self.calls = calls
         self.budget = budget if budget is not None else Budget(Limits(), source)
         self.int_bits = self.budget.limits.int_bits
 
@@ -127,8 +146,9 @@ class _Evaluator:
         raise EvaluationError(message, span, self.source, notes)
 
     def limit(self, exc: LimitExceeded, span: Span) -> NoReturn:
-        notes = [raise_note(exc.field)] if exc.field else []
-        self.fail(str(exc), span, *notes)
+        if exc.field is None:  # a fixed size limit: an error of the template's values
+            self.fail(str(exc), span)
+        raise LimitError(str(exc), span, self.source, [raise_note(exc.field)])
 
     def eval(self, node: ex.Expr, lenient: bool = False) -> Any:
         """The value of `node`; an undefined one is an error unless `lenient` (the operand of
@@ -331,6 +351,8 @@ class _Evaluator:
              span: Span) -> Any:
         function = FUNCTIONS.get(func)
         if function is None:
+            if self.calls is not None and func in self.calls:
+                return self.added_call(func, args, kwargs, span)
             self.fail(f"unknown function '{func}'", span)
         for name, _ in kwargs:
             refused = keyword_error(func, name)
@@ -355,6 +377,19 @@ class _Evaluator:
         if func in PASS_THROUGH:
             return result
         if isinstance(result, (str, list)):
+            return self.built(result)
+        return self.number(result)
+
+    def added_call(self, func: str, args: list[Any], kwargs: tuple[tuple[str, ex.Expr], ...],
+                   span: Span) -> Any:
+        """A macro, host function or run_tool (Calls): arguments evaluated here, the call made
+        by the runtime; what it returns is charged as a value built."""
+        assert self.calls is not None
+        named = {name: self.eval(value) for name, value in kwargs}
+        if any(callable(value) for value in [*args, *named.values()]):
+            self.fail(f"a function cannot be an argument of {func}()", span)
+        result = self.calls.call(func, args, named, span)
+        if isinstance(result, (str, list, Mapping)):
             return self.built(result)
         return self.number(result)
 

@@ -237,7 +237,58 @@ class Role:
     tools: Expr | None = None
 
 
-Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
+@dataclass(frozen=True, slots=True)
+class While:
+    """`while test`: body runs while `test` is truthy, each round charged to the run's
+    budget (which bounds a loop that never ends); Break and Continue work as in For."""
+
+    test: Expr
+    body: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """`try`/`except name`: run `body`; when an EvaluationError (a host function failing,
+    any expression failing; not a GenerationError, not a limit) ends it, the text it emitted
+    is taken back from the context and `handler` runs with `name` (if any) bound to the
+    error's message."""
+
+    body: tuple[Op, ...]
+    name: str | None
+    handler: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A macro parameter; `default` is evaluated at each call that does not give it."""
+
+    name: str
+    default: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Macro:
+    """`macro name(params)`: defined where written (top level only), runs where called
+    (runtime/calls.py); the op itself does nothing."""
+
+    name: str
+    params: tuple[Param, ...]
+    body: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """`return expr`: ends the macro being run; its value is the call's value."""
+
+    expr: Expr
+    span: Span
+
+
+Op = (EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
+      | While | Try | Macro | Return)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +310,12 @@ class Program:
     input_spans: dict[str, Span] = field(default_factory=dict, compare=False)
     optional_inputs: tuple[str, ...] = ()
     warnings: tuple[TemplateWarning, ...] = field(default=(), compare=False)
+    # The template's macros by name, and the host functions it calls with their call sites
+    # (a run checks the registry it is given has them: runtime/calls.py).
+    macros: Mapping[str, Macro] = field(default_factory=dict, compare=False)
+    host_calls: Mapping[str, Span] = field(default_factory=dict, compare=False)
+    # The template files `call()` runs: (calling file's name, name as written) -> program.
+    called: Mapping[tuple[str, str], Program] = field(default_factory=dict, compare=False)
 
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs the template reads (the optional ones that are given), as plain data
@@ -302,9 +359,14 @@ def children(op: Op) -> Iterator[Op]:
             for branch in branches:
                 yield from branch.body
             yield from orelse
-        case For(body=body) | Role(body=body) | Include(body=body):
+        case (For(body=body) | Role(body=body) | Include(body=body) | While(body=body)
+              | Macro(body=body)):
             yield from body
-        case EmitText() | EmitValue() | Gen() | Select() | Set() | Break() | Continue():
+        case Try(body=body, handler=handler):
+            yield from body
+            yield from handler
+        case (EmitText() | EmitValue() | Gen() | Select() | Set() | Break() | Continue()
+              | Return()):
             pass
 
 
@@ -327,10 +389,12 @@ def walk_sources(ops: Iterable[Op], source: Source) -> Iterator[tuple[Op, Source
 def exprs(op: Op) -> Iterator[Expr]:
     """The expressions `op` itself evaluates (not those of nested ops), in source order."""
     match op:
-        case EmitValue(expr=value) | Set(expr=value):
+        case EmitValue(expr=value) | Set(expr=value) | Return(expr=value):
             yield value
-        case For(iterable=iterable):
+        case For(iterable=iterable) | While(test=iterable):
             yield iterable
+        case Macro(params=params):
+            yield from (p.default for p in params if p.default is not None)
         case If(branches=branches):
             for branch in branches:
                 yield branch.condition
@@ -341,7 +405,7 @@ def exprs(op: Op) -> Iterator[Expr]:
         case Role(tools=tools):
             if tools is not None:
                 yield tools
-        case EmitText() | Break() | Continue() | Include():
+        case EmitText() | Break() | Continue() | Include() | Try():
             pass
 
 
@@ -413,6 +477,18 @@ def _op(op: Op, depth: int) -> list[str]:
         case Role(role=role, body=body, span=span, tools=tools):
             head = f"role {role}" + (f" tools={ex.format_expr(tools)}" if tools is not None else "")
             return [_line(depth, head, span), *_ops(body, depth + 1)]
+        case While(test=test, body=body, span=span):
+            return [_line(depth, f"while {ex.format_expr(test)}", span), *_ops(body, depth + 1)]
+        case Try(body=body, name=name, handler=handler, span=span):
+            bound = f" {name}" if name is not None else ""
+            return [_line(depth, "try", span), *_ops(body, depth + 1),
+                    f"{_INDENT * depth}except{bound}", *_ops(handler, depth + 1)]
+        case Macro(name=name, params=params, body=body, span=span):
+            listed = ", ".join(p.name if p.default is None
+                               else f"{p.name}={ex.format_expr(p.default)}" for p in params)
+            return [_line(depth, f"macro {name}({listed})", span), *_ops(body, depth + 1)]
+        case Return(expr=value, span=span):
+            return [_line(depth, f"return {ex.format_expr(value)}", span)]
         case _:
             assert_never(op)
 

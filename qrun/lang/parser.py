@@ -39,8 +39,9 @@ _EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "STRING_LIST", "(", "[", "{
 # What continues an expression: only listed when nothing structural is expected.
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
-_BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "break", "continue", "set",
-                   "include", "system", "endsystem", "user", "enduser", "assistant",
+_BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "while", "endwhile",
+                   "break", "continue", "set", "include", "macro", "endmacro", "return", "try",
+                   "except", "endtry", "system", "endsystem", "user", "enduser", "assistant",
                    "endassistant", "raw")
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 _NO_INHERITANCE = ("template inheritance is not supported: put shared text in a file and "
                    "use {% include \"file.tmpl\" %}")
-_NO_MACROS = "macros are not supported: put shared text in a file and use {% include %}"
+_CALL_MACRO = "a macro is called in an expression: {{ name(args) }} (docs/language.md §21)"
 _NO_ESCAPING = "qrun never escapes text (a prompt is not HTML): drop the filter"
 _LOOP = "use a loop: {% for x in xs %}{% if ... %}...{% endif %}{% endfor %}"
-_NO_WHILE = ("there is no while loop: loop over a range and leave it with break, "
-             "{% for i in range(10) %}...{% if done %}{% break %}{% endif %}{% endfor %}")
 _HIDDEN = ("hidden holes are not supported: every value stays in the model's context and in "
            "the text; to keep one out of a prompt, generate it with another template and pass "
            "it in as an input")
@@ -22,10 +20,8 @@ TAG_HINTS: dict[str, str] = {
     "extends": _NO_INHERITANCE,
     "block": _NO_INHERITANCE,
     "endblock": _NO_INHERITANCE,
-    "macro": _NO_MACROS,
-    "endmacro": _NO_MACROS,
-    "call": _NO_MACROS,
-    "endcall": _NO_MACROS,
+    "call": _CALL_MACRO,
+    "endcall": _CALL_MACRO,
     "import": "imports are not supported: use {% include \"file.tmpl\" %}",
     "from": "imports are not supported: use {% include \"file.tmpl\" %}",
     "with": "use {% set name = value %}",
@@ -38,10 +34,8 @@ TAG_HINTS: dict[str, str] = {
     "trans": "translation blocks are not supported",
     "endtrans": "translation blocks are not supported",
     "endset": "block assignments are not supported: use {% set name = value %}",
-    "while": _NO_WHILE,
-    "endwhile": _NO_WHILE,
 }
-"""Tags qrun does not have: Jinja's, and `while` of other template languages."""
+"""Tags qrun does not have: Jinja's, and those of other template languages."""
 
 FILTER_HINTS: dict[str, str] = {
     "d": "use `default`",
@@ -84,7 +78,7 @@ FILTER_HINTS: dict[str, str] = {
     "cycler": "use `['a', 'b'][loop.index0 % 2]`",
     "joiner": "use `xs | join(', ')`",
     "lipsum": "not supported",
-    "caller": _NO_MACROS,
+    "caller": _CALL_MACRO,
     "super": _NO_INHERITANCE,
     "self": _NO_INHERITANCE,
 }

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from qrun.backends.base import Backend, BatchForward, KVCache, StepModel, TreeScorer
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.errors import QrunError
+from qrun.functions import Functions
 from qrun.lang.ir import Program
 from qrun.options import RunOptions
 from qrun.runtime.constraints import ConstraintCompiler
@@ -167,6 +168,7 @@ def run_batched(
     constraints: ConstraintCompiler,
     batch_size: int,
     on_result: Callable[[int, Outcome], None] | None = None,
+    functions: Functions | None = None,
 ) -> list[Outcome]:
     """Run `program` once per input (with the options of the same index), up to `batch_size`
     runs at a time sharing each forward.
@@ -175,7 +177,8 @@ def run_batched(
     leading text, which the others then reuse instead of encoding it again in the batch.
     A failing run puts its error in its place; the others complete.
     """
-    return _BatchRun(program, backend, inputs, options, constraints, on_result).run(batch_size)
+    return _BatchRun(program, backend, inputs, options, constraints, on_result,
+                     functions).run(batch_size)
 
 
 class _BatchRun:
@@ -187,8 +190,10 @@ class _BatchRun:
 
     def __init__(self, program: Program, backend: Backend, inputs: Sequence[Mapping[str, Any]],
                  options: Sequence[RunOptions], constraints: ConstraintCompiler,
-                 on_result: Callable[[int, Outcome], None] | None) -> None:
+                 on_result: Callable[[int, Outcome], None] | None,
+                 functions: Functions | None = None) -> None:
         self.program = program
+        self.functions = functions
         self.backend = backend
         self.inputs = inputs
         self.options = options
@@ -235,7 +240,7 @@ class _BatchRun:
             else:
                 engines = choose_engines(self.backend)
             run = Run(self.program, self.backend, self.inputs[index], self.options[index],
-                      None, self.constraints, engines)
+                      None, self.constraints, engines, self.functions)
             if self.lead_run is None:
                 self.lead_run = run
             return run.execute()

@@ -20,7 +20,7 @@ from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec, Cursor, Loweri
 from qrun.constraint.tools import DEFAULT_KEYS, CallKeys, lower_tools
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
-from qrun.lang.evaluate import evaluate
+from qrun.lang.evaluate import Calls, evaluate
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
 from qrun.source import Source
@@ -37,9 +37,11 @@ class ConstraintCompiler:
 
     def spec(
         self, constraint: ir.Constraint, scope: Mapping[str, Any], source: Source,
-        budget: Budget | None = None,
+        budget: Budget | None = None, calls: Calls | None = None,
     ) -> ConstraintSpec:
-        """What a constraint stands for in this run, checked.
+        """What a constraint stands for in this run, checked; `calls` are the run's macros
+        and host functions (none before the run starts: a constraint that calls one is
+        evaluated when its hole comes).
 
         Raises:
             ConstraintError: a pattern, JSON Schema or grammar its engine refuses.
@@ -56,33 +58,33 @@ class ConstraintCompiler:
             case ir.Regex(stdlib_name=str(name)):
                 return _lowered("pattern", name, constraint.pattern, source, FIXED, limits)
             case ir.Regex(pattern=expr):
-                return _lowered("regex", evaluate(expr, scope, source, budget), expr, source,
+                return _lowered("regex", evaluate(expr, scope, source, budget, calls), expr, source,
                                 FIXED, limits)
             case ir.JsonSchema(schema=expr, closed=closed_expr, formats=formats_expr) | ir.ToolCall(
                     tools=expr, closed=closed_expr, formats=formats_expr):
                 # A tool's arguments are closed unless the hole says otherwise (lang/args.py).
                 closed = isinstance(constraint, ir.ToolCall)
                 if closed_expr is not None:
-                    closed = evaluate(closed_expr, scope, source, budget)
+                    closed = evaluate(closed_expr, scope, source, budget, calls)
                     if not isinstance(closed, bool):
                         raise EvaluationError(f"closed must be true or false, got {closed!r}",
                                               closed_expr.span, source)
                 formats = "assert"
                 if formats_expr is not None:
-                    formats = evaluate(formats_expr, scope, source, budget)
+                    formats = evaluate(formats_expr, scope, source, budget, calls)
                     if formats not in FORMAT_MODES:
                         raise EvaluationError(
                             f'formats must be "assert", "known" or "annotation", got '
                             f"{formats!r}", formats_expr.span, source)
-                schema = evaluate(expr, scope, source, budget)
+                schema = evaluate(expr, scope, source, budget, calls)
                 fmt = JsonFormat(closed=closed, formats=formats)
                 if isinstance(constraint, ir.ToolCall):
                     return _lowered("tools", schema, expr, source, fmt, limits,
                                     self.call_keys())
                 return _lowered("json", schema, expr, source, fmt, limits)
             case ir.Grammar(grammar=expr):
-                return _lowered("grammar", evaluate(expr, scope, source, budget), expr, source,
-                                FIXED, limits)
+                grammar = evaluate(expr, scope, source, budget, calls)
+                return _lowered("grammar", grammar, expr, source, FIXED, limits)
 
     def call_keys(self) -> CallKeys:
         """How this model writes a tool call's object: its chat template's keys, else the

@@ -20,8 +20,10 @@ from qrun.errors import (
     ConstraintError,
     EvaluationError,
     GenerationError,
+    LimitError,
     TemplateCompileError,
 )
+from qrun.functions import Functions
 from qrun.lang import ir
 from qrun.lang.args import want_distinct
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
@@ -30,6 +32,7 @@ from qrun.lang.functions import type_name
 from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
+from qrun.runtime.calls import CallRunner, Mark
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
@@ -58,15 +61,17 @@ def execute(
     options: RunOptions | None = None,
     on_text: Callable[[str], None] | None = None,
     constraints: ConstraintCompiler | None = None,
+    functions: Functions | None = None,
 ) -> Result:
-    """Run a compiled program on a backend.
+    """Run a compiled program on a backend; `functions` are the host functions it may call.
 
     Raises:
         InputError: a declared input is missing (before any model work).
         GenerationError: a hole cannot be filled legally.
         EvaluationError: an expression fails at run time.
     """
-    return Run(program, backend, inputs, options, on_text, constraints).execute()
+    return Run(program, backend, inputs, options, on_text, constraints,
+               functions=functions).execute()
 
 
 class Run:
@@ -82,6 +87,7 @@ class Run:
         on_text: Callable[[str], None] | None = None,
         constraints: ConstraintCompiler | None = None,
         engines: Engines | None = None,
+        functions: Functions | None = None,
     ) -> None:
         inputs = program.check_inputs(inputs)
         self.program = program
@@ -112,15 +118,41 @@ class Run:
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
         self.drafter = PromptLookup(backend.capabilities.draft_cost) if speculate else None
-        for op in ir.walk(program.ops):
+        self.quiet = 0  # inside a hidden stretch (runtime/calls.py): its text is not streamed
+        self.calls = CallRunner(self, functions)
+        self._start_lists(program.ops)
+
+    def _start_lists(self, ops: Sequence[ir.Op]) -> None:
+        """A loop capture exists (as a list) even when its loop never runs (a macro's, in
+        each call)."""
+        for op in _walk_outside_macros(ops):
             if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
-                # A loop capture exists (as a list) even when its loop never runs.
                 self.vars[op.name] = self.scope[op.name] = []
                 self.hole_lists[op.name] = []
                 self.endings[op.name] = []
 
+    def enter_scope(self, scope: dict[str, Any], source: Source) -> tuple[Any, ...]:
+        """Run what follows (a macro's body) with `scope` and captures of its own, in `source`;
+        returns what leave_scope restores."""
+        saved = (self.scope, self.vars, self.holes, self.hole_lists, self.endings, self.source)
+        self.scope, self.vars, self.holes, self.hole_lists = scope, {}, {}, {}
+        self.endings = {}
+        self.scope["holes"] = self.endings
+        self.source = self.budget.source = source
+        return saved
+
+    def leave_scope(self, saved: tuple[Any, ...]) -> None:
+        self.scope, self.vars, self.holes, self.hole_lists, self.endings, self.source = saved
+        self.budget.source = self.source
+
+    def exec_body(self, ops: Sequence[ir.Op]) -> None:
+        """A macro's body: its loop captures start as empty lists."""
+        self._start_lists(ops)
+        self._exec_block(ops)
+
     def execute(self) -> Result:
         started = time.perf_counter()
+        self.calls.check()
         self._check_constraints()
         try:
             self._exec_block(self.program.ops)
@@ -165,8 +197,10 @@ class Run:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                text = evaluate_text(op.expr, self.scope, self.source, self.budget)
-                self._emit(text, op=op)
+                if not self.calls.inline(op):
+                    text = evaluate_text(op.expr, self.scope, self.source, self.budget,
+                                         self.calls)
+                    self._emit(text, op=op)
             case ir.Gen():
                 self._exec_gen(op, after)
             case ir.Select():
@@ -185,6 +219,14 @@ class Run:
                 raise _Continue
             case ir.Include():
                 self._exec_include(op, after)
+            case ir.While():
+                self._exec_while(op)
+            case ir.Try():
+                self._exec_try(op, after)
+            case ir.Macro():
+                pass  # defined here, run where called (runtime/calls.py)
+            case ir.Return():
+                self.calls.returned(self._eval(op.expr))
             case _:
                 assert_never(op)
 
@@ -213,11 +255,11 @@ class Run:
 
     def _show(self, text: str) -> None:
         self.pieces.append(text)
-        if self.on_text is not None and text:
+        if self.on_text is not None and text and not self.quiet:
             self.on_text(text)
 
     def _eval(self, expr: Expr) -> Any:
-        return evaluate(expr, self.scope, self.source, self.budget)
+        return evaluate(expr, self.scope, self.source, self.budget, self.calls)
 
     @contextmanager
     def _filling(self, op: ir.Gen | ir.Select) -> Iterator[None]:
@@ -264,7 +306,7 @@ class Run:
         spec = None
         if p.constraint is not None:
             spec = self.constraints.spec(p.constraint, self.scope, self.source,
-                                         self.budget)
+                                         self.budget, self.calls)
         prefix = b""
         # The healed token may stay in the context until the model writes it again: no extra
         # forward where one forward can return the logits of two positions (transformers).
@@ -417,6 +459,48 @@ class Run:
             self.scope.pop(key, None)
         self.scope.update(saved)
 
+    def _exec_while(self, op: ir.While) -> None:
+        """Each round costs a step: the run's budget ends a loop that never does."""
+        while True:
+            self.budget.step(op.span)
+            if not self._eval(op.test):
+                return
+            try:
+                self._exec_block(op.body)
+            except _Continue:
+                continue
+            except _Break:
+                return
+
+    def _exec_try(self, op: ir.Try, after: str | None) -> None:
+        """The text before the block is tokenized up to it (a seam, as before a hole: the
+        body's text must be taken back alone). The body's text is held back from the stream
+        until it succeeds; when it fails with an EvaluationError (not a limit), its text leaves
+        the context and the result, and the handler runs with the message bound."""
+        mark = Mark(self)
+        try:
+            self._exec_block(op.body, after)
+        except LimitError:
+            mark.release()
+            raise
+        except EvaluationError as err:
+            mark.take_back()
+            if op.name is None:
+                self._exec_block(op.handler, after)
+                return
+            saved = {op.name: self.scope[op.name]} if op.name in self.scope else {}
+            self.scope[op.name] = err.message
+            try:
+                self._exec_block(op.handler, after)
+            finally:
+                self.scope.pop(op.name, None)
+                self.scope.update(saved)
+            return
+        except BaseException:
+            mark.release()
+            raise
+        mark.release()
+
     def _bind(self, op: ir.For, item: Any) -> None:
         """Bind the loop's targets to `item`, unpacking it for two or more (Python's rules:
         exactly as many values as names)."""
@@ -488,6 +572,14 @@ def _text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | No
             continue
         return op.text if isinstance(op, ir.EmitText) and op.text else None
     return after
+
+
+def _walk_outside_macros(ops: Sequence[ir.Op]) -> Iterator[ir.Op]:
+    """As ir.walk, not entering macro definitions (their ops run only in a call)."""
+    for op in ops:
+        yield op
+        if not isinstance(op, ir.Macro):
+            yield from _walk_outside_macros(tuple(ir.children(op)))
 
 
 def _constraint_span(op: ir.Gen) -> Span:

@@ -52,6 +52,21 @@ class HoleEntry:
     options: list[tuple[str, float, float]] | None = None
 
 
+@dataclass(slots=True)
+class CallEntry:
+    """One host function call (runtime/calls.py): its arguments, then its result or error."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    result: Any
+    error: str | None
+    seconds: float
+    line: int
+    column: int
+    pos: int  # the context's length when it was made
+
+
 class Recorder:
     """The events and holes of one run. `hole` is the hole being filled (its model tokens get
     its index); `live[p]` is the index of the kept event at context position p."""
@@ -63,6 +78,7 @@ class Recorder:
         self.holes: list[HoleEntry] = []
         self.hole: int | None = None
         self.live: list[int] = []
+        self.calls: list[CallEntry] = []
 
     # ---- the context ---------------------------------------------------------------------------
 
@@ -119,6 +135,11 @@ class Recorder:
                 setattr(entry, key, value)
         self.hole = None
 
+    def host_call(self, name: str, args: list[Any], kwargs: dict[str, Any], result: Any,
+                  error: str | None, seconds: float, line: int, column: int) -> None:
+        self.calls.append(CallEntry(name, args, kwargs, result, error, seconds, line, column,
+                                    len(self.live)))
+
     def alternatives(self, logits: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_] | None
                      ) -> tuple[int | None, list[tuple[int, float]]]:
         """The mask's size and the most likely allowed tokens with their log-probabilities
@@ -146,7 +167,14 @@ class Recorder:
             if event.hole is not None:
                 spans.setdefault(event.hole, [i, i])[1] = i
         return {"events": [self._event(e) for e in self.events],
-                "holes": [self._hole(i, h, spans.get(i)) for i, h in enumerate(self.holes)]}
+                "holes": [self._hole(i, h, spans.get(i)) for i, h in enumerate(self.holes)],
+                "calls": [self._call(c) for c in self.calls]}
+
+    def _call(self, call: CallEntry) -> dict[str, Any]:
+        return {"name": call.name, "args": _json_safe(call.args),
+                "kwargs": _json_safe(call.kwargs), "result": _json_safe(call.result),
+                "error": call.error, "seconds": call.seconds,
+                "span": {"line": call.line, "column": call.column}, "pos": call.pos}
 
     def _event(self, event: Event) -> dict[str, Any]:
         return {

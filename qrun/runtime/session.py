@@ -470,6 +470,14 @@ class Session:
             self.fed = length
         self._known = {n: v for n, v in self._known.items() if n <= length}
 
+    def take_back(self, length: int) -> None:
+        """Return the context to its first `length` tokens, as it was when it had that many:
+        text collected since and a hole's pending overshoot go too (a hidden stretch, a
+        failed `try` body: runtime/calls.py)."""
+        self._stretch = Stretch()
+        self.overshoot = None
+        self.rollback(min(length, len(self.token_ids)), "rollback")
+
     def heal(self, count: int, keep_last: bool = False) -> bytes:
         """Take back the last `count` fixed-text tokens (token healing) and return their bytes,
         which the next hole must produce first. Unfed tokens cost nothing to take back.

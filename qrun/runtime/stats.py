@@ -29,6 +29,7 @@ class Stats:
     drafted_tokens: tokens guessed by speculation and fed with a step's forward
     accepted_tokens: drafted tokens the model then chose (each saved a forward)
     seed: the run's seed (given, or drawn fresh): the same seed replays the run
+    host_calls, host_s: host function calls (qrun.Functions) and the seconds they took
     """
 
     context_tokens: int = 0
@@ -46,6 +47,8 @@ class Stats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     seed: int = 0
+    host_calls: int = 0
+    host_s: float = 0.0
     wall_s: float = 0.0
     model_s: float = 0.0
     mask_s: float = 0.0
@@ -61,6 +64,6 @@ class Stats:
 
     def to_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = asdict(self)
-        for key in ("wall_s", "model_s", "mask_s", "load_s"):
+        for key in ("wall_s", "model_s", "mask_s", "load_s", "host_s"):
             out[key] = round(float(out[key]), 6)
         return out

@@ -78,6 +78,17 @@ class Hole(TypedDict):
     options: list[SelectOption] | None
 
 
+class Call(TypedDict):
+    name: str
+    args: list[JSONValue]
+    kwargs: dict[str, JSONValue]
+    result: JSONValue
+    error: str | None
+    seconds: float
+    span: SourcePos
+    pos: int
+
+
 class Trace(TypedDict):
     format: str
     version: int
@@ -90,6 +101,7 @@ class Trace(TypedDict):
     stats: dict[str, int | float | None]
     events: list[TokenEvent]
     holes: list[Hole]
+    calls: NotRequired[list[Call]]
 
 
 class TraceFormatError(ValueError):
@@ -128,7 +140,27 @@ def validate(trace: object) -> Trace:
             kept += 1
     _check_holes(holes, len(events))
     _check_options(events, holes)
+    if "calls" in top:  # host function calls (docs/trace.md §2.4); absent in older traces
+        _check_calls(_sequence(top["calls"], "trace.calls"))
     return cast(Trace, trace)
+
+
+def _check_calls(calls: Sequence[object]) -> None:
+    for i, obj in enumerate(calls):
+        path = f"calls[{i}]"
+        call = _mapping(obj, path)
+        _field(call, "name", str, path)
+        _field(call, "error", str, path, nullable=True)
+        _sequence(call.get("args"), f"{path}.args")
+        _mapping(call.get("kwargs"), f"{path}.kwargs")
+        for key in ("args", "kwargs", "result"):
+            _json_value(call.get(key), f"{path}.{key}")
+        if _number(call.get("seconds"), f"{path}.seconds") < 0:
+            raise TraceFormatError(f"{path}.seconds: must be ≥ 0")
+        span = _mapping(call.get("span"), f"{path}.span")
+        _index(span, "line", f"{path}.span")
+        _index(span, "column", f"{path}.span")
+        _index(call, "pos", path)
 
 
 def _check_event(obj: object, path: str, n_holes: int) -> Mapping[str, object]:

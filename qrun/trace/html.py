@@ -52,7 +52,8 @@ def render_html(trace: Mapping[str, Any]) -> str:
         "<meta name=\"generator\" content=\"qrun\">\n",
         f"<title>{_text(title)}</title>\n<style>\n{_asset('page.css')}</style>\n</head>\n",
         "<body>\n", _header(checked), "<main>\n",
-        _text_section(checked), _holes_section(checked), _stats_section(checked),
+        _text_section(checked), _holes_section(checked), _calls_section(checked),
+        _stats_section(checked),
         "</main>\n<div id=\"tip\" role=\"tooltip\" hidden></div>\n",
         f"<script>{script}</script>\n</body>\n</html>\n",
     ])
@@ -260,6 +261,29 @@ def _hole_row(hole: Hole, events: list[TokenEvent]) -> str:
             f"<td>{_text(hole['finish'])}</td>"
             f"<td class=\"num\">{kept}/{len(own)}</td>"
             f"<td class=\"num\">{hole['seconds']:.3f} s</td></tr>\n")
+
+
+def _calls_section(trace: Trace) -> str:
+    """Host function calls (docs/trace.md §2.4), in the order they ran; none: no section."""
+    calls = trace.get("calls") or []
+    if not calls:
+        return ""
+    rows = []
+    for call in calls:
+        arguments = [_shown_json(a) for a in call["args"]] + [
+            f"{key}={_shown_json(value)}" for key, value in call["kwargs"].items()]
+        error = call["error"]
+        outcome = (f"<td class=\"error\">{_text(error)}</td>" if error is not None
+                   else f"<td><code class=\"value\">{_text(_shown_json(call['result']))}"
+                        "</code></td>")
+        rows.append(f"<tr><td class=\"name\"><code>{_text(call['name'])}</code></td>"
+                    f"<td>{call['span']['line']}:{call['span']['column']}</td>"
+                    f"<td><code>{_text(', '.join(arguments))}</code></td>{outcome}"
+                    f"<td class=\"num\">{call['seconds'] * 1000:.2f} ms</td></tr>\n")
+    return ("<section id=\"calls\">\n<h2>Host calls</h2>\n<table class=\"holes\">\n<thead><tr>"
+            "<th>function</th><th>at</th><th>arguments</th><th>result</th>"
+            "<th class=\"num\">time</th></tr>"
+            f"</thead>\n<tbody>\n{''.join(rows)}</tbody>\n</table>\n</section>\n")
 
 
 def _options(hole: Hole) -> str:

@@ -34,6 +34,7 @@ from test_examples import (
     check_reproductions,
     check_seams,
     check_values,
+    functions_of,
 )
 
 import qrun
@@ -229,10 +230,24 @@ def test_a_token_tree_scores_like_each_option_on_a_fork(
 
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_llamacpp(llama: LlamaCppBackend, name: str) -> None:
-    r = qrun.Query.from_file(EXAMPLES / name).run(INPUTS[name], model=llama)
+    query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
+    r = query.run(INPUTS[name], model=llama)
     check_values(name, r, llama)
     assert r.stats.context_tokens == len(r.token_ids)
     assert r.stats.forward_tokens > 0
+
+
+def test_hidden_calls_and_failed_try_bodies_leave_the_context(llama: LlamaCppBackend) -> None:
+    # docs/language.md §21: the KV cache is cropped back, and the run goes on from there.
+    functions = qrun.Functions({"fail": lambda: 1 / 0})
+    template = ('{% macro think(q) %}About {{ q }}: {{ gen t max_tokens=6 }}{% endmacro %}'
+                'Notes. {% set n = think("tides") %}{% try %}Lost {{ gen u max_tokens=3 }}'
+                '{{ fail() }}{% except err %}({{ err }}){% endtry %} Then: '
+                '{{ gen after max_tokens=5 }}')
+    r = qrun.Query(template, functions=functions).run(model=llama, seed=0)
+    assert r.text.startswith("Notes. (fail() failed: ZeroDivisionError: division by zero)")
+    assert llama.decode(r.token_ids) == r.text
+    assert r.stats.rollback_tokens > 0
 
 
 def test_every_constraint_holds(llama: LlamaCppBackend) -> None:

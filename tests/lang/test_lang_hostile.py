@@ -43,7 +43,7 @@ ESCAPES = [
     "{{ f'{x}' }}",
     "{% import os %}",
     "{% include 'other.tmpl' %}",
-    "{% macro m() %}{% endmacro %}",
+    "{% macro m() %}{% endmacro %}{{ m.__class__ }}",
     "{{ x.__getattribute__('a') }}",
     "{{ loop.__class__ }}{% for x in y %}{% endfor %}",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_examples import INPUTS
+from test_examples import INPUTS, functions_of
 
 import qrun
 from qrun.backends.base import Backend
@@ -173,8 +173,8 @@ def stretches(result: Result) -> list[list[int]]:
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.tmpl")))
 def test_every_example_reads_its_fixed_text_whole(tiny: TransformersBackend,
                                                   name: str) -> None:
-    result = qrun.Query.from_file(str(EXAMPLES / name)).run(model=tiny, seed=1,
-                                                             **INPUTS[name])
+    query = qrun.Query.from_file(str(EXAMPLES / name), functions=functions_of(name))
+    result = query.run(model=tiny, seed=1, **INPUTS[name])
     for ids in stretches(result):
         assert ids == reads(tiny, spelled(tiny, ids)), spelled(tiny, ids)
     stats = result.stats
