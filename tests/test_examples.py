@@ -35,9 +35,10 @@ INPUTS: dict[str, dict[str, Any]] = {
     "catalog.tmpl": {},
     "query.tmpl": {},
     "calculator.tmpl": {"question": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
+    "agent.tmpl": {"question": "How tall is the Eiffel Tower in feet? One metre is 3.28 feet."},
 }
 # The host functions an example calls: the Python file `--functions` takes (examples/*.py).
-FUNCTIONS = {"calculator.tmpl": "calculator.py"}
+FUNCTIONS = {"calculator.tmpl": "calculator.py", "agent.tmpl": "agent.py"}
 
 
 def functions_of(name: str) -> Any:
@@ -61,6 +62,32 @@ def check_calculator(r: qrun.Result) -> None:
     else:
         assert f"It cannot be computed ({call['error']})." in r.text
     assert r.stats.host_calls == 1
+
+
+def check_agent(r: qrun.Result) -> None:
+    """Every round's call is valid (a tool of the list, arguments valid under its schema); each
+    call but `finish` ran as a host call whose result or error the model was shown; the rounds
+    stop at `finish` or after four."""
+    toolbox = functions_of("agent.tmpl").tools()
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in toolbox}
+    schemas["finish"] = {"type": "object", "properties": {"answer": {"type": "string",
+                         "maxLength": 120}}, "required": ["answer"]}
+    actions = r["action"]
+    assert 1 <= len(actions) <= 4 and len(r["thought"]) == len(actions)
+    for action in actions:
+        assert set(action) == {"name", "arguments"} and action["name"] in schemas
+        jsonschema.validate(action["arguments"], schemas[action["name"]])
+    assert all(a["name"] != "finish" for a in actions[:-1])
+    ran = [a for a in actions if a["name"] != "finish"]
+    calls = r.recorder.to_dict()["calls"]
+    assert [(c["name"], c["kwargs"]) for c in calls] == [(a["name"], a["arguments"]) for a in ran]
+    for call in calls:
+        shown = (f"Observation: {call['result']}" if call["error"] is None
+                 else f"The call failed: {call['error']}")
+        assert shown in r.text
+    assert r.stats.host_calls == len(ran)
+    if actions[-1]["name"] == "finish":
+        assert r.text.rstrip().endswith("<|im_end|>")
 
 
 def catalog_schema() -> Any:
@@ -202,6 +229,8 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         assert matcher.consume_text(r["query"]) and matcher.accepting(), r["query"]
     if name == "calculator.tmpl":
         check_calculator(r)
+    if name == "agent.tmpl":
+        check_agent(r)
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")
