@@ -24,6 +24,8 @@ validator):
 - `oneOf` branches that are local `$ref`s are inlined (llguidance proves branches disjoint
   only when it sees their content); a one-branch `oneOf` is that branch; a `oneOf` whose
   branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
+- `contains` becomes an `anyOf` of the first positions the first match may take
+  (contains.py; fewer values: a first match past them is refused).
 - `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - Keywords beside a `$ref` that say nothing there (refs.py): all of them in drafts 4-7,
@@ -38,7 +40,8 @@ validator):
 
 A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
 Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
-a short finite list), an `if` without a complement, `contains`, the `propertyNames`
+a short finite list), an `if` without a complement, `contains` beside a tuple form or
+`maxContains`, the `propertyNames`
 property_names.py has no form for, `not` of anything else, a `oneOf` whose overlap has no
 form, other siblings of a circular `$ref` in 2019-09 and later.
 """
@@ -48,6 +51,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from qrun.constraint.grammar.contains import contains_positions
 from qrun.constraint.grammar.counts import count_properties
 from qrun.constraint.grammar.finite import filter_finite
 from qrun.constraint.grammar.formats import assertion
@@ -95,14 +99,14 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     positions = [sub for _, sub in schema_positions(out)]
     if inline and filter_finite(out, schema, draft):
         positions = [sub for _, sub in schema_positions(out)]
-    # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written.
-    pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf", "if", "then", "else"))
-    pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
-        if pinned_at else set()
-    # ...and those whose names a `$ref` points into keep them (property_names.py moves them).
-    names_at = pinned_pointers(ref_targets(out), ("propertyNames", "additionalProperties",
-                                                  "patternProperties"))
-    names_pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in names_at}
+    # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written; those
+    # whose names a `$ref` points into keep them (property_names.py moves them), and those
+    # whose items it points into keep `contains` (contains.py moves them).
+    targets = ref_targets(out)
+    pinned = _pinned(out, targets, ("not", "oneOf", "if", "then", "else"))
+    names_pinned = _pinned(out, targets, ("propertyNames", "additionalProperties",
+                                          "patternProperties"))
+    items_pinned = _pinned(out, targets, ("contains", "items"))
     for sub in positions:
         _formats(sub, draft, formats)
         _no_ops(sub)
@@ -114,6 +118,8 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
         _dependencies(sub)
         if id(sub) not in names_pinned:
             property_names(sub, root, draft, formats)  # property_names.py
+        if id(sub) not in items_pinned:
+            _contains(sub, draft)
     for sub in positions:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:
@@ -122,6 +128,12 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     for _, sub in schema_positions(out):
         fix_patterns(sub)
     return out
+
+
+def _pinned(out: Any, targets: set[str], keys: tuple[str, ...]) -> set[int]:
+    """The ids of the subschemas below one of whose `keys` a `$ref` target lies."""
+    at = pinned_pointers(targets, keys) if targets else set()
+    return {id(sub) for pointer, sub in schema_positions(out) if pointer in at} if at else set()
 
 
 def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
@@ -191,6 +203,14 @@ def _negation(sub: dict[str, Any], root: Any) -> None:
         return
     if negated is True or _conjoin(sub, negated):
         del sub["not"]
+
+
+def _contains(sub: dict[str, Any], draft: int) -> None:
+    if "contains" not in sub or not isinstance(sub.get("allOf", []), list):
+        return
+    positions = contains_positions(sub, draft)  # contains.py
+    if positions:
+        _conjoin(sub, positions)
 
 
 def _conditional(sub: dict[str, Any], root: Any) -> None:

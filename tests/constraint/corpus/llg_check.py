@@ -327,8 +327,13 @@ def _emit_members(cursor: LlgCursor, value: dict[str, Any], left: list[str],
     def head(key: str, after: bool) -> bytes:
         return ((_ITEM if after else "") + dumps(key) + _KEY).encode()
 
-    # Keys that may come right here; the one taken must leave the others possible after it.
+    # Keys that may come right here, tried in order of how many of the other keys may come
+    # right after them (llguidance keeps the schema's order: the earliest key there has the
+    # most). A key after which no other key left may come next cannot be the one here. A key
+    # may come later though not right after this one (a required key between them), so the
+    # count orders the tries and prunes nothing else.
     possible = [k for k in left if cursor.copy().advance_bytes(head(k, not first))]
+    tries = []
     for key in possible:
         budget[0] -= 1
         if budget[0] < 0:
@@ -336,9 +341,12 @@ def _emit_members(cursor: LlgCursor, value: dict[str, Any], left: list[str],
         trial = cursor.copy()
         trial.advance_bytes(head(key, not first))
         found = _emit(trial, value[key], budget)
-        if found is None or not all(found[0].copy().advance_bytes(head(k, True))
-                                    for k in possible if k != key):
+        if found is None:
             continue
+        follow = sum(found[0].copy().advance_bytes(head(k, True)) for k in left if k != key)
+        if follow or len(left) == 1:
+            tries.append((-follow, len(tries), key, found))
+    for _, _, key, found in sorted(tries):
         tail = _emit_members(found[0], value, [k for k in left if k != key], budget, False)
         if tail is not None:
             return tail[0], [(key, found[1], found[2]), *tail[1]]
