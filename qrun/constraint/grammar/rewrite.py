@@ -26,6 +26,8 @@ validator):
   branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
 - `contains` becomes an `anyOf` of the first positions the first match may take
   (contains.py; fewer values: a first match past them is refused).
+- `multipleOf` with a few negative multiples in range: llguidance writes none, the rewrite
+  lists them in an enum beside it (multiples.py).
 - `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - Keywords beside a `$ref` that say nothing there (refs.py): all of them in drafts 4-7,
@@ -53,8 +55,9 @@ from typing import Any
 
 from qrun.constraint.grammar.contains import contains_positions
 from qrun.constraint.grammar.counts import count_properties
-from qrun.constraint.grammar.finite import filter_finite
+from qrun.constraint.grammar.finite import document_validator, filter_finite
 from qrun.constraint.grammar.formats import assertion
+from qrun.constraint.grammar.multiples import negative_multiples
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
 from qrun.constraint.grammar.pattern_escapes import fix_patterns
@@ -120,6 +123,8 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
             property_names(sub, root, draft, formats)  # property_names.py
         if id(sub) not in items_pinned:
             _contains(sub, draft)
+        if inline and "multipleOf" in sub:
+            _multiples(sub, schema, draft)
     for sub in positions:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:
@@ -211,6 +216,15 @@ def _contains(sub: dict[str, Any], draft: int) -> None:
     positions = contains_positions(sub, draft)  # contains.py
     if positions:
         _conjoin(sub, positions)
+
+
+def _multiples(sub: dict[str, Any], original: dict[str, Any], draft: int) -> None:
+    if not isinstance(sub.get("allOf", []), list):
+        return
+    branches = negative_multiples(  # multiples.py
+        sub, lambda part: document_validator(original, draft).evolve(schema=part))
+    if branches is not None:
+        _conjoin(sub, branches)
 
 
 def _conditional(sub: dict[str, Any], root: Any) -> None:
