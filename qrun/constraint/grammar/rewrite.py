@@ -50,7 +50,6 @@ form, other siblings of a circular `$ref` in 2019-09 and later.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from qrun.constraint.grammar.contains import contains_positions
@@ -64,11 +63,13 @@ from qrun.constraint.grammar.pattern_escapes import fix_patterns
 from qrun.constraint.grammar.property_names import property_names
 from qrun.constraint.grammar.refs import drop_ref_siblings
 from qrun.constraint.grammar.schema import (
+    copy_json,
     draft_of,
     pinned_pointers,
     ref_targets,
     resolve,
     schema_positions,
+    subschemas,
 )
 
 __all__ = ["rewrite"]
@@ -92,16 +93,16 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     are. `formats` is a formats.MODES value: how `format` keywords are read."""
     if not isinstance(schema, dict):
         return schema
-    out = copy.deepcopy(schema)
+    out = copy_json(schema)
     draft = draft_of(out)
-    positions = [sub for _, sub in schema_positions(out)]
+    positions = subschemas(out)
     inline = not any(key in sub for sub in positions[1:] for key in _IDS
                      if isinstance(sub.get(key), str))
     root = out if inline else None  # where local `$ref`s may be followed
     drop_ref_siblings(out, draft, root)  # refs.py
-    positions = [sub for _, sub in schema_positions(out)]
+    positions = subschemas(out)
     if inline and filter_finite(out, schema, draft):
-        positions = [sub for _, sub in schema_positions(out)]
+        positions = subschemas(out)
     # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written; those
     # whose names a `$ref` points into keep them (property_names.py moves them), and those
     # whose items it points into keep `contains` (contains.py moves them).
@@ -130,7 +131,7 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
         if id(sub) not in pinned:
             disjoint_one_of(sub, root)
     # Last, over every subschema the rewrites above made too (pattern_escapes.py).
-    for _, sub in schema_positions(out):
+    for sub in subschemas(out):
         fix_patterns(sub)
     return out
 
@@ -292,9 +293,9 @@ def _inlined(branch: Any, root: dict[str, Any]) -> Any:
             return branch
         siblings = {k: v for k, v in branch.items() if k != "$ref"}
         if not set(siblings) - _ANNOTATIONS:
-            branch = copy.deepcopy(target)
+            branch = copy_json(target)
         elif isinstance(siblings.get("allOf", []), list):
-            branch = {**siblings, "allOf": [*siblings.get("allOf", []), copy.deepcopy(target)]}
+            branch = {**siblings, "allOf": [*siblings.get("allOf", []), copy_json(target)]}
         else:
             return branch
     return branch
