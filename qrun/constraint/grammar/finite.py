@@ -22,7 +22,7 @@ from typing import Any
 from qrun.constraint.grammar.negation import ANNOTATIONS
 from qrun.constraint.grammar.schema import pointed_below, ref_targets, resolve, schema_positions
 
-__all__ = ["filter_finite"]
+__all__ = ["document_validator", "filter_finite"]
 
 # Keys kept beside the filtered enum: annotations and what `$ref`s elsewhere may point into.
 _KEPT = ANNOTATIONS | {"$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary"}
@@ -58,7 +58,7 @@ def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int) -> 
         if validator is None:  # the first candidate: most schemas have none
             if _unknown_format(original):
                 return changed
-            validator = _validator(original, draft)
+            validator = document_validator(original, draft)
             originals = dict(schema_positions(original))
             targets = ref_targets(out)
         removed = [key for key in sub if key not in _KEPT]
@@ -172,7 +172,9 @@ def _unknown_format(schema: dict[str, Any]) -> bool:
                if "format" in sub)
 
 
-def _validator(original: dict[str, Any], draft: int) -> Any:
+def document_validator(original: dict[str, Any], draft: int) -> Any:
+    """A `jsonschema` validator of `draft` for the document `original` (its `$ref`s resolve
+    in it; `.evolve(schema=sub)` checks a subschema of it)."""
     import jsonschema
     from jsonschema_specifications import REGISTRY  # the metaschemas; retrieves nothing
 

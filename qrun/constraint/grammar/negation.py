@@ -8,7 +8,8 @@ integer" has no form); `enum`/`const` (per type: the other booleans, null, numbe
 intervals around the values, strings as a pattern matching every other string; a listed
 array or object has no complement here); `required` and `properties` (present with a value
 the property's schema refuses); the bounds (`minimum`, `maxLength`, `minItems`..., each the
-opposite bound on its own type); `anyOf`/`allOf` by De Morgan; a local `$ref`, by its
+opposite bound on its own type); `pattern` of the shapes pattern_complement.py has a
+complement for; `anyOf`/`allOf` by De Morgan; a local `$ref`, by its
 target. A schema of several keywords is the `anyOf` of their complements, where the
 keywords are independent (not `properties` beside `additionalProperties`, `items` beside
 `prefixItems`...).
@@ -23,6 +24,7 @@ import copy
 import math
 from typing import Any
 
+from qrun.constraint.grammar.pattern_complement import not_pattern
 from qrun.constraint.grammar.schema import resolve
 
 __all__ = ["ANNOTATIONS", "TYPES", "negate", "not_values"]
@@ -94,6 +96,10 @@ def negate(inner: Any, root: Any = None, depth: int = 0) -> Any:
         return _not_properties(value, root, depth)
     if key in _BOUNDS:
         return _not_bound(key, value)
+    if key == "pattern" and isinstance(value, str):
+        # Every value but a string passes a `pattern`, so none passes its `not`.
+        other = not_pattern(value)  # pattern_complement.py
+        return None if other is None else {"type": "string", "pattern": other}
     return None
 
 

@@ -26,6 +26,7 @@ refuses it, or it has no class to fix).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -77,9 +78,14 @@ def open_pattern_property(sub: dict[str, Any]) -> str | None:
     return next((name for name in props if safe_pattern(name) != name), None)
 
 
+@functools.lru_cache(maxsize=4096)
 def safe_pattern(pattern: str) -> str:
     """`pattern` with every atom that could trigger the short cut written `[A--\\x00]` (see
-    the module docstring); the pattern as it is when nothing needs it or the scan fails."""
+    the module docstring); the pattern as it is when nothing needs it or the scan fails.
+    Cached: the same patterns (formats', negations') recur across subschemas and schemas,
+    and a long one takes milliseconds to scan."""
+    if "[" not in pattern and "\\" not in pattern and "\x00" not in pattern:
+        return pattern  # no class, escape or NUL: no atom to rewrite
     out: list[str] = []
     i, n = 0, len(pattern)
     changed = False

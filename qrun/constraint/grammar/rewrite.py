@@ -24,6 +24,10 @@ validator):
 - `oneOf` branches that are local `$ref`s are inlined (llguidance proves branches disjoint
   only when it sees their content); a one-branch `oneOf` is that branch; a `oneOf` whose
   branches can be made disjoint (one_of.py) becomes an `anyOf` of them.
+- `contains` becomes an `anyOf` of the first positions the first match may take
+  (contains.py; fewer values: a first match past them is refused).
+- `multipleOf` with a few negative multiples in range: llguidance writes none, the rewrite
+  lists them in an enum beside it (multiples.py).
 - `minProperties`/`maxProperties` beside optional properties become an `anyOf` of which
   listed ones are present (counts.py; on an open object, `minProperties` fewer values).
 - Keywords beside a `$ref` that say nothing there (refs.py): all of them in drafts 4-7,
@@ -38,30 +42,34 @@ validator):
 
 A `not`, `oneOf` or `if` that a `$ref` points into stays as written (the `$ref` would dangle).
 Not rewritten (and so refused by llguidance with its reason): `uniqueItems: true` (but over
-a short finite list), an `if` without a complement, `contains`, the `propertyNames`
+a short finite list), an `if` without a complement, `contains` beside a tuple form or
+`maxContains`, the `propertyNames`
 property_names.py has no form for, `not` of anything else, a `oneOf` whose overlap has no
 form, other siblings of a circular `$ref` in 2019-09 and later.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
+from qrun.constraint.grammar.contains import contains_positions
 from qrun.constraint.grammar.counts import count_properties
-from qrun.constraint.grammar.finite import filter_finite
+from qrun.constraint.grammar.finite import document_validator, filter_finite
 from qrun.constraint.grammar.formats import assertion
+from qrun.constraint.grammar.multiples import negative_multiples
 from qrun.constraint.grammar.negation import negate
 from qrun.constraint.grammar.one_of import disjoint_one_of
 from qrun.constraint.grammar.pattern_escapes import fix_patterns
 from qrun.constraint.grammar.property_names import property_names
 from qrun.constraint.grammar.refs import drop_ref_siblings
 from qrun.constraint.grammar.schema import (
+    copy_json,
     draft_of,
     pinned_pointers,
     ref_targets,
     resolve,
     schema_positions,
+    subschemas,
 )
 
 __all__ = ["rewrite"]
@@ -85,24 +93,24 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     are. `formats` is a formats.MODES value: how `format` keywords are read."""
     if not isinstance(schema, dict):
         return schema
-    out = copy.deepcopy(schema)
+    out = copy_json(schema)
     draft = draft_of(out)
-    positions = [sub for _, sub in schema_positions(out)]
+    positions = subschemas(out)
     inline = not any(key in sub for sub in positions[1:] for key in _IDS
                      if isinstance(sub.get(key), str))
     root = out if inline else None  # where local `$ref`s may be followed
     drop_ref_siblings(out, draft, root)  # refs.py
-    positions = [sub for _, sub in schema_positions(out)]
+    positions = subschemas(out)
     if inline and filter_finite(out, schema, draft):
-        positions = [sub for _, sub in schema_positions(out)]
-    # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written.
-    pinned_at = pinned_pointers(ref_targets(out), ("not", "oneOf", "if", "then", "else"))
-    pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in pinned_at} \
-        if pinned_at else set()
-    # ...and those whose names a `$ref` points into keep them (property_names.py moves them).
-    names_at = pinned_pointers(ref_targets(out), ("propertyNames", "additionalProperties",
-                                                  "patternProperties"))
-    names_pinned = {id(sub) for pointer, sub in schema_positions(out) if pointer in names_at}
+        positions = subschemas(out)
+    # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written; those
+    # whose names a `$ref` points into keep them (property_names.py moves them), and those
+    # whose items it points into keep `contains` (contains.py moves them).
+    targets = ref_targets(out)
+    pinned = _pinned(out, targets, ("not", "oneOf", "if", "then", "else"))
+    names_pinned = _pinned(out, targets, ("propertyNames", "additionalProperties",
+                                          "patternProperties"))
+    items_pinned = _pinned(out, targets, ("contains", "items"))
     for sub in positions:
         _formats(sub, draft, formats)
         _no_ops(sub)
@@ -114,14 +122,24 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
         _dependencies(sub)
         if id(sub) not in names_pinned:
             property_names(sub, root, draft, formats)  # property_names.py
+        if id(sub) not in items_pinned:
+            _contains(sub, draft)
+        if inline and "multipleOf" in sub:
+            _multiples(sub, schema, draft)
     for sub in positions:
         _one_of(sub, out, inline)
         if id(sub) not in pinned:
             disjoint_one_of(sub, root)
     # Last, over every subschema the rewrites above made too (pattern_escapes.py).
-    for _, sub in schema_positions(out):
+    for sub in subschemas(out):
         fix_patterns(sub)
     return out
+
+
+def _pinned(out: Any, targets: set[str], keys: tuple[str, ...]) -> set[int]:
+    """The ids of the subschemas below one of whose `keys` a `$ref` target lies."""
+    at = pinned_pointers(targets, keys) if targets else set()
+    return {id(sub) for pointer, sub in schema_positions(out) if pointer in at} if at else set()
 
 
 def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
@@ -193,6 +211,23 @@ def _negation(sub: dict[str, Any], root: Any) -> None:
         del sub["not"]
 
 
+def _contains(sub: dict[str, Any], draft: int) -> None:
+    if "contains" not in sub or not isinstance(sub.get("allOf", []), list):
+        return
+    positions = contains_positions(sub, draft)  # contains.py
+    if positions:
+        _conjoin(sub, positions)
+
+
+def _multiples(sub: dict[str, Any], original: dict[str, Any], draft: int) -> None:
+    if not isinstance(sub.get("allOf", []), list):
+        return
+    branches = negative_multiples(  # multiples.py
+        sub, lambda part: document_validator(original, draft).evolve(schema=part))
+    if branches is not None:
+        _conjoin(sub, branches)
+
+
 def _conditional(sub: dict[str, Any], root: Any) -> None:
     """if/then/else = (if and then) or (not if, and else); a missing branch is `true`."""
     if "if" not in sub:
@@ -258,9 +293,9 @@ def _inlined(branch: Any, root: dict[str, Any]) -> Any:
             return branch
         siblings = {k: v for k, v in branch.items() if k != "$ref"}
         if not set(siblings) - _ANNOTATIONS:
-            branch = copy.deepcopy(target)
+            branch = copy_json(target)
         elif isinstance(siblings.get("allOf", []), list):
-            branch = {**siblings, "allOf": [*siblings.get("allOf", []), copy.deepcopy(target)]}
+            branch = {**siblings, "allOf": [*siblings.get("allOf", []), copy_json(target)]}
         else:
             return branch
     return branch

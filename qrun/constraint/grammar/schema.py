@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 __all__ = [
     "close_objects",
+    "copy_json",
     "draft_of",
     "escape",
     "non_finite",
@@ -23,6 +24,7 @@ __all__ = [
     "ref_targets",
     "resolve",
     "schema_positions",
+    "subschemas",
 ]
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas (every
@@ -41,25 +43,66 @@ _SCHEMA_MAPS = (
 def schema_positions(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every subschema object in `schema` with its JSON pointer, parents first. Only keyword
     positions are walked: a property named "not" is a name, not a keyword, and values of
-    `enum`, `const` or `default` are data."""
-    if not isinstance(schema, dict):
-        return
-    yield pointer, schema
-    for key, value in list(schema.items()):
-        at = f"{pointer}/{escape(key)}"
-        if key in _SCHEMA_VALUED and isinstance(value, dict):
-            yield from schema_positions(value, at)
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            for i, item in enumerate(value):
-                yield from schema_positions(item, f"{at}/{i}")
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            for name, item in value.items():
-                yield from schema_positions(item, f"{at}/{escape(name)}")
+    `enum`, `const` or `default` are data. (A stack, not recursion: this walk runs several
+    times per schema on the way to its first mask.)"""
+    stack: list[tuple[str, Any]] = [(pointer, schema)]
+    while stack:
+        at, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield at, node
+        children: list[tuple[str, Any]] = []
+        for key, value in node.items():
+            if key in _SCHEMA_VALUED and isinstance(value, dict):
+                children.append((f"{at}/{escape(key)}", value))
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                here = f"{at}/{escape(key)}"
+                children.extend((f"{here}/{i}", item) for i, item in enumerate(value))
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                here = f"{at}/{escape(key)}"
+                children.extend((f"{here}/{escape(name)}", item)
+                                for name, item in value.items())
+        stack.extend(reversed(children))
+
+
+def subschemas(schema: Any) -> list[dict[str, Any]]:
+    """The subschema objects of schema_positions, in its order, without their pointers (the
+    cheaper walk, where no pointer is needed)."""
+    found: list[dict[str, Any]] = []
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        found.append(node)
+        children: list[Any] = []
+        for key, value in node.items():
+            if key in _SCHEMA_VALUED and isinstance(value, dict):
+                children.append(value)
+            elif (key in _SCHEMA_LISTS and isinstance(value, list)) or (
+                    key in _SCHEMA_MAPS and isinstance(value, dict)):
+                children.extend(value.values() if isinstance(value, dict) else value)
+        stack.extend(reversed(children))
+    return found
+
+
+def copy_json(value: Any) -> Any:
+    """A copy of JSON data, each dict and list new (several times faster than
+    copy.deepcopy, which keeps a memo of every object; a value that holds itself recurses
+    until RecursionError, which the callers' checks report first)."""
+    if isinstance(value, dict):
+        return {key: copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    return value
 
 
 def escape(key: str) -> str:
     """A name as one JSON pointer segment (RFC 6901)."""
-    return str(key).replace("~", "~0").replace("/", "~1")
+    key = str(key)
+    if "~" in key or "/" in key:
+        return key.replace("~", "~0").replace("/", "~1")
+    return key
 
 
 def resolve(root: Any, ref: str) -> Any:
@@ -91,7 +134,7 @@ def pointer_target(root: Any, parts: Iterable[str]) -> Any:
 def ref_targets(schema: Any) -> set[str]:
     """The JSON pointers the document's local `$ref`s point at, %-decoded as resolve() reads
     them."""
-    return {unquote(sub["$ref"][1:]) for _, sub in schema_positions(schema)
+    return {unquote(sub["$ref"][1:]) for sub in subschemas(schema)
             if isinstance(sub.get("$ref"), str) and sub["$ref"].startswith("#")}
 
 

@@ -275,22 +275,26 @@ def search_order(index: LlgIndex, value: Any) -> tuple[Any, str] | None:
     """An order of `value`'s object keys that the grammar accepts, with its text; None when
     none is found. JSON objects are unordered and llguidance fixes an order (listed
     properties first), so a valid instance refused in one key order is only a real refusal
-    in every order. Depth-first; a key is taken only when its value fits and every other key
-    may still follow it; at most _SEARCH_BUDGET tries per instance."""
-    found = _emit(index.start(), value, [_SEARCH_BUDGET])
-    if found is None or not found[0].can_end():
-        return None
-    return found[1], found[2]
+    in every order. Depth-first, in two passes of at most _SEARCH_BUDGET tries each: first
+    a key is taken only when its value fits and every other key that may come here may
+    still come right after it (quick, but it misses an order where a required key must
+    come between two others); then every key whose value fits is tried, those after which
+    more of the others may come first."""
+    for strict in (True, False):
+        found = _emit(index.start(), value, [_SEARCH_BUDGET], strict)
+        if found is not None and found[0].can_end():
+            return found[1], found[2]
+    return None
 
 
 _SEARCH_BUDGET = 3000
 _ITEM, _KEY = ", ", ": "
 
 
-def _emit(cursor: LlgCursor, value: Any, budget: list[int]) \
+def _emit(cursor: LlgCursor, value: Any, budget: list[int], strict: bool) \
         -> tuple[LlgCursor, Any, str] | None:
     if isinstance(value, dict):
-        found = _emit_members(cursor, value, list(value), budget) \
+        found = _emit_members(cursor, value, list(value), budget, strict) \
             if cursor.advance_bytes(b"{") else None
         if found is None or not found[0].advance_bytes(b"}"):
             return None
@@ -304,7 +308,7 @@ def _emit(cursor: LlgCursor, value: Any, budget: list[int]) \
         for i, item in enumerate(value):
             if i and not cursor.advance_bytes(_ITEM.encode()):
                 return None
-            got = _emit(cursor, item, budget)
+            got = _emit(cursor, item, budget, strict)
             if got is None:
                 return None
             cursor = got[0]
@@ -318,28 +322,49 @@ def _emit(cursor: LlgCursor, value: Any, budget: list[int]) \
 
 
 def _emit_members(cursor: LlgCursor, value: dict[str, Any], left: list[str],
-                  budget: list[int], first: bool = True) \
+                  budget: list[int], strict: bool, first: bool = True) \
         -> tuple[LlgCursor, list[tuple[str, Any, str]]] | None:
-    """The members `left` in an order the grammar accepts, trying keys depth-first."""
+    """The members `left` in an order the grammar accepts, trying keys depth-first (see
+    search_order for `strict`)."""
     if not left:
         return cursor, []
 
     def head(key: str, after: bool) -> bytes:
         return ((_ITEM if after else "") + dumps(key) + _KEY).encode()
 
-    # Keys that may come right here; the one taken must leave the others possible after it.
+    def rest(found: tuple[LlgCursor, Any, str], key: str) \
+            -> tuple[LlgCursor, list[tuple[str, Any, str]]] | None:
+        tail = _emit_members(found[0], value, [k for k in left if k != key], budget, strict,
+                             False)
+        return None if tail is None else (tail[0], [(key, found[1], found[2]), *tail[1]])
+
     possible = [k for k in left if cursor.copy().advance_bytes(head(k, not first))]
+    tries = []
     for key in possible:
         budget[0] -= 1
         if budget[0] < 0:
             return None
         trial = cursor.copy()
         trial.advance_bytes(head(key, not first))
-        found = _emit(trial, value[key], budget)
-        if found is None or not all(found[0].copy().advance_bytes(head(k, True))
-                                    for k in possible if k != key):
+        found = _emit(trial, value[key], budget, strict)
+        if found is None:
             continue
-        tail = _emit_members(found[0], value, [k for k in left if k != key], budget, False)
-        if tail is not None:
-            return tail[0], [(key, found[1], found[2]), *tail[1]]
+        if strict:
+            # The others that may come here must still come right after this key.
+            if all(found[0].copy().advance_bytes(head(k, True)) for k in possible if k != key):
+                done = rest(found, key)
+                if done is not None:
+                    return done
+            continue
+        # A key may come later though not right after this one (a required key between
+        # them): the count of those that may orders the tries (llguidance keeps the
+        # schema's order, where the earliest key has the most); a key after which none of
+        # the others may come cannot be the one here.
+        follow = sum(found[0].copy().advance_bytes(head(k, True)) for k in left if k != key)
+        if follow or len(left) == 1:
+            tries.append((-follow, len(tries), key, found))
+    for _, _, key, found in sorted(tries):
+        done = rest(found, key)
+        if done is not None:
+            return done
     return None

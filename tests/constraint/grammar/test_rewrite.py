@@ -52,6 +52,11 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
                                "not": {"multipleOf": 3}},
      [0, 1, 3, 8, 9, 10, -1, 2.5, "1"]),
     # negation.py: complements.
+    # pattern_complement.py: the complement of a pattern of one character item.
+    ("not only these characters", {"not": {"pattern": "^[.,*\\-\\s{}()]+$"}},
+     ["", ".", "., *", "a", ".a", "-", "(x)", "{-}", 3, None]),
+    ("not holding a dollar", {"type": "string", "not": {"pattern": "(\\$)"}},
+     ["", "a", "$", "a$b", "ab", 1]),
     ("string not in an enum", {"type": "string", "not": {"enum": ["red", "green", "gr"]}},
      ["red", "green", "gr", "g", "", "greenish", "re", "blue", "r\u00e9d", 3]),
     # `\\` and `"` are where llguidance's negated classes let escapes through (negation.py).
@@ -278,8 +283,9 @@ def test_forms_without_a_complement_are_left_alone() -> None:
     ({"type": "string", "not": {"pattern": "^a"}}, "/not", "not"),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems",
      "uniqueItems"),
-    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string", "pattern": "a"},
-                                                        {"type": "string", "pattern": "b"}]}}},
+    # Patterns of two characters: no complement form (pattern_complement.py).
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string", "pattern": "ab"},
+                                                        {"type": "string", "pattern": "cd"}]}}},
      "/properties/a/oneOf", "oneOf"),
 ])
 def test_what_stays_refused_says_why_and_where(schema: dict[str, Any], pointer: str,
