@@ -152,7 +152,37 @@ class Role:
     span: Span
 
 
-Node = Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """`{% fork target in iterable %} body {% endfork %}`: the body runs once per item, each
+    run a branch from the context before the block (docs/language.md §11); shaped as For."""
+
+    targets: tuple[str, ...]
+    iterable: Expr
+    body: tuple[Node, ...]
+    span: Span
+    target_spans: tuple[Span, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hidden:
+    """`{% hidden %} body {% endhidden %}`: the body runs in the context, which is then taken
+    back to where the block began."""
+
+    body: tuple[Node, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    """`{% fresh %} body {% endfresh %}`: the body runs in a new, empty context."""
+
+    body: tuple[Node, ...]
+    span: Span
+
+
+Node = (Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include | Fork
+        | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +201,8 @@ def children(node: Node) -> Iterator[Node]:
             for arm in arms:
                 yield from arm.body
             yield from orelse or ()
-        case For(body=body) | Role(body=body):
+        case For(body=body) | Role(body=body) | Fork(body=body) | Hidden(body=body) | Fresh(
+                body=body):
             yield from body
         case Text() | Interp() | Gen() | Select() | Set() | Break() | Continue() | Include():
             pass

@@ -218,7 +218,45 @@ class Role:
     span: Span
 
 
-Op = EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """`{% fork target in iterable %}`: `body` runs once per item as an independent branch
+    from the context before the block (its KV cache forked, not fed again), the branches
+    advanced together (runtime/branches.py) with `targets` and `loop` bound as in For; their
+    captures are lists in item order, their text is in neither the context nor the result.
+    `samples` (`{{ gen NAME n=N }}`): `iterable` gives the count N of branches, and `targets`
+    is empty."""
+
+    targets: tuple[str, ...]
+    iterable: Expr
+    body: tuple[Op, ...]
+    span: Span
+    samples: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.samples or self.targets, "a fork over a list binds at least one name"
+
+
+@dataclass(frozen=True, slots=True)
+class Hidden:
+    """`{% hidden %}`: `body` runs in the context, then the context is taken back to where the
+    block began (the KV cache cropped); its captures stay, its text is not in the result."""
+
+    body: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    """`{% fresh %}`: `body` runs in a new, empty context; the context before the block then
+    goes on untouched (its KV cache kept). Its captures stay, its text is not in the result."""
+
+    body: tuple[Op, ...]
+    span: Span
+
+
+Op = (EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
+      | Fork | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +321,8 @@ def children(op: Op) -> Iterator[Op]:
             for branch in branches:
                 yield from branch.body
             yield from orelse
-        case For(body=body) | Role(body=body) | Include(body=body):
+        case For(body=body) | Role(body=body) | Include(body=body) | Fork(body=body) | Hidden(
+                body=body) | Fresh(body=body):
             yield from body
         case EmitText() | EmitValue() | Gen() | Select() | Set() | Break() | Continue():
             pass
@@ -310,7 +349,7 @@ def exprs(op: Op) -> Iterator[Expr]:
     match op:
         case EmitValue(expr=value) | Set(expr=value):
             yield value
-        case For(iterable=iterable):
+        case For(iterable=iterable) | Fork(iterable=iterable):
             yield iterable
         case If(branches=branches):
             for branch in branches:
@@ -319,7 +358,7 @@ def exprs(op: Op) -> Iterator[Expr]:
             yield from (e for e in (options, temperature, normalize) if e is not None)
         case Gen(params=params):
             yield from params.exprs()
-        case EmitText() | Role() | Break() | Continue() | Include():
+        case EmitText() | Role() | Break() | Continue() | Include() | Hidden() | Fresh():
             pass
 
 
@@ -386,6 +425,14 @@ def _op(op: Op, depth: int) -> list[str]:
             # The body's positions are in the included file (named as written).
             return [_line(depth, f"include {ex.literal_text(name)}", span),
                     *_ops(body, depth + 1)]
+        case Fork(targets=targets, iterable=iterable, body=body, span=span, samples=samples):
+            head = (f"fork n={ex.format_expr(iterable)}" if samples else
+                    f"fork {', '.join(targets)} in {ex.format_expr(iterable)}")
+            return [_line(depth, head, span), *_ops(body, depth + 1)]
+        case Hidden(body=body, span=span):
+            return [_line(depth, "hidden", span), *_ops(body, depth + 1)]
+        case Fresh(body=body, span=span):
+            return [_line(depth, "fresh", span), *_ops(body, depth + 1)]
         case Set(name=name, expr=value, span=span):
             return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]
         case Role(role=role, body=body, span=span):

@@ -40,8 +40,8 @@ _EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "STRING_LIST", "(", "[", "{
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
 _BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "break", "continue", "set",
-                   "include", "system", "endsystem", "user", "enduser", "assistant",
-                   "endassistant", "raw")
+                   "include", "fork", "endfork", "hidden", "endhidden", "fresh", "endfresh",
+                   "system", "endsystem", "user", "enduser", "assistant", "endassistant", "raw")
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`
 _OPENERS = {"VAR_OPEN": "'}}'", "BLOCK_OPEN": "'%}'"}

@@ -65,13 +65,17 @@ class Session:
         stats: Stats | None = None,
         prefix_cache: PrefixCache | None = None,
         recorder: Recorder | None = None,
+        cache: KVCache | None = None,
     ) -> None:
+        """`cache`: the KV cache to start from (a fork's, Session.fork), else a new one."""
         self.backend = backend
         self.model = model
         self.stats = stats if stats is not None else Stats()
         self.recorder = recorder
         self.prefix_cache = prefix_cache
-        self._cache: KVCache | None = model.new_cache() if model is not None else None
+        if cache is None and model is not None:
+            cache = model.new_cache()
+        self._cache: KVCache | None = cache
         self.token_ids: list[int] = []
         self.fed = 0
         self.fixed_tail = 0
@@ -391,6 +395,50 @@ class Session:
             self._append(ids)
             if self.recorder is not None:
                 self.recorder.fixed(len(self.token_ids) - len(ids), ids)
+
+    def share(self) -> None:
+        """Before the context is forked (Session.fork): feed all of it, so each fork starts
+        from the logits after it (and after all but its last token, for a hole that heals
+        it) instead of feeding the shared tokens again."""
+        self.settle()
+        if self.model is None:
+            return
+        self.ensure_start()
+        self._drop_ahead()
+        n = len(self.token_ids)
+        if self.prefix_cache is not None and self.fed < n:
+            self._from_prefix_cache()
+        if self.fed < n:
+            self._feed(min(2, n - self.fed))
+        if n not in self._known:
+            self.next_logits()
+
+    def fork(self, model: StepModel | None, stats: Stats, recorder: Recorder | None
+             ) -> Session:
+        """A new session whose context is a copy of this one's, its KV cache a fork of this
+        one's (KVCache.fork: no position is fed again), fed through `model` and counted in
+        `stats`. Call share() first: collected text and an overshoot are not carried over."""
+        assert not self._stretch and self.overshoot is None, "share() the context first"
+        cache = self._cache.fork() if self._cache is not None else None
+        forked = Session(self.backend, model, stats, self.prefix_cache, recorder, cache)
+        forked.token_ids = list(self.token_ids)
+        forked.fed = self.fed
+        forked.fixed_tail = self.fixed_tail
+        forked.boundaries = set(self.boundaries)
+        forked._known = dict(self._known)  # arrays never written in place: shared
+        if recorder is not None:
+            recorder.fixed(0, forked.token_ids)
+        return forked
+
+    def take_back(self, length: int, fixed_tail: int) -> None:
+        """Return the context to its first `length` tokens (a hidden block's start), with
+        `fixed_tail` fixed-text tokens at its end as then: text collected and not tokenized
+        and a pending overshoot are dropped with the rest. The KV cache is cropped; nothing
+        is fed again."""
+        self._stretch = Stretch()
+        self.overshoot = None
+        self.rollback(length)
+        self.fixed_tail = fixed_tail
 
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache,
                    logits: npt.NDArray[np.float32]) -> None:
