@@ -33,6 +33,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "review.tmpl": {"review": "Quiet room in Lyon, lovely staff, but breakfast was 24 euros."},
     "catalog.tmpl": {},
     "query.tmpl": {},
+    "tips.tmpl": {"topic": "keeping houseplants alive"},
 }
 
 
@@ -173,6 +174,11 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
     if name == "query.tmpl":
         matcher = qrun.Matcher(model, grammar=query_grammar())
         assert matcher.consume_text(r["query"]) and matcher.accepting(), r["query"]
+    if name == "tips.tmpl":  # three branches, joined into the text in their order
+        assert isinstance(r["tips"], list) and len(r["tips"]) == 3
+        assert len(r.hole_lists["tips"]) == 3
+        listed = "".join(f"{i}. {tip.strip()}\n" for i, tip in enumerate(r["tips"], 1))
+        assert listed in r.text and "Here is a tip" not in r.text
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")

@@ -155,7 +155,7 @@ class Role:
 @dataclass(frozen=True, slots=True)
 class Fork:
     """`{% fork target in iterable %} body {% endfork %}`: the body runs once per item, each
-    run a branch from the context before the block (docs/language.md §11); shaped as For."""
+    run a branch from the context before the block (docs/language.md §21); shaped as For."""
 
     targets: tuple[str, ...]
     iterable: Expr

@@ -1,4 +1,4 @@
-"""Branches (docs/language.md §11.1): `{% fork x in items %}` runs its body once per item, each
+"""Branches (docs/language.md §21.1): `{% fork x in items %}` runs its body once per item, each
 run a branch that continues independently from the run's context, and `{{ gen NAME n=N }}`
 is N branches of one hole.
 
@@ -43,8 +43,9 @@ MAX_CONCURRENT_BRANCHES = 16
 rows already keeps a CPU or GPU forward busy, and llama.cpp has 256 sequences for all runs."""
 
 _SEED_RANGE = 2**63
-# Counters that describe the run's own context or the whole run, not work a branch adds.
-_NOT_ADDED = frozenset({"context_tokens", "seed", "wall_s", "load_s"})
+# Counters that describe the run's own context or the whole run, not work a branch adds
+# (branch_tokens: all a branch fed is counted so, its own nested branches included).
+_NOT_ADDED = frozenset({"context_tokens", "seed", "wall_s", "load_s", "branch_tokens"})
 
 
 def exec_fork(run: Run, op: ir.Fork) -> None:
@@ -176,10 +177,12 @@ def _merge(run: Run, op: ir.Fork, index: int, child: Run, names: frozenset[str])
 
 
 def add_stats(into: Stats, part: Stats) -> None:
-    """Add the counters of `part` (a branch's work) to `into`."""
+    """Add the counters of `part` (a branch's work) to `into`: every position it fed is one
+    the run's context does not hold (branch_tokens)."""
     for item in fields(Stats):
         if item.name not in _NOT_ADDED:
             setattr(into, item.name, getattr(into, item.name) + getattr(part, item.name))
+    into.branch_tokens += part.forward_tokens
 
 
 def _drive(run: Run, branches: list[_Branch], one: Callable[[_Branch, Engines], None]

@@ -1,4 +1,4 @@
-"""Hidden and fresh contexts (docs/language.md §11.3, §11.4): `{% hidden %}` runs its body in the
+"""Hidden and fresh contexts (docs/language.md §21.3, §21.4): `{% hidden %}` runs its body in the
 run's context and then takes the context back to where the block began (the KV cache cropped,
 nothing fed again); `{% fresh %}` runs its body in a new, empty context and then goes on in the
 run's own, untouched. Both keep their captures and leave their text out of the result (and out
@@ -106,6 +106,8 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
     inner = Recorder(recorder.vocab, recorder.detailed)
     run.session = Session(run.backend, run.engines.model, run.stats, main.prefix_cache, inner)
     run.recorder = inner
+    stats = run.stats
+    fed, aside = stats.forward_tokens, stats.branch_tokens
     if drafter is not None:
         run.drafter = PromptLookup(drafter.min_rate)
     try:
@@ -113,6 +115,8 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
             run._exec_block(op.body)
     finally:
         run.session.close()
+        # What the block fed is beside the run's context (its own branches counted already).
+        stats.branch_tokens += (stats.forward_tokens - fed) - (stats.branch_tokens - aside)
         run.session, run.recorder, run.drafter = main, recorder, drafter
         run._last_text = last_text
         first = len(recorder.holes)

@@ -6,6 +6,8 @@ at their positions, batched runs and a server backend."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,6 +77,9 @@ def test_the_shared_prefix_is_fed_once_and_branches_are_batched(tiny: Transforme
     assert r.stats.forward_tokens >= prefix  # the prefix was fed (once)
     assert max(backend.rows) == 8  # the eight branches went through the model together
     assert len(r["a"]) == 8
+    # What the branches fed is counted beside the run's context (docs/language.md §14.2).
+    assert r.stats.branch_tokens >= own - 8 and r.stats.forward_tokens <= (
+        r.stats.context_tokens + r.stats.rework_tokens)
 
 
 def test_fork_over_range_and_a_dict(model: TransformersBackend) -> None:
@@ -262,3 +267,27 @@ def test_trace_is_valid_with_branches(tiny: TransformersBackend) -> None:
     assert [h["name"] for h in holes] == ["a", "a", "b"]
     assert holes[1]["context"] == "branch 2 of fork 1:1" and holes[1]["first_event"] is None
     assert json.loads(json.dumps(holes[0]["value"])) == r["a"][0]
+
+
+def docs_examples() -> list[str]:
+    """The templates of docs/language.md §21, in order (error listings left out)."""
+    text = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text("utf-8")
+    section = text[text.index(". Branches and contexts\n"):]
+    end = section.find("\n## ", 1)
+    blocks = re.findall(r"^```\n(.*?)^```", section[:end] if end > 0 else section,
+                        re.M | re.S)
+    return [b for b in blocks if not b.startswith("t.tmpl:")]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_docs_examples_run(tiny: TransformersBackend, index: int) -> None:
+    examples = docs_examples()
+    assert len(examples) == 4
+    values = {"review": "Great screen, but the battery dies by noon.",
+              "topic": "city gardens", "message": "Where is my order?"}
+    query = qrun.Query(examples[index])
+    r = query.run({k: v for k, v in values.items() if k in query.program.inputs},
+                  model=tiny, seed=1)
+    for name in query.program.captures:
+        assert name in r.vars
+    assert "{%" not in r.text
