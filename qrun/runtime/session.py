@@ -401,9 +401,8 @@ class Session:
         from the logits after it (and after all but its last token, for a hole that heals
         it) instead of feeding the shared tokens again."""
         self.settle()
-        if self.model is None:
-            return
-        self.ensure_start()
+        if self.model is None or not self.token_ids:
+            return  # an empty context: each fork begins as a run does
         self._drop_ahead()
         n = len(self.token_ids)
         if self.prefix_cache is not None and self.fed < n:

@@ -82,6 +82,17 @@ def test_the_shared_prefix_is_fed_once_and_branches_are_batched(tiny: Transforme
         r.stats.context_tokens + r.stats.rework_tokens)
 
 
+def test_branches_read_as_separate_runs(tiny: TransformersBackend) -> None:
+    # Forwards one at a time (no batch padding), so the values are comparable bit for bit;
+    # a fork at the very start adds no start token a plain run would not have.
+    backend = Unbatched(tiny)
+    for prefix in ("", PREFIX):
+        forked = qrun.Query(prefix + "{% fork c in ['red', 'blue'] %}Colour {{ c }}: "
+                            "{{ gen a max_tokens=5 }}{% endfork %}").run(model=backend)
+        alone = qrun.Query(prefix + "Colour {{ c }}: {{ gen a max_tokens=5 }}")
+        assert forked["a"] == [alone.run(model=backend, c=c)["a"] for c in ("red", "blue")]
+
+
 def test_fork_over_range_and_a_dict(model: TransformersBackend) -> None:
     r = run(model, "{% fork k in d %}{{ k }}={{ gen v max_tokens=2 }}{% endfork %}"
                    "{% fork i in range(2) %}{{ gen w max_tokens=1 }}{% endfork %}|",
@@ -291,3 +302,35 @@ def test_docs_examples_run(tiny: TransformersBackend, index: int) -> None:
     for name in query.program.captures:
         assert name in r.vars
     assert "{%" not in r.text
+
+
+REAL_PREFIX = ("{% system %}You answer in a few words.{% endsystem %}"
+               "{% user %}Name a fruit that is {{ colour }}.{% enduser %}")
+
+
+@pytest.mark.real
+def test_branches_answer_as_separate_runs_do_on_the_real_model(smollm2: TransformersBackend
+                                                               ) -> None:
+    colours = ["red", "yellow", "green"]
+    forked = qrun.Query(
+        "{% fork colour in colours %}" + REAL_PREFIX +
+        "{% assistant %}{{ gen fruit stop=\"\\n\" max_tokens=8 }}{% endassistant %}"
+        "{% endfork %}").run(model=smollm2, colours=colours)
+    separate = qrun.Query(
+        REAL_PREFIX + "{% assistant %}{{ gen fruit stop=\"\\n\" max_tokens=8 }}"
+        "{% endassistant %}")
+    assert forked["fruit"] == [separate.run(model=smollm2, colour=c)["fruit"] for c in colours]
+    assert all(fruit.strip() for fruit in forked["fruit"])
+
+
+@pytest.mark.real
+def test_gen_n_and_hidden_on_the_real_model(smollm2: TransformersBackend) -> None:
+    template = ("{% user %}Give one adjective for the sea.{% enduser %}{% assistant %}"
+                "{{ gen words n=4 regex=\"[A-Za-z]+\" temperature=1.0 }}{% endassistant %}"
+                "{% hidden %}{% user %}Pick one of: {{ words | join(', ') }}{% enduser %}"
+                "{% assistant %}{{ select best options=words | unique }}{% endassistant %}"
+                "{% endhidden %}The sea is {{ best }}.")
+    r = qrun.Query(template).run(model=smollm2, seed=2)
+    assert len(r["words"]) == 4 and all(re.fullmatch("[A-Za-z]+", w) for w in r["words"])
+    assert r["best"] in r["words"] and r.text.endswith(f"The sea is {r['best']}.")
+    assert "Pick one" not in r.text
