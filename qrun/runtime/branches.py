@@ -53,7 +53,7 @@ def exec_fork(run: Run, op: ir.Fork) -> None:
     items = _items(run, op)
     if not items:
         return
-    share(run, op.span)
+    tail = share(run, op.span)
     names = frozenset(o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select))
     # One draw from the run's generator per fork: branches of later forks (and of forks in
     # a loop) get other seeds, and the run's seed still replays them all.
@@ -61,10 +61,11 @@ def exec_fork(run: Run, op: ir.Fork) -> None:
     branches = [_Branch(index, item) for index, item in enumerate(items)]
 
     def one(branch: _Branch, engines: Engines) -> None:
-        _run_branch(run, op, branch, len(items), engines, base, names)
+        _run_branch(run, op, branch, len(items), engines, base, names, tail)
 
     steps, output = run.budget.steps_left, run.budget.output_left
     _drive(run, branches, one)
+    run.session.append_text(tail)  # the context goes on as before the block
     for branch in branches:
         if branch.error is not None:
             raise branch.error
@@ -105,20 +106,23 @@ def _items(run: Run, op: ir.Fork) -> list[Any]:
     return list(value)
 
 
-def share(run: Run, span: Span) -> None:
-    """Feed the whole context once, before it is forked; failures are reported at `span`."""
+def share(run: Run, span: Span) -> str:
+    """Feed the whole context once, before it is forked, but its last token's text, returned
+    (Session.share); failures are reported at `span`."""
     try:
-        run.session.share()
+        return run.session.share()
     except (ContextFull, BackendError) as exc:
         raise GenerationError(str(exc), span, run.source) from None
 
 
 def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
-                base: int, names: frozenset[str]) -> None:
-    """Run one branch to its end in the calling thread; its error is kept, not raised."""
+                base: int, names: frozenset[str], tail: str) -> None:
+    """Run one branch to its end in the calling thread; its error is kept, not raised. `tail`
+    is the shared context's last text, not in the fork (Session.share)."""
     stats = Stats()
     recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
     session = parent.session.fork(engines.model, stats, recorder)
+    session.append_text(tail)
     child = copy.copy(parent)  # program, options, constraints, source...: the run's own
     child.session, child.engines, child.stats, child.recorder = session, engines, stats, recorder
     child.generator = np.random.default_rng([base, branch.index])

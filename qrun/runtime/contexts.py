@@ -87,14 +87,19 @@ def exec_hidden(run: Run, op: ir.Hidden) -> None:
     context is exactly the one before the block, fed as far as it was."""
     settle_at(run, op.span)
     session = run.session
-    start, tail = len(session.token_ids), session.fixed_tail
+    # The last token's text goes back in before the block and after it (Session.take_tail),
+    # so the text on either side is read with it, as without the block.
+    text = session.take_tail()
+    start, fixed = len(session.token_ids), session.fixed_tail
     session.fixed_tail = 0
+    session.append_text(text)
     first = len(run.recorder.holes)
     try:
         with unseen(run):
             run._exec_block(op.body)
     finally:
-        session.take_back(start, tail)
+        session.take_back(start, fixed)
+        session.append_text(text)
         mark_holes(run.recorder, first, "hidden")
 
 

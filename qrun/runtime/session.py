@@ -396,13 +396,38 @@ class Session:
             if self.recorder is not None:
                 self.recorder.fixed(len(self.token_ids) - len(ids), ids)
 
-    def share(self) -> None:
+    def take_tail(self) -> str:
+        """Take back the context's last token when it is fixed text not yet fed (not a control
+        token, whole characters) and return its text, else "". Where the context is cut (a
+        fork, a hidden block) the text is put back after the cut, so that it is tokenized with
+        the text that follows, as a plain run would read it: `...\n\n` then `Question` reads
+        `\n`, `\n`, `Question`, not `\n\n`, `Question`."""
+        if self.fixed_tail < 1 or self.fed >= len(self.token_ids) or self.overshoot is not None:
+            return ""
+        last = self.token_ids[-1]
+        if last in self.backend.control_tokens.values():
+            return ""
+        data = self.backend.vocabulary.token_bytes[last] if 0 <= last else None
+        try:
+            text = data.decode("utf-8") if data else ""
+        except UnicodeDecodeError:
+            return ""
+        if text:
+            self.rollback(len(self.token_ids) - 1, "heal")
+        return text
+
+    def share(self) -> str:
         """Before the context is forked (Session.fork): feed all of it, so each fork starts
         from the logits after it (and after all but its last token, for a hole that heals
-        it) instead of feeding the shared tokens again."""
+        it) instead of feeding the shared tokens again. Returns the text of the last token,
+        taken back (take_tail): each fork, and this context after the forks, appends it
+        first."""
         self.settle()
         if self.model is None or not self.token_ids:
-            return  # an empty context: each fork begins as a run does
+            return ""  # an empty context: each fork begins as a run does
+        tail = self.take_tail()
+        if not self.token_ids:
+            return tail
         self._drop_ahead()
         n = len(self.token_ids)
         if self.prefix_cache is not None and self.fed < n:
@@ -411,6 +436,7 @@ class Session:
             self._feed(min(2, n - self.fed))
         if n not in self._known:
             self.next_logits()
+        return tail
 
     def fork(self, model: StepModel | None, stats: Stats, recorder: Recorder | None
              ) -> Session:

@@ -86,7 +86,9 @@ def test_branches_read_as_separate_runs(tiny: TransformersBackend) -> None:
     # Forwards one at a time (no batch padding), so the values are comparable bit for bit;
     # a fork at the very start adds no start token a plain run would not have.
     backend = Unbatched(tiny)
-    for prefix in ("", PREFIX):
+    # The text before the tag is read with the branch's own (Session.take_tail): "\n\n"
+    # then "Colour" is "\n", "\n", "Colour" in both.
+    for prefix in ("", PREFIX, PREFIX + "\n", "Items: a, b, "):
         forked = qrun.Query(prefix + "{% fork c in ['red', 'blue'] %}Colour {{ c }}: "
                             "{{ gen a max_tokens=5 }}{% endfork %}").run(model=backend)
         alone = qrun.Query(prefix + "Colour {{ c }}: {{ gen a max_tokens=5 }}")
@@ -157,6 +159,15 @@ def test_hidden_keeps_captures_and_takes_the_text_back(model: TransformersBacken
     assert r.stats.forward_tokens <= r.stats.context_tokens + think + 3, r.stats
     trace = r.trace()
     assert [h["context"] for h in trace["holes"]] == ["hidden", None]
+
+
+def test_the_context_around_a_hidden_block_reads_as_without_it(tiny: TransformersBackend
+                                                               ) -> None:
+    for before, after in (("Notes:\n\n", "Summary"), ("a, b, ", "c"), ("x", "")):
+        hidden = run(tiny, before + "{% hidden %}Draft: {{ gen d max_tokens=3 }}"
+                                    "{% endhidden %}" + after + "{{ gen z max_tokens=2 }}")
+        plain = run(tiny, before + after + "{{ gen z max_tokens=2 }}")
+        assert hidden.token_ids == plain.token_ids and hidden.text == plain.text
 
 
 def test_hidden_inside_a_loop_rolls_back_each_time_and_on_break(tiny: TransformersBackend
