@@ -129,7 +129,13 @@ def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: 
     child.on_text = None
     child.pieces = []
     child.budget = copy.copy(parent.budget)
-    child.drafter = PromptLookup(parent.drafter.min_rate) if parent.drafter else None
+    # Branches batched by the scheduler do not speculate (docs/language.md §14.10): a batched
+    # step costs its widest row, so one branch's guesses widen every row, and guesses from
+    # the shared prefix are mostly refused (measured with bench.branches: more positions fed
+    # and no wall time saved).
+    batched = isinstance(engines.model, ScheduledModel)
+    child.drafter = (PromptLookup(parent.drafter.min_rate)
+                     if parent.drafter is not None and not batched else None)
     child.scope = dict(parent.scope)
     child.vars, child.holes = dict(parent.vars), dict(parent.holes)
     child.hole_lists = dict(parent.hole_lists)

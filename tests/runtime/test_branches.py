@@ -95,6 +95,25 @@ def test_branches_read_as_separate_runs(tiny: TransformersBackend) -> None:
         assert forked["a"] == [alone.run(model=backend, c=c)["a"] for c in ("red", "blue")]
 
 
+def test_a_batched_forward_over_forks_equals_forwards_one_at_a_time(
+        tiny: TransformersBackend) -> None:
+    # Rows of different lengths need a mask; the tiny model groups its KV heads (4 query
+    # heads, 2 KV heads), so this checks SDPA's grouped reading under a mask
+    # (backends/transformers.py _masked_gqa_on_cpu) against the unmasked single forwards.
+    model, batcher = tiny.step_model(), tiny.batch_forward()
+    base = model.new_cache()
+    model.forward(tiny.encode(PREFIX), base, 1)
+    caches = [base.fork() for _ in range(3)]
+    caches[1].crop(base.length() - 5)
+    caches[2].crop(base.length() - 2)
+    new = [[42, 43], [44], [45, 46, 47]]
+    alone = [model.forward(ids, cache.fork(), 1)[-1]
+             for ids, cache in zip(new, caches, strict=True)]
+    together = batcher.forward_batch(list(zip(new, caches, strict=True)), 1)
+    for one, row in zip(alone, together, strict=True):
+        assert float(abs(one - row[-1]).max()) < 1e-4
+
+
 def test_fork_over_range_and_a_dict(model: TransformersBackend) -> None:
     r = run(model, "{% fork k in d %}{{ k }}={{ gen v max_tokens=2 }}{% endfork %}"
                    "{% fork i in range(2) %}{{ gen w max_tokens=1 }}{% endfork %}|",
