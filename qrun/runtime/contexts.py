@@ -109,6 +109,7 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
     collected text, overshoot and KV cache untouched."""
     main, recorder, drafter, last_text = run.session, run.recorder, run.drafter, run._last_text
     inner = Recorder(recorder.vocab, recorder.detailed)
+    main.pause()  # the new context feeds next, not this one (vLLM: its live request ends)
     run.session = Session(run.backend, run.engines.model, run.stats, main.prefix_cache, inner)
     run.recorder = inner
     stats = run.stats

@@ -433,9 +433,13 @@ class Session:
         if self.prefix_cache is not None and self.fed < n:
             self._from_prefix_cache()
         if self.fed < n:
-            self._feed(min(2, n - self.fed))
+            # The logits before the last token too, where a hole heals in context (a branch
+            # that begins with a hole); one forward either way.
+            heals = self.backend.capabilities.heals_in_context
+            self._feed(min(2, n - self.fed) if heals else 1)
         if n not in self._known:
             self.next_logits()
+        self.pause()  # the forks feed next, not this context (vLLM: its live request ends)
         return tail
 
     def fork(self, model: StepModel | None, stats: Stats, recorder: Recorder | None
