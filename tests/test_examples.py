@@ -36,6 +36,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "query.tmpl": {},
     "calculator.tmpl": {"question": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
     "agent.tmpl": {"question": "How tall is the Eiffel Tower in feet? One metre is 3.28 feet."},
+    "tips.tmpl": {"topic": "keeping houseplants alive"},
 }
 # The host functions an example calls: the Python file `--functions` takes (examples/*.py).
 FUNCTIONS = {"calculator.tmpl": "calculator.py", "agent.tmpl": "agent.py"}
@@ -231,6 +232,11 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         check_calculator(r)
     if name == "agent.tmpl":
         check_agent(r)
+    if name == "tips.tmpl":  # three branches, joined into the text in their order
+        assert isinstance(r["tips"], list) and len(r["tips"]) == 3
+        assert len(r.hole_lists["tips"]) == 3
+        listed = "".join(f"{i}. {tip.strip()}\n" for i, tip in enumerate(r["tips"], 1))
+        assert listed in r.text and "Here is a tip" not in r.text
     if name == "interview.tmpl":
         assert r["level"] in ("junior", "senior")
         assert ("years" in r) == (r["level"] == "senior")

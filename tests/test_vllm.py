@@ -245,3 +245,21 @@ def test_url_without_the_vllm_backend_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "--url needs --backend vllm" in proc.stderr
 
+
+
+@pytest.mark.parametrize("mode", ["local", "server"])
+def test_branches_and_contexts(vllm_local: Any, vllm_remote: Any, mode: str) -> None:
+    # docs/language.md §23 on vLLM: branches are concurrent requests on the shared prefix.
+    backend = vllm_local if mode == "local" else vllm_remote
+    prefix = "Dates of famous events, one per line.\nMoon landing: 1969-07-20\n"
+    template = (prefix + "{% fork event in ['Fall of the Berlin Wall', 'First flight'] %}"
+                "{{ event }}: {{ gen when regex=DATE }}\n{% endfork %}"
+                "{% hidden %}Scratch: {{ gen scratch max_tokens=4 }}{% endhidden %}"
+                "{% fresh %}Say yes: {{ select ok options=['yes', 'no'] }}{% endfresh %}"
+                "Done.")
+    r = qrun.Query(template).run(model=backend)
+    assert r.text == prefix + "Done."
+    assert len(r["when"]) == 2 and all(regex.fullmatch(PATTERNS["DATE"], w, flags=regex.ASCII)
+                                       for w in r["when"])
+    assert isinstance(r["scratch"], str) and r["ok"] in ("yes", "no")
+    assert "Scratch" not in backend.tokenizer.decode(r.token_ids)

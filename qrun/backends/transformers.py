@@ -24,6 +24,35 @@ from qrun.errors import ModelLoadError, UsageError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@functools.cache
+def _masked_gqa_on_cpu() -> None:
+    """Make transformers' SDPA attention let SDPA read grouped KV heads (enable_gqa) under an
+    attention mask on a CPU, as it already does without a mask, instead of copying every KV
+    head for each query head first (repeat_kv). Masks come with batched forwards (left
+    padding: forward_batch) and token trees: 8 rows over a 1k-token context (SmolLM2, one
+    thread) take 0.4 s instead of 0.8-1.4 s, with the same logits (max |diff| 3e-5 either
+    way). Elsewhere (CUDA, where a mask with enable_gqa leaves the fast kernels) and for
+    anything else transformers' own function runs unchanged. Registered once per process."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                  dropout: float = 0.0, scaling: float | None = None,
+                  is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+        if (attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1
+                or query.device.type != "cpu" or dropout or kwargs.get("output_attentions")
+                or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None):
+            result: tuple[Any, None] = sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                is_causal=is_causal, **kwargs)
+            return result
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("sdpa", attention)
+
+
 class TransformersCache:
     """A transformers DynamicCache behind the KVCache protocol."""
 
@@ -80,6 +109,7 @@ class TransformersBackend(HFTokenizerMixin):
         self.model = model
         self.prefix_cache = prefix_cache
         self.tokenizer = tokenizer
+        _masked_gqa_on_cpu()
         self.name = name
         self.device = str(next(model.parameters()).device)
         self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")

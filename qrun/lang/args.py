@@ -23,7 +23,7 @@ from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_numb
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
-            "tools", "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text")
+            "tools", "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text", "n")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 # The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).
@@ -385,7 +385,13 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
     "a Lark grammar (a non-empty string or a variable)",
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
+    "n": lambda v: None if is_count(v) else "a positive integer",
 }
+
+
+def is_count(value: Any) -> bool:
+    """Whether `value` is a positive int (not a bool): a number of branches (`gen n=`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _scalar(text: str) -> Any:

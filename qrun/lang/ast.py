@@ -163,6 +163,27 @@ class While:
 
 
 @dataclass(frozen=True, slots=True)
+class Fork:
+    """`{% fork target in iterable %} body {% endfork %}`: the body runs once per item, each
+    run a branch from the context before the block (docs/language.md §23); shaped as For."""
+
+    targets: tuple[str, ...]
+    iterable: Expr
+    body: tuple[Node, ...]
+    span: Span
+    target_spans: tuple[Span, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hidden:
+    """`{% hidden %} body {% endhidden %}`: the body runs in the context, which is then taken
+    back to where the block began."""
+
+    body: tuple[Node, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Try:
     """`{% try %} body {% except err %} handler {% endtry %}`: `name` (None for a bare
     `{% except %}`) is bound to the error's message in the handler; `handler` is None when the
@@ -203,8 +224,18 @@ class Return:
     span: Span
 
 
+
+
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    """`{% fresh %} body {% endfresh %}`: the body runs in a new, empty context."""
+
+    body: tuple[Node, ...]
+    span: Span
+
+
 Node = (Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
-        | While | Try | Macro | Return)
+        | While | Try | Macro | Return | Fork | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +254,8 @@ def children(node: Node) -> Iterator[Node]:
             for arm in arms:
                 yield from arm.body
             yield from orelse or ()
-        case For(body=body) | Role(body=body) | While(body=body) | Macro(body=body):
+        case (For(body=body) | Role(body=body) | While(body=body) | Macro(body=body)
+              | Fork(body=body) | Hidden(body=body) | Fresh(body=body)):
             yield from body
         case Try(body=body, handler=handler):
             yield from body

@@ -22,8 +22,16 @@ _RAW = re.compile(
     r"\{%(-?)[ \t\r\n]*raw[ \t\r\n]*(-?)%\}([\s\S]*?)\{%(-?)[ \t\r\n]*endraw[ \t\r\n]*(-?)%\}")
 _FRONT_LINE = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*(.*?)[ \t\r]*")
 _CLOSERS = {"if": "endif", "for": "endfor", "while": "endwhile", "try": "endtry",
-            "macro": "endmacro", "system": "endsystem", "user": "enduser",
+            "macro": "endmacro", "fork": "endfork", "hidden": "endhidden",
+            "fresh": "endfresh", "system": "endsystem", "user": "enduser",
             "assistant": "endassistant"}
+# The block tags that open a block, and the kind of block each opens (a role's is its name).
+_OPENERS = {"if_tag": "if", "for_tag": "for", "while_tag": "while", "try_tag": "try",
+            "macro_tag": "macro", "fork_tag": "fork", "hidden_tag": "hidden",
+            "fresh_tag": "fresh"}
+_ENDERS = {"endif_tag": "if", "endfor_tag": "for", "endwhile_tag": "while", "endtry_tag": "try",
+           "endmacro_tag": "macro", "endfork_tag": "fork", "endhidden_tag": "hidden",
+           "endfresh_tag": "fresh"}
 MAX_BLOCK_DEPTH = 100
 """Blocks nest at most this deep: the compiler and runtime walk the tree recursively."""
 MAX_ERRORS = 50
@@ -52,10 +60,10 @@ def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
 class _Frame:
     """An open block while its end tag is being looked for."""
 
-    kind: str  # "if", "for", "while", "try", "macro", or a role name
+    kind: str  # "if", "for", "while", "try", "macro", "fork", "hidden", "fresh", or a role
     span: Span
-    targets: tuple[tuple[str, Span], ...] = ()  # a for loop's variables
-    iterable: ex.Expr | None = None  # a for loop's iterable, a while loop's test
+    targets: tuple[tuple[str, Span], ...] = ()  # a for loop's (or fork's) variables
+    iterable: ex.Expr | None = None  # a for loop's (or fork's) iterable, a while loop's test
     args: tuple[ast.HoleArg, ...] = ()  # a role's arguments
     name: str | None = None  # a macro's name, the name `{% except NAME %}` binds
     name_span: Span | None = None
@@ -212,7 +220,7 @@ class _Builder:
             name, value = body.children
             assert isinstance(name, Token)
             self.add(ast.Set(str(name), self.exprs.expr(value), span, self.token_span(name)))
-        elif kind in ("if_tag", "for_tag", "role_tag", "while_tag", "try_tag", "macro_tag"):
+        elif kind in _OPENERS or kind == "role_tag":
             self.open(body, span)
         elif kind in ("elif_tag", "else_tag"):
             self.branch(body, span)
@@ -230,8 +238,7 @@ class _Builder:
             self.end(_end_kind(body), span)
 
     def open(self, body: Tree[Token], span: Span) -> None:
-        kind = {"if_tag": "if", "for_tag": "for", "while_tag": "while", "try_tag": "try",
-                "macro_tag": "macro"}.get(str(body.data))
+        kind = _OPENERS.get(str(body.data))
         if kind is None:
             kind = str(body.children[0])
         if len(self.stack) == MAX_BLOCK_DEPTH + 1:  # the first block too deep, not each after it
@@ -239,7 +246,7 @@ class _Builder:
         frame = _Frame(kind, span)
         if kind == "if":
             frame.arms.append(ast.IfArm(self.exprs.expr(body.children[0]), (), span))
-        elif kind == "for":
+        elif kind in ("for", "fork"):
             *targets, iterable = body.children
             frame.targets = tuple((str(t), self.token_span(t)) for t in targets
                                   if isinstance(t, Token))
@@ -333,10 +340,11 @@ class _Builder:
             self.finish_arm(frame)
             orelse = tuple(frame.orelse) if frame.orelse is not None else None
             node = ast.If(tuple(frame.arms), orelse, frame.span, frame.else_span)
-        elif frame.kind == "for":
+        elif frame.kind in ("for", "fork"):
             assert frame.targets and frame.iterable is not None
-            node = ast.For(tuple(n for n, _ in frame.targets), frame.iterable,
-                           tuple(frame.body), frame.span, tuple(s for _, s in frame.targets))
+            loop = ast.For if frame.kind == "for" else ast.Fork
+            node = loop(tuple(n for n, _ in frame.targets), frame.iterable,
+                        tuple(frame.body), frame.span, tuple(s for _, s in frame.targets))
         elif frame.kind == "while":
             assert frame.iterable is not None
             node = ast.While(frame.iterable, tuple(frame.body), frame.span)
@@ -351,6 +359,10 @@ class _Builder:
             assert frame.name is not None and frame.name_span is not None
             node = ast.Macro(frame.name, frame.params, tuple(frame.body), frame.span,
                              frame.name_span)
+        elif frame.kind == "hidden":
+            node = ast.Hidden(tuple(frame.body), frame.span)
+        elif frame.kind == "fresh":
+            node = ast.Fresh(tuple(frame.body), frame.span)
         else:
             node = ast.Role(frame.kind, tuple(frame.body), frame.span, frame.args)
         self.add(node)
@@ -393,12 +405,9 @@ class _Builder:
 
 
 def _end_kind(body: Tree[Token]) -> str:
-    if body.data == "endif_tag":
-        return "if"
-    if body.data == "endfor_tag":
-        return "for"
-    if body.data in ("endwhile_tag", "endtry_tag", "endmacro_tag"):
-        return str(body.data)[3:-4]  # "endwhile_tag" -> "while"
+    kind = _ENDERS.get(str(body.data))
+    if kind is not None:
+        return kind
     return str(body.children[0])[3:]  # "enduser" -> "user"
 
 

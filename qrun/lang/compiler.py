@@ -214,6 +214,13 @@ class _Compiler:
                               "`{% return %}` gives")
                 flow.dead = True
                 return ir.Return(value, span)
+            case ast.Fork():
+                return self.fork(node, flow, ctx)
+            case ast.Hidden(body=body, span=span):
+                return ir.Hidden(self.body(body, flow, ctx), span)
+            case ast.Fresh(body=body, span=span):
+                # A new context: chat turns may begin inside, even within an outer turn.
+                return ir.Fresh(self.body(body, flow, replace(ctx, role=None)), span)
         return None
 
     def while_(self, node: ast.While, flow: Flow, ctx: Context) -> ir.While:
@@ -316,16 +323,44 @@ class _Compiler:
                 self.fail(f"loop variable '{target}' appears twice", span)
         exits: list[Flow] = []
         inner = replace(ctx, locals=ctx.locals | {*node.targets, "loop"}, in_loop=True,
-                        exits=exits)
+                        exits=exits, fork=None)
         body_flow = flow.copy()
         body = self.body(node.body, body_flow, inner)
         self.after_loop(flow, body_flow, exits)
         return ir.For(node.targets, node.iterable, body, node.span)
 
+    def fork(self, node: ast.Fork, flow: Flow, ctx: Context) -> ir.Fork:
+        """A fork's body is checked as a loop's (its captures are lists, `loop` is bound), but
+        no break or continue crosses it: each branch runs the whole body."""
+        self.expr(node.iterable, flow, ctx)
+        for index, (target, span) in enumerate(zip(node.targets, node.target_spans,
+                                                   strict=True)):
+            if self.check_new_name(target, span, "fork variable") \
+                    and target in node.targets[:index]:
+                self.fail(f"fork variable '{target}' appears twice", span)
+        inner = replace(ctx, locals=ctx.locals | {*node.targets, "loop"}, in_loop=True,
+                        exits=None, fork=node.span)
+        body_flow = flow.copy()
+        body = self.body(node.body, body_flow, inner)
+        self.after_branches(flow, body_flow)
+        return ir.Fork(node.targets, node.iterable, body, node.span)
+
+    def after_branches(self, flow: Flow, body_flow: Flow) -> None:
+        """After a fork: its captures are lists, bound when the body binds them (an empty
+        fork leaves them empty lists); its `set`s stay local to the body."""
+        new_captures = {n for n in body_flow.captured if n not in flow.captured}
+        flow.bound |= body_flow.bound & new_captures
+        flow.captured.update(body_flow.captured)
+        flow.sets.update(body_flow.sets)
+
     def loop_control(self, node: ast.Break | ast.Continue, flow: Flow, ctx: Context
                      ) -> ir.Break | ir.Continue:
         word = "break" if isinstance(node, ast.Break) else "continue"
-        if ctx.exits is None:
+        if ctx.exits is None and ctx.fork is not None:
+            self.fail(f"'{{% {word} %}}' cannot leave a '{{% fork %}}' branch", node.span,
+                      f"the fork starts at {ctx.fork}; each branch runs its whole body",
+                      "an '{% if %}' around the rest of the body skips it")
+        elif ctx.exits is None:
             notes = ["an included template cannot end the loop it is included in"
                      ] if ctx.in_loop else []
             self.fail(f"'{{% {word} %}}' outside a loop", node.span, *notes)
@@ -414,13 +449,19 @@ class _Compiler:
     # ---- holes -------------------------------------------------------------------------------
 
     def hole(self, node: ast.Gen | ast.Select, flow: Flow, ctx: Context
-             ) -> ir.Gen | ir.Select:
+             ) -> ir.Gen | ir.Select | ir.Fork:
         for arg in node.args:
             if pattern_name(arg) is None:
                 self.expr(arg.expr, flow, ctx)
         args = self.args.hole_args(node)
         if isinstance(node, ast.Gen):
-            return self.gen(node, args, ctx.in_loop)
+            samples = args.get("n")
+            if samples is None:
+                return self.gen(node, args, ctx.in_loop)
+            # `gen NAME n=N`: N branches of one hole, the short form of a fork (its capture a
+            # list, as a loop's)
+            gen = self.gen(node, args, in_loop=True)
+            return ir.Fork((), samples.expr, (gen,), node.span, samples=True)
         return self.select(node, args, ctx.in_loop)
 
     def gen(self, node: ast.Gen, args: dict[str, ast.HoleArg], in_loop: bool) -> ir.Gen:

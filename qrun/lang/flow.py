@@ -42,7 +42,8 @@ class Context:
     """The lexical context: loop variables, whether inside a loop, the enclosing role, the
     names a test such as `x is defined` guarantees here (`defined`), the flows at the
     innermost loop's break/continue tags (`exits`: None where neither is allowed), and the
-    macro being defined (`macro`)."""
+    macro being defined (`macro`); the fork tag whose branch this is, when no loop inside the
+    branch is nearer (`fork`)."""
 
     locals: frozenset[str] = frozenset()
     in_loop: bool = False
@@ -50,6 +51,7 @@ class Context:
     defined: frozenset[str] = frozenset()
     exits: list[Flow] | None = None
     macro: str | None = None  # the macro whose body this is (where `return` is allowed)
+    fork: Span | None = None  # the innermost `{% fork %}` whose body this is (not a loop's)
 
     def knowing(self, names: frozenset[str]) -> Context:
         return replace(self, defined=self.defined | names) if names - self.defined else self

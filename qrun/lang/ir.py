@@ -248,6 +248,34 @@ class While:
 
 
 @dataclass(frozen=True, slots=True)
+class Fork:
+    """`{% fork target in iterable %}`: `body` runs once per item as an independent branch
+    from the context before the block (its KV cache forked, not fed again), the branches
+    advanced together (runtime/branches.py) with `targets` and `loop` bound as in For; their
+    captures are lists in item order, their text is in neither the context nor the result.
+    `samples` (`{{ gen NAME n=N }}`): `iterable` gives the count N of branches, and `targets`
+    is empty."""
+
+    targets: tuple[str, ...]
+    iterable: Expr
+    body: tuple[Op, ...]
+    span: Span
+    samples: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.samples or self.targets, "a fork over a list binds at least one name"
+
+
+@dataclass(frozen=True, slots=True)
+class Hidden:
+    """`{% hidden %}`: `body` runs in the context, then the context is taken back to where the
+    block began (the KV cache cropped); its captures stay, its text is not in the result."""
+
+    body: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Try:
     """`try`/`except name`: run `body`; when an EvaluationError (a host function failing,
     any expression failing; not a GenerationError, not a limit) ends it, the text it emitted
@@ -287,8 +315,17 @@ class Return:
     span: Span
 
 
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    """`{% fresh %}`: `body` runs in a new, empty context; the context before the block then
+    goes on untouched (its KV cache kept). Its captures stay, its text is not in the result."""
+
+    body: tuple[Op, ...]
+    span: Span
+
+
 Op = (EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
-      | While | Try | Macro | Return)
+      | While | Try | Macro | Return | Fork | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +397,7 @@ def children(op: Op) -> Iterator[Op]:
                 yield from branch.body
             yield from orelse
         case (For(body=body) | Role(body=body) | Include(body=body) | While(body=body)
-              | Macro(body=body)):
+              | Macro(body=body) | Fork(body=body) | Hidden(body=body) | Fresh(body=body)):
             yield from body
         case Try(body=body, handler=handler):
             yield from body
@@ -391,7 +428,7 @@ def exprs(op: Op) -> Iterator[Expr]:
     match op:
         case EmitValue(expr=value) | Set(expr=value) | Return(expr=value):
             yield value
-        case For(iterable=iterable) | While(test=iterable):
+        case For(iterable=iterable) | While(test=iterable) | Fork(iterable=iterable):
             yield iterable
         case Macro(params=params):
             yield from (p.default for p in params if p.default is not None)
@@ -405,7 +442,7 @@ def exprs(op: Op) -> Iterator[Expr]:
         case Role(tools=tools):
             if tools is not None:
                 yield tools
-        case EmitText() | Break() | Continue() | Include() | Try():
+        case EmitText() | Break() | Continue() | Include() | Try() | Hidden() | Fresh():
             pass
 
 
@@ -472,6 +509,14 @@ def _op(op: Op, depth: int) -> list[str]:
             # The body's positions are in the included file (named as written).
             return [_line(depth, f"include {ex.literal_text(name)}", span),
                     *_ops(body, depth + 1)]
+        case Fork(targets=targets, iterable=iterable, body=body, span=span, samples=samples):
+            head = (f"fork n={ex.format_expr(iterable)}" if samples else
+                    f"fork {', '.join(targets)} in {ex.format_expr(iterable)}")
+            return [_line(depth, head, span), *_ops(body, depth + 1)]
+        case Hidden(body=body, span=span):
+            return [_line(depth, "hidden", span), *_ops(body, depth + 1)]
+        case Fresh(body=body, span=span):
+            return [_line(depth, "fresh", span), *_ops(body, depth + 1)]
         case Set(name=name, expr=value, span=span):
             return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]
         case Role(role=role, body=body, span=span, tools=tools):

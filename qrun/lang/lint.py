@@ -54,7 +54,7 @@ class _Lint:
         match op:
             case ir.Gen() | ir.Select():
                 (self.lists if op.in_loop else self.plain).add(op.name)
-            case ir.For(targets=targets, body=body):
+            case ir.For(targets=targets, body=body) | ir.Fork(targets=targets, body=body):
                 self.block(body, source, local | {*targets, "loop"}, notes)
             case _:
                 self.block(ir.children(op), source, local, notes)

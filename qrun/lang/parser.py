@@ -41,7 +41,8 @@ _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
 _BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "while", "endwhile",
                    "break", "continue", "set", "include", "macro", "endmacro", "return", "try",
-                   "except", "endtry", "system", "endsystem", "user", "enduser", "assistant",
+                   "except", "endtry", "fork", "endfork", "hidden", "endhidden", "fresh",
+                   "endfresh", "system", "endsystem", "user", "enduser", "assistant",
                    "endassistant", "raw")
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`

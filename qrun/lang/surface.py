@@ -11,9 +11,8 @@ _NO_INHERITANCE = ("template inheritance is not supported: put shared text in a 
 _CALL_MACRO = "a macro is called in an expression: {{ name(args) }} (docs/language.md §21)"
 _NO_ESCAPING = "qrun never escapes text (a prompt is not HTML): drop the filter"
 _LOOP = "use a loop: {% for x in xs %}{% if ... %}...{% endif %}{% endfor %}"
-_HIDDEN = ("hidden holes are not supported: every value stays in the model's context and in "
-           "the text; to keep one out of a prompt, generate it with another template and pass "
-           "it in as an input")
+_HIDDEN = ("a hole has no hidden= argument: put it in a {% hidden %}...{% endhidden %} block, "
+           "whose text leaves the context and the result afterwards (its captures stay)")
 _SELECT = 'a choice among fixed strings is a select hole: {{ select x options=["a", "b"] }}'
 
 TAG_HINTS: dict[str, str] = {
@@ -136,9 +135,6 @@ METHOD_HINTS: dict[str, str] = {
 """Methods people call (Python's str/list/dict methods, Jinja's loop.cycle)."""
 
 GEN_ARG_HINTS: dict[str, str] = {
-    "n": "a hole writes one value: for several, put it in a loop, {% for i in range(3) %}"
-         "{{ gen x }}{% endfor %} (x is then the list of the values); for independent "
-         "samples, run the template several times (run_many, --inputs)",
     "hidden": _HIDDEN,
     "where": "constraints are the hole's arguments: regex=, json=, grammar=, max_tokens=, "
              "stop=",

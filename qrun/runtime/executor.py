@@ -32,8 +32,10 @@ from qrun.lang.functions import type_name
 from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
+from qrun.runtime.branches import exec_fork
 from qrun.runtime.calls import CallRunner, Mark
 from qrun.runtime.constraints import ConstraintCompiler
+from qrun.runtime.contexts import exec_fresh, exec_hidden
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
@@ -227,6 +229,12 @@ class Run:
                 pass  # defined here, run where called (runtime/calls.py)
             case ir.Return():
                 self.calls.returned(self._eval(op.expr))
+            case ir.Fork():
+                exec_fork(self, op)
+            case ir.Hidden():
+                exec_hidden(self, op)
+            case ir.Fresh():
+                exec_fresh(self, op)
             case _:
                 assert_never(op)
 

@@ -50,6 +50,9 @@ class HoleEntry:
     finish: str = ""
     seconds: float = 0.0
     options: list[tuple[str, float, float]] | None = None
+    # where it ran when not in the run's context: "hidden", "fresh", "branch 2 of fork 3:1"
+    # (runtime/contexts.py, runtime/branches.py); its events are then not in the trace
+    context: str | None = None
 
 
 @dataclass(slots=True)
@@ -198,7 +201,7 @@ class Recorder:
             "finish": hole.finish or ("select" if hole.kind == "select" else "stop"),
             "seconds": hole.seconds, "span": {"line": hole.line, "column": hole.column},
             "first_event": span[0] if span else None, "last_event": span[1] if span else None,
-            "options": options,
+            "options": options, "context": hole.context,
         }
 
     def _text(self, token: int) -> str:

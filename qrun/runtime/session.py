@@ -65,13 +65,17 @@ class Session:
         stats: Stats | None = None,
         prefix_cache: PrefixCache | None = None,
         recorder: Recorder | None = None,
+        cache: KVCache | None = None,
     ) -> None:
+        """`cache`: the KV cache to start from (a fork's, Session.fork), else a new one."""
         self.backend = backend
         self.model = model
         self.stats = stats if stats is not None else Stats()
         self.recorder = recorder
         self.prefix_cache = prefix_cache
-        self._cache: KVCache | None = model.new_cache() if model is not None else None
+        if cache is None and model is not None:
+            cache = model.new_cache()
+        self._cache: KVCache | None = cache
         self.token_ids: list[int] = []
         self.fed = 0
         self.fixed_tail = 0
@@ -392,6 +396,69 @@ class Session:
             if self.recorder is not None:
                 self.recorder.fixed(len(self.token_ids) - len(ids), ids)
 
+    def take_tail(self) -> str:
+        """Take back the context's last token when it is fixed text not yet fed (not a control
+        token, whole characters) and return its text, else "". Where the context is cut (a
+        fork, a hidden block) the text is put back after the cut, so that it is tokenized with
+        the text that follows, as a plain run would read it: `...\n\n` then `Question` reads
+        `\n`, `\n`, `Question`, not `\n\n`, `Question`."""
+        if self.fixed_tail < 1 or self.fed >= len(self.token_ids) or self.overshoot is not None:
+            return ""
+        last = self.token_ids[-1]
+        if last in self.backend.control_tokens.values():
+            return ""
+        data = self.backend.vocabulary.token_bytes[last] if 0 <= last else None
+        try:
+            text = data.decode("utf-8") if data else ""
+        except UnicodeDecodeError:
+            return ""
+        if text:
+            self.rollback(len(self.token_ids) - 1, "heal")
+        return text
+
+    def share(self) -> str:
+        """Before the context is forked (Session.fork): feed all of it, so each fork starts
+        from the logits after it (and after all but its last token, for a hole that heals
+        it) instead of feeding the shared tokens again. Returns the text of the last token,
+        taken back (take_tail): each fork, and this context after the forks, appends it
+        first."""
+        self.settle()
+        if self.model is None or not self.token_ids:
+            return ""  # an empty context: each fork begins as a run does
+        tail = self.take_tail()
+        if not self.token_ids:
+            return tail
+        self._drop_ahead()
+        n = len(self.token_ids)
+        if self.prefix_cache is not None and self.fed < n:
+            self._from_prefix_cache()
+        if self.fed < n:
+            # The logits before the last token too, where a hole heals in context (a branch
+            # that begins with a hole); one forward either way.
+            heals = self.backend.capabilities.heals_in_context
+            self._feed(min(2, n - self.fed) if heals else 1)
+        if n not in self._known:
+            self.next_logits()
+        self.pause()  # the forks feed next, not this context (vLLM: its live request ends)
+        return tail
+
+    def fork(self, model: StepModel | None, stats: Stats, recorder: Recorder | None
+             ) -> Session:
+        """A new session whose context is a copy of this one's, its KV cache a fork of this
+        one's (KVCache.fork: no position is fed again), fed through `model` and counted in
+        `stats`. Call share() first: collected text and an overshoot are not carried over."""
+        assert not self._stretch and self.overshoot is None, "share() the context first"
+        cache = self._cache.fork() if self._cache is not None else None
+        forked = Session(self.backend, model, stats, self.prefix_cache, recorder, cache)
+        forked.token_ids = list(self.token_ids)
+        forked.fed = self.fed
+        forked.fixed_tail = self.fixed_tail
+        forked.boundaries = set(self.boundaries)
+        forked._known = dict(self._known)  # arrays never written in place: shared
+        if recorder is not None:
+            recorder.fixed(0, forked.token_ids)
+        return forked
+
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache,
                    logits: npt.NDArray[np.float32]) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with
@@ -470,13 +537,17 @@ class Session:
             self.fed = length
         self._known = {n: v for n, v in self._known.items() if n <= length}
 
-    def take_back(self, length: int) -> None:
-        """Return the context to its first `length` tokens, as it was when it had that many:
-        text collected since and a hole's pending overshoot go too (a hidden stretch, a
-        failed `try` body: runtime/calls.py)."""
+    def take_back(self, length: int, fixed_tail: int | None = None) -> None:
+        """Return the context to its first `length` tokens, as it was when it had that many (a
+        hidden block's start: runtime/contexts.py; a hidden call or a failed `try` body:
+        runtime/calls.py): text collected since and a hole's pending overshoot go too, the KV
+        cache is cropped and nothing is fed again. `fixed_tail`: the fixed-text tokens at its
+        end as then (token healing may take them back), when the caller knows it."""
         self._stretch = Stretch()
         self.overshoot = None
         self.rollback(min(length, len(self.token_ids)), "rollback")
+        if fixed_tail is not None:
+            self.fixed_tail = fixed_tail
 
     def heal(self, count: int, keep_last: bool = False) -> bytes:
         """Take back the last `count` fixed-text tokens (token healing) and return their bytes,

@@ -28,6 +28,9 @@ class Stats:
         rollback_tokens too when they had already been fed)
     drafted_tokens: tokens guessed by speculation and fed with a step's forward
     accepted_tokens: drafted tokens the model then chose (each saved a forward)
+    branch_tokens: positions fed in contexts beside the run's own, which its final context
+        does not hold: fork branches and fresh blocks (docs/language.md §23; a hidden block's
+        are in rollback_tokens)
     seed: the run's seed (given, or drawn fresh): the same seed replays the run
     host_calls, host_s: host function calls (qrun.Functions) and the seconds they took
     """
@@ -46,6 +49,7 @@ class Stats:
     boundary_dropped: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    branch_tokens: int = 0
     seed: int = 0
     host_calls: int = 0
     host_s: float = 0.0
@@ -57,10 +61,12 @@ class Stats:
     @property
     def rework_tokens(self) -> int:
         """Positions computed that the final context does not hold: the template's rework
-        (rollback_tokens) and drafted tokens the model did not choose. A run never computes
-        more than its context and these: forward_tokens <= context_tokens + rework_tokens
+        (rollback_tokens), drafted tokens the model did not choose, and the positions of
+        branches and fresh contexts (branch_tokens). A run never computes more than its
+        context and these: forward_tokens <= context_tokens + rework_tokens
         (docs/language.md §14.2)."""
-        return self.rollback_tokens + self.drafted_tokens - self.accepted_tokens
+        return (self.rollback_tokens + self.drafted_tokens - self.accepted_tokens
+                + self.branch_tokens)
 
     def to_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = asdict(self)

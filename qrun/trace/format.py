@@ -76,6 +76,7 @@ class Hole(TypedDict):
     first_event: int | None
     last_event: int | None
     options: list[SelectOption] | None
+    context: NotRequired[str | None]
 
 
 class Call(TypedDict):
@@ -232,6 +233,8 @@ def _check_holes(holes: Sequence[object], n_events: int) -> None:
                     f"{path}: events {first}..{last} out of order, overlapping an earlier "
                     f"hole or past the {n_events} events")
             previous_last = last
+        if "context" in hole:  # absent in traces written before branches existed
+            _field(hole, "context", str, path, nullable=True)
         options = hole.get("options")
         if kind == "gen" and options is not None:
             raise TraceFormatError(f"{path}.options: must be null for a gen hole")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -428,3 +429,47 @@ def test_every_sequence_comes_back_after_the_runs(llama: Any) -> None:
 
     gc.collect()
     assert llama.free_sequences() == 256
+
+
+# --- branches and contexts (docs/language.md §23) ------------------------------------------------
+
+BRANCH_PREFIX = "".join(f"Note {i}: the {c} door of hall {i} opens at {6 + i} am.\n"
+                        for i, c in enumerate(["red", "blue", "green", "white"] * 6))
+
+
+def test_branches_share_the_prefix_and_run_as_one_batch(
+        llama: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows: list[int] = []
+    forward_batch = llama.forward_batch
+
+    def counting(items: Any, logits_for: int = 1) -> Any:
+        rows.append(len(items))
+        return forward_batch(items, logits_for)
+
+    monkeypatch.setattr(llama, "forward_batch", counting)
+    llama.clear_cache()
+    template = (BRANCH_PREFIX + "{% fork i in range(6) %}Hall {{ i }}: "
+                "{{ gen when regex=\"[0-9]{1,2} (am|pm)\" }}\n"
+                "{{ gen note max_tokens=6 temperature=1.0 }}{% endfork %}Done.")
+    r = qrun.Query(template).run(model=llama, seed=4)
+    assert r.text == BRANCH_PREFIX + "Done."
+    assert len(r["when"]) == len(r["note"]) == 6
+    assert all(re.fullmatch(r"[0-9]{1,2} (am|pm)", w) for w in r["when"])
+    assert max(rows) == 6  # the six branches went through one llama_decode together
+    prefix = len(llama.encode(BRANCH_PREFIX)) + 1
+    assert prefix <= r.stats.forward_tokens <= prefix + r.stats.branch_tokens
+    assert r.stats.branch_tokens < prefix  # the branches did not feed the prefix again
+    again = qrun.Query(template).run(model=llama, seed=4)
+    assert again["note"] == r["note"]
+
+
+def test_hidden_and_fresh_on_llamacpp(llama: LlamaCppBackend) -> None:
+    llama.clear_cache()
+    template = (BRANCH_PREFIX + "{% hidden %}Draft: {{ gen draft max_tokens=6 }}{% endhidden %}"
+                "{% fresh %}Hello{{ gen f max_tokens=3 }}{% endfresh %}"
+                "Final: {{ gen final regex=\"[A-Z][a-z]+\" }}")
+    r = qrun.Query(template).run(model=llama)
+    assert r.text == BRANCH_PREFIX + "Final: " + r["final"]
+    assert r["draft"] and r["f"] is not None
+    assert "Draft" not in llama.decode(r.token_ids)
+    assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens

@@ -1,0 +1,280 @@
+"""Branches (docs/language.md §23.1): `{% fork x in items %}` runs its body once per item, each
+run a branch that continues independently from the run's context, and `{{ gen NAME n=N }}`
+is N branches of one hole.
+
+The context is fed once (Session.share), then each branch gets a session whose token ids copy
+the run's and whose KV cache is a fork of its cache (KVCache.fork: the shared prefix is never
+fed again), its own scope (the fork's variables and `loop` bound), its own random generator
+(from the run's and the branch's index, so a seed replays every branch) and its own text,
+which is dropped. Branches run in threads, at most MAX_CONCURRENT_BRANCHES at a time, and
+their forwards are batched as batched runs' are (runtime/batch.py): inside run_many they join
+the run's scheduler as workers of their own; otherwise the run's thread serves a scheduler of
+its own while they run; on a backend that batches itself (vLLM), or that samples whole holes
+(a server), they call it concurrently. Afterwards their captures (lists, in item order), hole
+records, `holes.NAME` endings, trace holes and counters join the run's, in branch order; the
+first failing branch (in order) fails the run with its own positioned error."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from qrun.errors import BackendError, EvaluationError, GenerationError
+from qrun.lang import ir
+from qrun.lang.args import is_count
+from qrun.lang.evaluate import LoopInfo
+from qrun.lang.functions import type_name
+from qrun.runtime.contexts import Run, mark_holes
+from qrun.runtime.engines import Engines, choose_engines
+from qrun.runtime.recorder import Recorder
+from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
+from qrun.runtime.session import ContextFull
+from qrun.runtime.speculate import PromptLookup
+from qrun.runtime.stats import Stats
+from qrun.source import Span
+
+MAX_CONCURRENT_BRANCHES = 16
+"""Branches advanced together (one thread each; more wait for one to finish): a batch of 16
+rows already keeps a CPU or GPU forward busy, and llama.cpp has 256 sequences for all runs."""
+
+_SEED_RANGE = 2**63
+# Counters that describe the run's own context or the whole run, not work a branch adds
+# (branch_tokens: all a branch fed is counted so, its own nested branches included).
+_NOT_ADDED = frozenset({"context_tokens", "seed", "wall_s", "load_s", "branch_tokens"})
+
+
+def exec_fork(run: Run, op: ir.Fork) -> None:
+    """Run `op.body` once per item as branches from the run's context (see the module)."""
+    items = _items(run, op)
+    if not items:
+        return
+    tail = share(run, op.span)
+    names = frozenset(o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select))
+    # One draw from the run's generator per fork: branches of later forks (and of forks in
+    # a loop) get other seeds, and the run's seed still replays them all.
+    base = int(run.generator.integers(_SEED_RANGE))
+    branches = [_Branch(index, item) for index, item in enumerate(items)]
+
+    def one(branch: _Branch, engines: Engines) -> None:
+        _run_branch(run, op, branch, len(items), engines, base, names, tail)
+
+    steps, output = run.budget.steps_left, run.budget.output_left
+    _drive(run, branches, one)
+    run.session.append_text(tail)  # the context goes on as before the block
+    for branch in branches:
+        if branch.error is not None:
+            raise branch.error
+    for branch in branches:
+        assert branch.child is not None, "every branch ran"
+        _merge(run, op, branch.index, branch.child, names)
+        # What each branch spent of the budget it started with is the run's to pay.
+        run.budget.output_left -= output - branch.child.budget.output_left
+        run.budget.output("")  # fails when the branches emitted more than the run may
+        run.budget.step(op.span, steps - branch.child.budget.steps_left)
+
+
+@dataclass(eq=False)
+class _Branch:
+    """One branch: its index and item, and once it has run, its Run (or the error that
+    ended it)."""
+
+    index: int
+    item: Any
+    child: Run | None = None
+    error: BaseException | None = None
+
+
+def _items(run: Run, op: ir.Fork) -> list[Any]:
+    """The items to branch over (for `gen n=`: range(n)), checked as a loop's are."""
+    value = run._eval(op.iterable)
+    if op.samples:
+        if not is_count(value):
+            raise EvaluationError(f"n must be a positive integer, got {value!r}",
+                                  op.iterable.span, run.source)
+        value = range(value)
+    if isinstance(value, dict):
+        value = list(value)
+    if not isinstance(value, list | tuple | str | range):
+        raise EvaluationError(f"cannot fork over {type_name(value)}", op.iterable.span,
+                              run.source)
+    run.budget.loop(len(value), op.span)
+    return list(value)
+
+
+def share(run: Run, span: Span) -> str:
+    """Feed the whole context once, before it is forked, but its last token's text, returned
+    (Session.share); failures are reported at `span`."""
+    try:
+        return run.session.share()
+    except (ContextFull, BackendError) as exc:
+        raise GenerationError(str(exc), span, run.source) from None
+
+
+def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
+                base: int, names: frozenset[str], tail: str) -> None:
+    """Run one branch to its end in the calling thread; its error is kept, not raised. `tail`
+    is the shared context's last text, not in the fork (Session.share)."""
+    stats = Stats()
+    recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
+    session = parent.session.fork(engines.model, stats, recorder)
+    session.append_text(tail)
+    child = copy.copy(parent)  # program, options, constraints, source...: the run's own
+    child.session, child.engines, child.stats, child.recorder = session, engines, stats, recorder
+    child.generator = np.random.default_rng([base, branch.index])
+    child.on_text = None
+    child.pieces = []
+    child.budget = copy.copy(parent.budget)
+    # Branches batched by the scheduler do not speculate (docs/language.md §14.10): a batched
+    # step costs its widest row, so one branch's guesses widen every row, and guesses from
+    # the shared prefix are mostly refused (measured with bench.branches: more positions fed
+    # and no wall time saved).
+    batched = isinstance(engines.model, ScheduledModel)
+    child.drafter = (PromptLookup(parent.drafter.min_rate)
+                     if parent.drafter is not None and not batched else None)
+    child.scope = dict(parent.scope)
+    child.vars, child.holes = dict(parent.vars), dict(parent.holes)
+    child.hole_lists = dict(parent.hole_lists)
+    child.endings = dict(parent.endings)
+    child.scope["holes"] = child.endings
+    for name in names:  # the branch's captures: its own lists, joined afterwards
+        child.vars[name] = child.scope[name] = []
+        child.hole_lists[name] = []
+        child.endings[name] = []
+    branch.child = child
+    try:
+        _bind(child, op, branch.item)
+        child.scope["loop"] = LoopInfo(branch.index, count)
+        child._exec_block(op.body)
+    except BaseException as exc:  # the run raises it (the first in branch order)
+        branch.error = exc
+    finally:
+        session.close()
+
+
+def _bind(child: Run, op: ir.Fork, item: Any) -> None:
+    """Bind the fork's variables to `item` as a loop's are (Python's unpacking rules)."""
+    if not op.targets:
+        return
+    if len(op.targets) == 1:
+        child.scope[op.targets[0]] = item
+        return
+    if not isinstance(item, list | tuple | str):
+        raise EvaluationError(f"cannot unpack a {type_name(item)} into "
+                              f"{len(op.targets)} names", op.span, child.source)
+    if len(item) != len(op.targets):
+        raise EvaluationError(f"cannot unpack {len(item)} values into "
+                              f"{len(op.targets)} names", op.span, child.source)
+    child.scope.update(zip(op.targets, item, strict=True))
+
+
+def _merge(run: Run, op: ir.Fork, index: int, child: Run, names: frozenset[str]) -> None:
+    """Join one finished branch into the run: captures, records, endings, trace holes and
+    counters."""
+    for name in sorted(names):
+        run.vars[name].extend(child.vars[name])
+        run.scope[name] = run.vars[name]
+        run.hole_lists[name].extend(child.hole_lists[name])
+        run.endings[name].extend(child.endings[name])
+    first = len(run.recorder.holes)
+    run.recorder.holes.extend(child.recorder.holes)
+    mark_holes(run.recorder, first, f"branch {index + 1} of fork {op.span}")
+    add_stats(run.stats, child.stats)
+
+
+def add_stats(into: Stats, part: Stats) -> None:
+    """Add the counters of `part` (a branch's work) to `into`: every position it fed is one
+    the run's context does not hold (branch_tokens)."""
+    for item in fields(Stats):
+        if item.name not in _NOT_ADDED:
+            setattr(into, item.name, getattr(into, item.name) + getattr(part, item.name))
+    into.branch_tokens += part.forward_tokens
+
+
+def _drive(run: Run, branches: list[_Branch], one: Callable[[_Branch, Engines], None]
+           ) -> None:
+    """Run every branch (`one`) in worker threads, their forwards batched where the backend
+    takes batches, until all have ended."""
+    model, backend = run.engines.model, run.backend
+    if model is None or backend.capabilities.batches_itself:
+        _Workers(branches, one, lambda _: run.engines, None).run()
+        return
+    if isinstance(model, ScheduledModel):  # inside run_many: the run's scheduler serves
+        outer = model
+        workers = _Workers(branches, one, lambda i: _engines(run, outer.branch(i)),
+                           outer.scheduler)
+        workers.start()
+        outer.scheduler.leave()  # while waiting, this run submits nothing
+        try:
+            workers.join()
+        finally:
+            outer.scheduler.enter()
+        return
+    scheduler = ForwardScheduler(model, backend.tree_scorer(), backend.batch_forward())
+    own = _Workers(branches, one, lambda i: _engines(run, ScheduledModel(scheduler, i)),
+                   scheduler)
+    own.start()
+    scheduler.serve(own.finished)
+    own.join()
+
+
+def _engines(run: Run, model: ScheduledModel) -> Engines:
+    """A branch's engines: the run's, with forwards (and select trees) through `model`, a
+    ScheduledModel."""
+    tree = model if model.scheduler.tree_scorer is not None else None
+    return choose_engines(run.backend, model, tree)
+
+
+class _Workers:
+    """Up to MAX_CONCURRENT_BRANCHES threads taking the next branch until none is left; each
+    counted by `scheduler` (when given) from before it starts until it ends."""
+
+    def __init__(self, branches: list[_Branch], one: Callable[[_Branch, Engines], None],
+                 engines: Callable[[int], Engines], scheduler: ForwardScheduler | None
+                 ) -> None:
+        self.queue: Iterator[_Branch] = iter(branches)
+        self.one = one
+        self.engines = engines
+        self.scheduler = scheduler
+        self.lock = threading.Lock()  # guards queue and ended
+        self.ended = 0
+        self.threads = [threading.Thread(target=self.work, daemon=True)
+                        for _ in range(min(len(branches), MAX_CONCURRENT_BRANCHES))]
+
+    def run(self) -> None:
+        self.start()
+        self.join()
+
+    def start(self) -> None:
+        for thread in self.threads:
+            if self.scheduler is not None:
+                self.scheduler.enter()
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+    def finished(self) -> bool:
+        with self.lock:
+            return self.ended == len(self.threads)
+
+    def take(self) -> _Branch | None:
+        with self.lock:
+            return next(self.queue, None)
+
+    def work(self) -> None:
+        try:
+            branch = self.take()
+            while branch is not None:
+                self.one(branch, self.engines(branch.index))
+                branch = self.take()
+        finally:
+            with self.lock:
+                self.ended += 1
+            if self.scheduler is not None:
+                self.scheduler.leave()

@@ -1,0 +1,130 @@
+"""Hidden and fresh contexts (docs/language.md §23.3, §23.4): `{% hidden %}` runs its body in the
+run's context and then takes the context back to where the block began (the KV cache cropped,
+nothing fed again); `{% fresh %}` runs its body in a new, empty context and then goes on in the
+run's own, untouched. Both keep their captures and leave their text out of the result (and out
+of the stream). The run's recorder keeps their holes, marked with the context they ran in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import numpy as np
+
+from qrun.backends.base import Backend
+from qrun.errors import BackendError, GenerationError
+from qrun.lang import ir
+from qrun.lang.expr import Expr
+from qrun.limits import Budget
+from qrun.runtime.engines import Engines
+from qrun.runtime.recorder import Recorder
+from qrun.runtime.result import HoleRecord
+from qrun.runtime.session import ContextFull, Session
+from qrun.runtime.speculate import PromptLookup
+from qrun.runtime.stats import Stats
+from qrun.source import Source, Span
+
+
+class Run(Protocol):
+    """What the blocks of this module and of runtime/branches.py use of a run: the
+    executor's Run (runtime/executor.py), which dispatches to them (so they do not import
+    it)."""
+
+    backend: Backend
+    engines: Engines
+    session: Session
+    stats: Stats
+    recorder: Recorder
+    drafter: PromptLookup | None
+    on_text: Callable[[str], None] | None
+    pieces: list[str]
+    source: Source
+    budget: Budget
+    generator: np.random.Generator
+    scope: dict[str, Any]
+    vars: dict[str, Any]
+    holes: dict[str, HoleRecord]
+    hole_lists: dict[str, list[HoleRecord]]
+    endings: dict[str, Any]
+    _last_text: tuple[Span, Source]
+
+    def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
+
+    def _eval(self, expr: Expr) -> Any: ...
+
+
+def settle_at(run: Run, span: Span) -> None:
+    """Tokenize the text collected so far and resolve a pending overshoot; a context too long
+    for the model, or a backend failure, is reported at `span` (the block's tag)."""
+    try:
+        run.session.settle()
+    except (ContextFull, BackendError) as exc:
+        raise GenerationError(str(exc), span, run.source) from None
+
+
+@contextmanager
+def unseen(run: Run) -> Iterator[None]:
+    """Text emitted inside is neither streamed nor kept in the result text."""
+    on_text, pieces = run.on_text, len(run.pieces)
+    run.on_text = None
+    try:
+        yield
+    finally:
+        run.on_text = on_text
+        del run.pieces[pieces:]
+
+
+def mark_holes(recorder: Recorder, first: int, context: str) -> None:
+    """The holes recorded from index `first` on ran in `context` (the trace says so)."""
+    for entry in recorder.holes[first:]:
+        entry.context = context if entry.context is None else f"{context}; {entry.context}"
+
+
+def exec_hidden(run: Run, op: ir.Hidden) -> None:
+    """Run the body, then take the context back to where it began. Token healing inside the
+    block stops at its start (a hole there cannot take back the text before it), so the
+    context is exactly the one before the block, fed as far as it was."""
+    settle_at(run, op.span)
+    session = run.session
+    # The last token's text goes back in before the block and after it (Session.take_tail),
+    # so the text on either side is read with it, as without the block.
+    text = session.take_tail()
+    start, fixed = len(session.token_ids), session.fixed_tail
+    session.fixed_tail = 0
+    session.append_text(text)
+    first = len(run.recorder.holes)
+    try:
+        with unseen(run):
+            run._exec_block(op.body)
+    finally:
+        session.take_back(start, fixed)
+        session.append_text(text)
+        mark_holes(run.recorder, first, "hidden")
+
+
+def exec_fresh(run: Run, op: ir.Fresh) -> None:
+    """Run the body in a new session (same model, counters and prefix cache; its own
+    recorder, whose holes join the run's), then go back to the run's session as it was: its
+    collected text, overshoot and KV cache untouched."""
+    main, recorder, drafter, last_text = run.session, run.recorder, run.drafter, run._last_text
+    inner = Recorder(recorder.vocab, recorder.detailed)
+    main.pause()  # the new context feeds next, not this one (vLLM: its live request ends)
+    run.session = Session(run.backend, run.engines.model, run.stats, main.prefix_cache, inner)
+    run.recorder = inner
+    stats = run.stats
+    fed, aside = stats.forward_tokens, stats.branch_tokens
+    if drafter is not None:
+        run.drafter = PromptLookup(drafter.min_rate)
+    try:
+        with unseen(run):
+            run._exec_block(op.body)
+    finally:
+        run.session.close()
+        # What the block fed is beside the run's context (its own branches counted already).
+        stats.branch_tokens += (stats.forward_tokens - fed) - (stats.branch_tokens - aside)
+        run.session, run.recorder, run.drafter = main, recorder, drafter
+        run._last_text = last_text
+        first = len(recorder.holes)
+        recorder.holes.extend(inner.holes)
+        mark_holes(recorder, first, "fresh")

@@ -1,0 +1,160 @@
+"""The forward scheduler of batched runs (runtime/batch.py) and of branches
+(runtime/branches.py): worker threads, each with its own session, submit their forwards, which
+run together as one batch (per-row cache lengths, padding hidden by an attention mask) once
+every active worker is waiting on one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from qrun.backends.base import BatchForward, KVCache, StepModel, TreeScorer
+from qrun.backends.prefix_cache import PrefixCache
+
+
+@dataclass(eq=False)
+class _Request:
+    """A forward waiting for the next batch, or a tree forward that runs alone."""
+
+    tree: bool
+    # the run's index (then a branch's index in each fork, runtime/branches.py): a batch's
+    # rows are put in this order
+    order: tuple[int, ...]
+    args: tuple[Any, ...]
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class ForwardScheduler:
+    """Collects forwards from worker threads and runs them together once every active worker
+    is waiting on one: workers doing CPU work (masks, sampling) are never left behind."""
+
+    model: StepModel
+    tree_scorer: TreeScorer | None
+    batcher: BatchForward | None
+    active: int = 0
+    batches: int = 0
+    pending: list[_Request] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    submitted: int = 0
+
+    def submit(self, tree: bool, order: tuple[int, ...], *args: Any) -> Any:
+        request = _Request(tree, order, args)
+        with self.cond:
+            self.submitted += 1
+            self.pending.append(request)
+            self.cond.notify_all()
+            while not request.done:
+                self.cond.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def enter(self) -> None:
+        with self.cond:
+            self.active += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def serve(self, finished: Callable[[], bool]) -> None:
+        """Run batches until `finished()` and no request is left."""
+        while True:
+            with self.cond:
+                while not (self.pending and len(self.pending) >= self.active) and not (
+                    finished() and not self.pending
+                ):
+                    self.cond.wait(timeout=0.5)
+                if not self.pending:
+                    return
+                requests, self.pending = self.pending, []
+            self._run(requests)
+            with self.cond:
+                for request in requests:
+                    request.done = True
+                self.cond.notify_all()
+
+    def _run(self, requests: list[_Request]) -> None:
+        # Requests arrive in whatever order the worker threads got to them; the rows of a
+        # batched forward go in run order, so the float rounding of every row (and with it
+        # a greedy choice between near-equal logits) is the same from one call to the next.
+        requests = sorted(requests, key=lambda r: r.order)
+        forwards = [r for r in requests if not r.tree]
+        if forwards:
+            self.batches += 1
+            try:
+                items = [(r.args[0], r.args[1]) for r in forwards]
+                keep = max(r.args[2] for r in forwards)
+                outputs = self._forward_batch(items, keep)
+                for request, logits in zip(forwards, outputs, strict=True):
+                    request.result = logits[-request.args[2] :]
+            except BaseException as exc:  # each waiting run gets the failure as its own
+                for request in forwards:
+                    request.error = exc
+        for request in requests:
+            if request.tree:
+                try:
+                    assert self.tree_scorer is not None, "tree forwards come from ScheduledModel"
+                    request.result = self.tree_scorer.forward_tree(*request.args)
+                except BaseException as exc:
+                    request.error = exc
+
+    def _forward_batch(
+        self, items: list[tuple[Sequence[int], KVCache]], keep: int
+    ) -> list[npt.NDArray[np.float32]]:
+        if len(items) == 1 or self.batcher is None:
+            return [self.model.forward(ids, cache, keep) for ids, cache in items]
+        return self.batcher.forward_batch(items, keep)
+
+
+class ScheduledModel:
+    """The backend's step model (and tree scorer) as one batched run sees it: forwards go
+    through the scheduler, everything else is the model's own."""
+
+    def __init__(self, scheduler: ForwardScheduler, order: int | tuple[int, ...]) -> None:
+        self._scheduler = scheduler
+        self._model = scheduler.model
+        self._order = (order,) if isinstance(order, int) else order
+
+    @property
+    def scheduler(self) -> ForwardScheduler:
+        return self._scheduler
+
+    def branch(self, index: int) -> ScheduledModel:
+        """The model as branch `index` of a fork in this run sees it (its rows after this
+        run's, in branch order)."""
+        return ScheduledModel(self._scheduler, (*self._order, index))
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self._model.prefix_cache
+
+    def new_cache(self) -> KVCache:
+        return self._model.new_cache()
+
+    def forward(
+        self, token_ids: Sequence[int], cache: KVCache, logits_for: int = 1
+    ) -> npt.NDArray[np.float32]:
+        result: npt.NDArray[np.float32] = self._scheduler.submit(
+            False, self._order, list(token_ids), cache, logits_for)
+        return result
+
+    def forward_tree(
+        self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
+    ) -> tuple[npt.NDArray[np.float32], KVCache]:
+        result: tuple[npt.NDArray[np.float32], KVCache] = self._scheduler.submit(
+            True, self._order, token_ids, parents, cache)
+        return result
+
+    def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
+        assert self._scheduler.tree_scorer is not None
+        return self._scheduler.tree_scorer.keep_path(tree, length, path)
