@@ -37,6 +37,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "calculator.tmpl": {"question": "A box holds 12 eggs. How many eggs are in 7 boxes?"},
     "agent.tmpl": {"question": "How tall is the Eiffel Tower in feet? One metre is 3.28 feet."},
     "tips.tmpl": {"topic": "keeping houseplants alive"},
+    "skeleton.tmpl": {"question": "How can I sleep better?"},
 }
 # The host functions an example calls: the Python file `--functions` takes (examples/*.py).
 FUNCTIONS = {"calculator.tmpl": "calculator.py", "agent.tmpl": "agent.py"}
@@ -89,6 +90,19 @@ def check_agent(r: qrun.Result) -> None:
     assert r.stats.host_calls == len(ran)
     if actions[-1]["name"] == "finish":
         assert r.text.rstrip().endswith("<|im_end|>")
+
+
+def check_skeleton(r: qrun.Result) -> None:
+    """Three points, each expanded once in a fresh context of its own branch (the macro's
+    captures stay in the call: the trace has them), and the answer joins point and expansion
+    in order."""
+    points = r["points"]
+    assert len(points) == 3 and "detail" not in r.vars
+    details = [h for h in r.recorder.holes if h.name == "detail"]
+    assert [h.context for h in details] == [f"branch {i} of fork 9:1; fresh" for i in (1, 2, 3)]
+    answer = "".join(f"{i}. {p.strip()}: {h.value.strip()}\n"
+                     for i, (p, h) in enumerate(zip(points, details, strict=True), 1))
+    assert answer in r.text
 
 
 def catalog_schema() -> Any:
@@ -232,6 +246,8 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         check_calculator(r)
     if name == "agent.tmpl":
         check_agent(r)
+    if name == "skeleton.tmpl":
+        check_skeleton(r)
     if name == "tips.tmpl":  # three branches, joined into the text in their order
         assert isinstance(r["tips"], list) and len(r["tips"]) == 3
         assert len(r.hole_lists["tips"]) == 3

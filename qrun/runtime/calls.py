@@ -358,13 +358,22 @@ class Mark:
 
     def __init__(self, run: Run) -> None:
         run._flush_text()
-        if run.session.overshoot is not None:
+        session = run.session
+        if session.overshoot is not None:
             # A hole's tokens past its value, held until the next text says whether they stay:
             # resolved now (dropped, the value's bytes appended as text's tokens), so that
             # what take_back drops is only what came after the mark.
-            run.session.settle()
+            session.settle()
+        # The context's last token, when it is text not fed yet, is read again with the text
+        # after the mark, as a hidden block's is (runtime/contexts.py exec_hidden): so that
+        # the body reads it as a plain run would, and a fork inside the body, which takes it
+        # back the same way (Session.share), cannot take it from before the mark.
+        self.tail = session.take_tail()
         self.run = run
-        self.length, self.pieces = len(run.session.token_ids), len(run.pieces)
+        self.length, self.pieces = len(session.token_ids), len(run.pieces)
+        self.fixed_tail = session.fixed_tail
+        session.fixed_tail = 0  # a hole in the body heals no text from before the mark
+        session.append_text(self.tail)
         run.quiet += 1
 
     def text(self) -> str:
@@ -386,7 +395,8 @@ class Mark:
         run.quiet -= 1
         text = self.text()
         del run.pieces[self.pieces:]
-        run.session.take_back(self.length)
+        run.session.take_back(self.length, self.fixed_tail)
+        run.session.append_text(self.tail)
         return text
 
 

@@ -59,6 +59,19 @@ def test_a_hidden_call_leaves_the_context_as_if_it_never_ran(
     assert r.stats.rollback_tokens > 0
 
 
+def test_a_hidden_call_with_a_fork_inside_keeps_the_text_before_it(
+        model: TransformersBackend) -> None:
+    # A fork takes the context's last unfed token back to read it with each branch's text
+    # (Session.share); inside a hidden call that token is from before the call's mark, and
+    # must still be in the context afterwards (examples/skeleton.tmpl lost a newline here).
+    template = ('{% macro many(xs) %}{% fork x in xs %}{{ x }}: {{ gen v max_tokens=2 }}'
+                '{% endfork %}{% return v %}{% endmacro %}'
+                'Before.\n{% set vs = many(["a", "b"]) %}After {{ vs | length }}.\n')
+    r = run(model, template)
+    assert r.text == "Before.\nAfter 2.\n"
+    assert context_text(model, r) == r.text
+
+
 def test_a_hidden_call_without_return_is_its_text(model: TransformersBackend) -> None:
     r = run(model, '{% macro shout(x) %}{{ x | upper }}!{% endmacro %}'
                    '{{ shout("hi") | lower }} {% set s = shout("a") %}{{ s ~ s }}')
