@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qrun.cli.jsonio import (
+    DEFAULT_FIELDS,
+    FIELDS,
     BadInput,
     check_text,
     dumps_line,
     finite,
     parse_line,
     parse_value,
+    result_row,
     split_lines,
 )
 from qrun.cli.output import (
@@ -42,10 +45,9 @@ if TYPE_CHECKING:
     from qrun.runtime.result import Result
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_FIELDS_TEXT = ",".join(DEFAULT_FIELDS)
 MAX_INPUT_BYTES = 256 << 20
 """The most bytes `--vars` and `--inputs` read (a file or stdin)."""
-FIELDS = ("text", "vars", "stats", "holes")
-DEFAULT_FIELDS = "text,vars,stats"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "is the same; only the number of forwards changes)")
     parser.add_argument("--json", action="store_true",
                         help='print {"text", "vars", "stats"} as JSON instead of streaming')
-    parser.add_argument("--fields", default=DEFAULT_FIELDS, metavar="LIST",
+    parser.add_argument("--fields", default=DEFAULT_FIELDS_TEXT, metavar="LIST",
                         help=f"with --json or --inputs: which of {', '.join(FIELDS)} each row "
-                             f"has (default {DEFAULT_FIELDS})")
+                             f"has (default {DEFAULT_FIELDS_TEXT})")
     parser.add_argument("--id", metavar="FIELD",
                         help='with --json or --inputs: each row starts with "id", the value of '
                              "this input")
@@ -109,11 +111,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qrun serve",
+        description="Serve templates over HTTP (docs/serve.md): one model, the runs of every "
+                    "request batched together.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="the .tmpl files to serve, or folders of them; each is served "
+                             "under its file name without .tmpl")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", help="as for qrun FILE.tmpl (default smollm2)")
+    parser.add_argument("--backend", default=None, choices=BACKENDS)
+    parser.add_argument("--url", help="with --backend vllm: a `vllm serve` to run on")
+    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", choices=DTYPES)
+    parser.add_argument("--cache-mb", type=int, metavar="MB",
+                        help="prefix cache budget shared by every request (default 1024)")
+    parser.add_argument("--max-running", type=int, default=8, metavar="N",
+                        help="runs advanced together (default 8)")
+    parser.add_argument("--max-queue", type=int, default=64, metavar="N",
+                        help="runs waiting for a slot; beyond, 429 (default 64)")
+    parser.add_argument("--max-body-kb", type=int, default=1024, metavar="KB",
+                        help="the largest request body (default 1024 KiB; beyond, 413)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="requests must send `Authorization: Bearer KEY` (default: the "
+                             "environment variable QRUN_API_KEY)")
+    parser.add_argument("--functions", metavar="FILE.py",
+                        help="host functions the templates may call (as for qrun FILE.tmpl)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"))
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    serving = bool(given) and given[0] == "serve"
+    if serving:
+        args = build_serve_parser().parse_args(given[1:])
+    else:
+        args = build_parser().parse_args(given)
     write.open_line = False
     try:
-        return _run(args)
+        return _serve(args) if serving else _run(args)
     except QrunError as exc:
         write.end_line()
         print(str(exc), file=sys.stderr)
@@ -186,6 +228,35 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """`qrun serve`: load the templates and the model, then serve until interrupted."""
+    from qrun.serve import app, run_server
+
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    if args.max_body_kb < 1:
+        raise UsageError(f"--max-body-kb must be ≥ 1, got {args.max_body_kb}")
+    functions = None
+    if args.functions is not None:
+        from qrun.cli.functions_file import load_functions
+
+        functions = load_functions(args.functions)
+    given = {name: getattr(args, name, None) for name in ModelOptions.names()
+             if name not in ("weights", "timeout")}
+    model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
+    api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
+    for flag, value in (("--max-running", args.max_running), ("--max-queue", args.max_queue)):
+        if value < (1 if flag == "--max-running" else 0):
+            raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-running' else 0}, "
+                             f"got {value}")
+    with LoadingNotice(str(model.model or "the model")):
+        asgi = app(args.paths, model=model, functions=functions,
+                   max_running=args.max_running, max_queue=args.max_queue,
+                   max_body_bytes=args.max_body_kb * 1024, api_key=api_key)
+    run_server(asgi, args.host, args.port, api_key, args.log_level)
+    return EXIT_OK
+
+
 def _load(query: Query, given: ModelOptions, quiet: bool) -> Backend:
     chosen = query.model_options(given)  # the front matter's choice merged in, for the notice
     with LoadingNotice(str(chosen.model), quiet=quiet):
@@ -242,11 +313,7 @@ class _Rows:
         return {"id": inputs.get(self.id_field) if isinstance(inputs, dict) else None}
 
     def result(self, result: Result, inputs: Any) -> dict[str, Any]:
-        whole = result.to_dict()
-        row = self._start(inputs)
-        for name in self.fields:
-            row[name] = _holes(result) if name == "holes" else whole[name]
-        return row
+        return {**self._start(inputs), **result_row(result, self.fields)}
 
     def error(self, message: str, line: int, inputs: Any = None) -> dict[str, Any]:
         return {**self._start(inputs), "error": message, "line": line}
@@ -255,14 +322,6 @@ class _Rows:
         if isinstance(outcome, QrunError):
             return self.error(str(_hint(outcome, self.typed_strings)), line, inputs)
         return self.result(outcome, inputs)
-
-
-def _holes(result: Result) -> dict[str, Any]:
-    """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a loop."""
-    holes: dict[str, Any] = {name: r.to_dict() for name, r in result.holes.items()}
-    holes.update({name: [r.to_dict() for r in records]
-                  for name, records in result.hole_lists.items()})
-    return holes
 
 
 def _hinted(run: Any, typed_strings: dict[str, str]) -> Result:
@@ -349,7 +408,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.trace and not args.trace.lower().endswith((".html", ".htm", ".json")):
         raise UsageError(f"--trace {args.trace}: the file must end in .html or .json")
     rows = args.json or args.inputs
-    if not rows and (args.id is not None or args.fields != DEFAULT_FIELDS):
+    if not rows and (args.id is not None or args.fields != DEFAULT_FIELDS_TEXT):
         raise UsageError("--id and --fields shape JSON rows: give --json or --inputs too")
 
 

@@ -9,7 +9,14 @@ import json
 import math
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qrun.runtime.result import Result
+
+FIELDS = ("text", "vars", "stats", "holes")
+"""What a result row may hold (`--fields`, and a server request's "fields")."""
+DEFAULT_FIELDS = ("text", "vars", "stats")
 
 MAX_DEPTH = 100
 """The deepest nesting of lists and objects an input value may have. Deeper values are refused
@@ -163,3 +170,18 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def result_row(result: Result, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The chosen `fields` of a result, as `qrun --json` prints it and `qrun serve` answers
+    (docs/serve.md §2.2)."""
+    whole = result.to_dict()
+    return {name: hole_records(result) if name == "holes" else whole[name] for name in fields}
+
+
+def hole_records(result: Result) -> dict[str, Any]:
+    """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a loop."""
+    holes: dict[str, Any] = {name: r.to_dict() for name, r in result.holes.items()}
+    holes.update({name: [r.to_dict() for r in records]
+                  for name, records in result.hole_lists.items()})
+    return holes

@@ -122,6 +122,10 @@ class Run:
         self.drafter = PromptLookup(backend.capabilities.draft_cost) if speculate else None
         self.quiet = 0  # inside a hidden stretch (runtime/calls.py): its text is not streamed
         self.calls = CallRunner(self, functions)
+        # Told each top-level capture (name, value) as its hole ends: the server's stream of
+        # hole events (qrun/serve/app.py). A macro call's captures are its own, not told.
+        self.on_hole: Callable[[str, Any], None] | None = None
+        self._top_vars = self.vars
         self._start_lists(program.ops)
 
     def _start_lists(self, ops: Sequence[ir.Op]) -> None:
@@ -434,6 +438,8 @@ class Run:
             self.vars[name] = self.scope[name] = record.value
             self.holes[name] = record
             self.endings[name] = ending
+        if self.on_hole is not None and self.vars is self._top_vars:
+            self.on_hole(name, record.value)
 
     def _exec_if(self, op: ir.If, after: str | None) -> None:
         for branch in op.branches:

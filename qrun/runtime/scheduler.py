@@ -44,6 +44,10 @@ class ForwardScheduler:
     pending: list[_Request] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
     submitted: int = 0
+    # The most rows one batched forward had, and a hook told each batch's rows (the server's
+    # metrics, qrun/serve/app.py).
+    largest_batch: int = 0
+    on_batch: Callable[[int], None] | None = None
 
     def submit(self, tree: bool, order: tuple[int, ...], *args: Any) -> Any:
         request = _Request(tree, order, args)
@@ -91,6 +95,9 @@ class ForwardScheduler:
         forwards = [r for r in requests if not r.tree]
         if forwards:
             self.batches += 1
+            self.largest_batch = max(self.largest_batch, len(forwards))
+            if self.on_batch is not None:
+                self.on_batch(len(forwards))
             try:
                 items = [(r.args[0], r.args[1]) for r in forwards]
                 keep = max(r.args[2] for r in forwards)

@@ -1,0 +1,464 @@
+"""The ASGI app of `qrun serve` (docs/serve.md): templates as HTTP endpoints on one model, the
+runs of every request batched together by one RunScheduler (qrun/serve/scheduler.py). Errors
+are JSON with a stable code (docs/serve.md §4), never a traceback; every response carries the
+request's id, and so do the log lines about it."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from qrun.api import HostFunctions, Query
+from qrun.backends.base import Backend
+from qrun.cli.jsonio import DEFAULT_FIELDS, FIELDS, BadInput, dumps_line, parse_value, result_row
+from qrun.errors import (
+    BackendError,
+    EvaluationError,
+    GenerationError,
+    InputError,
+    PositionedError,
+    QrunError,
+    TemplateError,
+    UsageError,
+)
+from qrun.options import ModelOptions, RunOptions
+from qrun.runtime.constraints import ConstraintCompiler
+from qrun.runtime.engines import Engines
+from qrun.runtime.executor import Run
+from qrun.runtime.result import Result
+from qrun.serve.catalog import describe, served
+from qrun.serve.scheduler import QueueFull, RunCancelled, RunScheduler, Ticket
+
+log = logging.getLogger("qrun.serve")
+
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body read (413 beyond it)."""
+RETRY_AFTER_S = 1
+"""What a 429 answers in Retry-After: runs of small templates end within about a second."""
+REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
+"""The run options a request may set (RunOptions; limits and trace stay the server's)."""
+BODY_KEYS = ("inputs", "options", "stream", "fields")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class ApiError(Exception):
+    """A request answered with an error: HTTP `status`, a stable `code`, a message, and for
+    errors about a place in a template its position."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 position: dict[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.position = position
+        self.headers = dict(headers or {})
+
+    def body(self, request_id: str) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.position is not None:
+            error["position"] = self.position
+        return {"error": error, "request_id": request_id}
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """The answer to a run's failure (docs/serve.md §4)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InputError | UsageError) and not isinstance(exc, TemplateError):
+        return ApiError(422, "input_error", _message(exc), _position(exc))
+    if isinstance(exc, GenerationError):
+        return ApiError(500, "generation_error", _message(exc), _position(exc))
+    if isinstance(exc, EvaluationError):
+        return ApiError(500, "evaluation_error", _message(exc), _position(exc))
+    if isinstance(exc, TemplateError):
+        return ApiError(500, "template_error", _message(exc), _position(exc))
+    if isinstance(exc, BackendError):
+        return ApiError(502, "backend_error", _message(exc), _position(exc))
+    if isinstance(exc, RunCancelled):
+        return ApiError(504, "timeout", "the run was cancelled: its deadline passed")
+    if isinstance(exc, QrunError):
+        return ApiError(500, "run_error", str(exc))
+    return ApiError(500, "internal_error", "internal error (the server's log has it)")
+
+
+def _message(exc: QrunError) -> str:
+    return exc.message if isinstance(exc, PositionedError) else str(exc)
+
+
+def _position(exc: QrunError) -> dict[str, Any] | None:
+    if not isinstance(exc, PositionedError):
+        return None
+    return {"template": exc.source.name, "line": exc.span.line, "column": exc.span.column,
+            "rendered": exc.render(), "notes": list(exc.notes)}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A server's admission and request limits (the flags of `qrun serve`)."""
+
+    max_running: int = 8
+    max_queue: int = 64
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+class Metrics:
+    """The app's Prometheus metrics, in a registry of its own (two apps in one process do not
+    share counters)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("qrun_requests", "Requests answered, by HTTP status",
+                                ["status"], registry=self.registry)
+        self.queue_depth = Gauge("qrun_queue_depth", "Runs waiting for a slot",
+                                 registry=self.registry)
+        self.running = Gauge("qrun_running_runs", "Runs in progress", registry=self.registry)
+        self.batch_rows = Histogram("qrun_forward_batch_size", "Rows of each batched forward",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                                    registry=self.registry)
+
+    def watch(self, runs: RunScheduler) -> None:
+        self.queue_depth.set_function(lambda: runs.queued)
+        self.running.set_function(lambda: runs.active)
+
+
+class Service:
+    """What the app's handlers share: the templates, the model, the run scheduler, the
+    metrics and the limits."""
+
+    def __init__(self, templates: Mapping[str, Query], backend: Backend, limits: Limits,
+                 api_key: str | None) -> None:
+        self.templates = dict(templates)
+        self.backend = backend
+        self.limits = limits
+        self.api_key = api_key
+        self.metrics = Metrics()
+        self.runs = RunScheduler(backend, limits.max_running, limits.max_queue,
+                                 on_batch=self.metrics.batch_rows.observe)
+        self.metrics.watch(self.runs)
+        self.constraints = {name: ConstraintCompiler(backend) for name in self.templates}
+        self.descriptions = [describe(name, query) for name, query in self.templates.items()]
+
+
+@dataclass
+class RunRequest:
+    """A checked POST /v1/templates/{name}/run body."""
+
+    name: str
+    query: Query
+    inputs: dict[str, Any]
+    options: RunOptions
+    timeout: float | None
+    stream: bool
+    fields: tuple[str, ...]
+
+
+def app(
+    templates: Mapping[str, Query] | Iterable[str],
+    *,
+    model: Backend | ModelOptions | str | None = None,
+    functions: HostFunctions | None = None,
+    max_running: int = 8,
+    max_queue: int = 64,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    api_key: str | None = None,
+) -> Starlette:
+    """The ASGI app serving `templates` (name -> Query, or `.tmpl` files and folders, compiled
+    with `functions`) on `model` (a loaded backend, or what `load_model` takes: loaded now).
+    `api_key`: requests must carry `Authorization: Bearer KEY`.
+
+    Raises:
+        UsageError: a bad limit, a missing template file or two templates with one name.
+        TemplateErrors: a template does not compile.
+        ModelLoadError: the model cannot be loaded.
+    """
+    for flag, value, least in (("max_running", max_running, 1), ("max_queue", max_queue, 0),
+                               ("max_body_bytes", max_body_bytes, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise UsageError(f"{flag} must be an integer ≥ {least}, got {value!r}")
+    queries = served(templates, functions)
+    if not queries:
+        raise UsageError("no template to serve")
+    backend = _backend(model, queries)
+    service = Service(queries, backend, Limits(max_running, max_queue, max_body_bytes),
+                      api_key or None)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        service.runs.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(service.runs.close)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "bad_request")
+        return _error_response(ApiError(status, code, f"{request.method} {request.url.path}: "
+                                        f"{'no such endpoint' if status == 404 else code}"),
+                               _request_id(request), service)
+
+    routes = [
+        Route("/healthz", _handler(service, _healthz, public=True), methods=["GET"]),
+        Route("/metrics", _handler(service, _metrics), methods=["GET"]),
+        Route("/v1/templates", _handler(service, _list), methods=["GET"]),
+        Route("/v1/templates/{name}", _handler(service, _one), methods=["GET"]),
+        Route("/v1/templates/{name}/run", _handler(service, _run), methods=["POST"]),
+    ]
+    starlette = Starlette(routes=routes, lifespan=lifespan,
+                          exception_handlers={HTTPException: not_found})
+    starlette.state.qrun = service
+    return starlette
+
+
+def _backend(model: Backend | ModelOptions | str | None,
+             queries: Mapping[str, Query]) -> Backend:
+    if model is None or isinstance(model, str):
+        options = ModelOptions(model=model)
+    elif isinstance(model, ModelOptions):
+        options = model
+    else:
+        return model
+    # One model serves every template: the first template's front matter fills in what the
+    # caller left open (docs/serve.md §3).
+    return next(iter(queries.values())).load(options=options)
+
+
+Handler = Callable[[Service, Request, str], Awaitable[Response]]
+
+
+def _handler(service: Service, handler: Handler,
+             public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` with the request's id, its key checked (unless `public`), its failures
+    answered as JSON errors and its status counted."""
+
+    async def endpoint(request: Request) -> Response:
+        request_id = _request_id(request)
+        try:
+            if not public:
+                _authorize(service, request)
+            response = await handler(service, request, request_id)
+        except Exception as exc:
+            error = api_error(exc)
+            if error.code == "internal_error":
+                log.exception("[%s] internal error", request_id)
+            return _error_response(error, request_id, service)
+        response.headers["X-Request-ID"] = request_id
+        service.metrics.requests.labels(str(response.status_code)).inc()
+        return response
+
+    return endpoint
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+
+
+def _error_response(error: ApiError, request_id: str, service: Service) -> Response:
+    log.info("[%s] %d %s: %s", request_id, error.status, error.code, error.message)
+    service.metrics.requests.labels(str(error.status)).inc()
+    return JSONResponse(error.body(request_id), status_code=error.status,
+                        headers={**error.headers, "X-Request-ID": request_id})
+
+
+def _authorize(service: Service, request: Request) -> None:
+    if service.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             service.api_key.encode()):
+        raise ApiError(401, "unauthorized", "this server needs `Authorization: Bearer KEY`",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _healthz(service: Service, request: Request, request_id: str) -> Response:
+    return JSONResponse({"status": "ok", "templates": len(service.templates),
+                         "running": service.runs.active, "queued": service.runs.queued})
+
+
+async def _metrics(service: Service, request: Request, request_id: str) -> Response:
+    return Response(generate_latest(service.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+async def _list(service: Service, request: Request, request_id: str) -> Response:
+    return JSONResponse({"templates": service.descriptions})
+
+
+async def _one(service: Service, request: Request, request_id: str) -> Response:
+    name = _template_name(service, request)
+    return JSONResponse(next(d for d in service.descriptions if d["name"] == name))
+
+
+def _template_name(service: Service, request: Request) -> str:
+    name = str(request.path_params["name"])
+    if name not in service.templates:
+        raise ApiError(404, "template_not_found", f"no template named {name[:100]!r} is served")
+    return name
+
+
+async def _run(service: Service, request: Request, request_id: str) -> Response:
+    name = _template_name(service, request)
+    body = await _read_json(request, service.limits.max_body_bytes)
+    run = _run_request(service, name, body, request)
+    log.info("[%s] run %s", request_id, name)
+    if run.stream:
+        return _stream(service, run, request_id)
+    ticket = _submit(service, run, None, None)
+    try:
+        result = await asyncio.wait_for(asyncio.wrap_future(ticket.future), run.timeout)
+    except TimeoutError:
+        ticket.cancel()
+        raise ApiError(504, "timeout", f"the run took longer than its timeout "
+                       f"({run.timeout} s)") from None
+    except asyncio.CancelledError:  # the client went away
+        ticket.cancel()
+        raise
+    return Response(dumps_line(result_row(result, run.fields)), media_type="application/json")
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The body as strict JSON (qrun/cli/jsonio.py), read up to `limit` bytes."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return parse_value(b"".join(chunks).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_request", f"the body is not UTF-8 (byte {exc.start + 1})") \
+            from None
+    except BadInput as exc:
+        raise ApiError(400, "bad_request", f"the body: {exc}") from None
+
+
+def _run_request(service: Service, name: str, body: Any, request: Request) -> RunRequest:
+    """The body of a run request, checked: unknown keys, options and fields are 400; inputs
+    that do not fit the template 422 (before the run is admitted)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - set(BODY_KEYS))
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown key(s) {', '.join(map(repr, unknown))}: "
+                       f"the body may have {', '.join(BODY_KEYS)}")
+    inputs = body.get("inputs", {})
+    given = body.get("options", {})
+    if not isinstance(inputs, dict) or not isinstance(given, dict):
+        raise ApiError(400, "bad_request", '"inputs" and "options" must be JSON objects')
+    timeout = given.pop("timeout", None)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not timeout > 0):
+        raise ApiError(400, "bad_request", f"options.timeout must be a positive number of "
+                       f"seconds, got {json.dumps(timeout)}")
+    unknown = sorted(set(given) - set(REQUEST_OPTIONS))
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown option(s) {', '.join(map(repr, unknown))}: "
+                       f"choose among {', '.join(REQUEST_OPTIONS)}, timeout")
+    try:
+        options = RunOptions(**given)
+    except UsageError as exc:
+        raise ApiError(400, "bad_request", f"options: {exc}") from None
+    fields = body.get("fields", list(DEFAULT_FIELDS))
+    if not isinstance(fields, list) or not fields or any(f not in FIELDS for f in fields):
+        raise ApiError(400, "bad_request", f'"fields" must be a list among {", ".join(FIELDS)}')
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "bad_request", '"stream" must be true or false')
+    stream = stream or "text/event-stream" in request.headers.get("accept", "")
+    query = service.templates[name]
+    checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
+    return RunRequest(name, query, checked, options, float(timeout) if timeout else None,
+                      stream, tuple(dict.fromkeys(fields)))
+
+
+def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | None,
+            on_hole: Callable[[str, Any], None] | None) -> Ticket:
+    def work(engines: Engines) -> Result:
+        executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
+                        service.constraints[run.name], engines, run.query.functions)
+        executing.on_hole = on_hole
+        return executing.execute()
+
+    try:
+        return service.runs.submit(work)
+    except QueueFull as exc:
+        raise ApiError(429, "queue_full", str(exc),
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+
+
+def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
+    """Server-sent events: `text` chunks as the run produces them, `hole` as each hole ends,
+    then `done` (the result row) or `error` (docs/serve.md §2.3)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def push(kind: str, data: Any) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (kind, data))
+
+    ticket = _submit(service, run, lambda text: push("text", {"text": text}),
+                     lambda name, value: push("hole", {"name": name, "value": value}))
+    # After every text and hole event: the run's thread pushed those before its future ended.
+    ticket.future.add_done_callback(lambda future: push("end", future))
+
+    async def produce() -> AsyncIterator[dict[str, str]]:
+        deadline = None if run.timeout is None else loop.time() + run.timeout
+        try:
+            while True:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    kind, data = await asyncio.wait_for(events.get(), left)
+                except TimeoutError:
+                    ticket.cancel()
+                    error = ApiError(504, "timeout", f"the run took longer than its timeout "
+                                     f"({run.timeout} s)")
+                    yield {"event": "error", "data": dumps_line(error.body(request_id))}
+                    return
+                if kind != "end":
+                    yield {"event": kind, "data": dumps_line(data)}
+                    continue
+                if data.cancelled():
+                    error = ApiError(503, "cancelled", "the run was cancelled")
+                elif data.exception() is not None:
+                    error = api_error(data.exception())
+                else:
+                    row = result_row(data.result(), run.fields)
+                    yield {"event": "done", "data": dumps_line(row)}
+                    return
+                log.info("[%s] stream error %s", request_id, error.code)
+                yield {"event": "error", "data": dumps_line(error.body(request_id))}
+                return
+        finally:
+            ticket.cancel()  # a client gone away: the run stops at its next forward
+
+    return EventSourceResponse(produce(), headers={"X-Request-ID": request_id})

@@ -1,0 +1,263 @@
+"""qrun serve (docs/serve.md) against a real uvicorn on a free port, driven with httpx, on the
+tiny model: the endpoints, every error code, streaming, admission, and runs of concurrent
+requests batched together with the results an in-process run gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.serve import app
+from qrun.serve.app import Service
+from qrun.serve.server import is_loopback
+from tests.hang import alarm
+from tests.serve.serving import Gate, serving, sse_events, wait_until
+
+PERSON = ('---\ntemperature: 0\n---\nName: {{ name }}.\nAge: {{ gen age regex="[0-9]{1,2}" }}'
+          '\nCity: {{ gen city regex="[A-Z][a-z]{2,7}" }}\n')
+GATED = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" }}\n'
+
+GATE = Gate()
+
+
+@pytest.fixture(scope="module")
+def server(tiny: TransformersBackend) -> Iterator[tuple[str, Service]]:
+    templates = {"person": qrun.Query(PERSON),
+                 "gated": qrun.Query(GATED, functions={"wait": GATE.wait})}
+    asgi = app(templates, model=tiny, max_running=3, max_queue=2)
+    with serving(asgi) as url:
+        yield url, asgi.state.qrun
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    GATE.reset()
+    try:
+        yield GATE
+    finally:
+        GATE.open.set()
+
+
+def post(url: str, name: str, body: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/templates/{name}/run", json=body, timeout=120, **kwargs)
+
+
+def test_lists_the_templates_with_inputs_holes_and_options(
+        server: tuple[str, Service]) -> None:
+    url, _ = server
+    listed = httpx.get(f"{url}/v1/templates").json()["templates"]
+    person = next(t for t in listed if t["name"] == "person")
+    assert person["inputs"] == ["name"]
+    assert [(h["name"], h["constraint"]) for h in person["holes"]] == [
+        ("age", {"kind": "regex", "pattern": "[0-9]{1,2}"}),
+        ("city", {"kind": "regex", "pattern": "[A-Z][a-z]{2,7}"})]
+    assert person["options"] == {"temperature": 0.0}
+    assert httpx.get(f"{url}/v1/templates/gated").json()["inputs"] == ["q"]
+    assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
+
+
+def test_a_run_answers_what_an_in_process_run_gives(
+        server: tuple[str, Service], tiny: TransformersBackend) -> None:
+    url, _ = server
+    response = post(url, "person", {"inputs": {"name": "Ada"}, "options": {"seed": 3},
+                                    "fields": ["text", "vars", "stats", "holes"]})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-request-id"]
+    row = response.json()
+    local = qrun.Query(PERSON).run({"name": "Ada"}, model=tiny, seed=3)
+    assert row["text"] == local.text and row["vars"] == local.vars
+    assert row["stats"]["generated_tokens"] == local.stats.generated_tokens
+    assert row["holes"]["age"]["value"] == local.vars["age"]
+    assert set(row) == {"text", "vars", "stats", "holes"}
+
+
+@pytest.mark.parametrize(("name", "body", "status", "code"), [
+    ("person", {"inputs": {}}, 422, "input_error"),
+    ("nobody", {"inputs": {"name": "x"}}, 404, "template_not_found"),
+    ("..%2F..%2Fetc%2Fpasswd", {"inputs": {}}, 404, "not_found"),  # no such route
+    ("person.tmpl", {"inputs": {}}, 404, "template_not_found"),
+    ("person", {"inputs": {"name": "x"}, "options": {"temperature": -1}}, 400, "bad_request"),
+    ("person", {"inputs": {"name": "x"}, "options": {"trace": True}}, 400, "bad_request"),
+    ("person", {"inputs": {"name": "x"}, "extra": 1}, 400, "bad_request"),
+    ("person", ["not", "an", "object"], 400, "bad_request"),
+])
+def test_errors_are_json_with_a_stable_code(server: tuple[str, Service], name: str, body: Any,
+                                            status: int, code: str) -> None:
+    url, _ = server
+    response = post(url, name, body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert "Traceback" not in response.text
+    if code == "input_error":
+        assert error["position"]["line"] == 4 and "name" in error["message"]
+
+
+def test_bad_json_and_a_body_too_large(server: tuple[str, Service]) -> None:
+    url, _ = server
+    bad = httpx.post(f"{url}/v1/templates/person/run", content=b'{"inputs": {', timeout=60)
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "bad_request")
+    nan = httpx.post(f"{url}/v1/templates/person/run", content=b'{"inputs": {"name": NaN}}',
+                     timeout=60)
+    assert nan.status_code == 400
+    big = {"inputs": {"name": "x" * (1 << 20)}}
+    too_large = post(url, "person", big)
+    assert (too_large.status_code, too_large.json()["error"]["code"]) == (413, "body_too_large")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds as it is read
+        yield b'{"inputs": {"name": "'
+        for _ in range(40):
+            yield b"y" * 65536
+        yield b'"}}'
+
+    chunked = httpx.post(f"{url}/v1/templates/person/run", content=chunks(), timeout=60)
+    assert chunked.status_code == 413
+    assert httpx.get(f"{url}/nowhere").json()["error"]["code"] == "not_found"
+
+
+def test_an_api_key_is_required_when_set(tiny: TransformersBackend) -> None:
+    asgi = app({"person": qrun.Query(PERSON)}, model=tiny, api_key="s3cret")
+    with serving(asgi) as url:
+        assert httpx.get(f"{url}/healthz").status_code == 200
+        missing = httpx.get(f"{url}/v1/templates")
+        assert (missing.status_code, missing.json()["error"]["code"]) == (401, "unauthorized")
+        wrong = httpx.get(f"{url}/v1/templates", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        right = post(url, "person", {"inputs": {"name": "Bo"}},
+                     headers={"Authorization": "Bearer s3cret"})
+        assert right.status_code == 200 and right.json()["vars"]["city"]
+
+
+def test_concurrent_requests_are_batched_and_each_answered_as_alone(
+        server: tuple[str, Service], tiny: TransformersBackend, gate: Gate) -> None:
+    url, service = server
+    questions = ["apples?", "a longer question about pears?", "why?"]
+    with alarm(120), ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(post, url, "gated", {"inputs": {"q": q}}) for q in questions]
+        wait_until(lambda: gate.arrived == 3)  # every run started, none has a forward yet
+        gate.open.set()
+        rows = [f.result().json() for f in futures]
+    local = qrun.Query(GATED, functions={"wait": gate.wait})
+    for q, row in zip(questions, rows, strict=True):
+        alone = local.run({"q": q}, model=tiny)
+        assert (row["text"], row["vars"]) == (alone.text, alone.vars)
+    assert service.runs.forwards is not None
+    assert service.runs.forwards.largest_batch == 3  # the three runs shared forwards
+
+
+def test_a_full_queue_answers_429_and_every_admitted_run_ends(
+        server: tuple[str, Service], gate: Gate) -> None:
+    url, service = server
+    with alarm(120), ThreadPoolExecutor(5) as pool:
+        admitted = [pool.submit(post, url, "gated", {"inputs": {"q": str(i)}})
+                    for i in range(5)]  # 3 running, 2 queued
+        wait_until(lambda: service.runs.active == 3 and service.runs.queued == 2)
+        refused = post(url, "gated", {"inputs": {"q": "one too many"}})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert refused.headers["retry-after"] == "1"
+        gate.open.set()
+        assert [f.result().status_code for f in admitted] == [200] * 5
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'qrun_requests_total{status="429"}' in metrics
+    assert 'qrun_requests_total{status="200"}' in metrics
+    for name in ("qrun_queue_depth", "qrun_running_runs", "qrun_forward_batch_size_bucket"):
+        assert name in metrics
+
+
+def test_a_run_past_its_timeout_is_504_and_is_cancelled(
+        server: tuple[str, Service], gate: Gate) -> None:
+    url, service = server
+    with alarm(120):
+        late = post(url, "gated", {"inputs": {"q": "slow"}, "options": {"timeout": 0.2}})
+        assert (late.status_code, late.json()["error"]["code"]) == (504, "timeout")
+        assert service.runs.active == 1  # still at the gate
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)  # it ended at its next forward
+
+
+def test_streaming_sends_text_then_holes_then_done(server: tuple[str, Service]) -> None:
+    url, _ = server
+    body = {"inputs": {"name": "Ada"}, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/templates/person/run", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    kinds = [kind for kind, _ in events]
+    assert kinds[-1] == "done" and "error" not in kinds
+    done = events[-1][1]
+    assert "".join(d["text"] for k, d in events if k == "text") == done["text"]
+    holes = [(d["name"], d["value"]) for k, d in events if k == "hole"]
+    assert holes == list(done["vars"].items())
+    # The text before each hole's value is sent before the hole's event.
+    assert kinds.index("hole") > kinds.index("text")
+    assert done["text"].startswith("Name: Ada.\nAge: ")
+
+
+def test_a_stream_ends_with_an_error_event_at_the_template_position(
+        tiny: TransformersBackend) -> None:
+    failing = qrun.Query('Start {{ gen x regex="[0-9]{5}" max_tokens=2 }}')
+    asgi = app({"failing": failing}, model=tiny)
+    with serving(asgi) as url:
+        with httpx.stream("POST", f"{url}/v1/templates/failing/run", json={},
+                          headers={"Accept": "text/event-stream"}, timeout=60) as r:
+            events = sse_events(r.iter_lines())
+        plain = post(url, "failing", {})
+    kind, data = events[-1]
+    assert kind == "error"
+    assert data["error"]["code"] == "generation_error"
+    assert data["error"]["position"]["line"] == 1
+    assert data["error"]["position"]["column"] == 7
+    assert (plain.status_code, plain.json()["error"]["code"]) == (500, "generation_error")
+
+
+def test_loopback_addresses() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+
+
+def test_the_command_serves_a_folder_and_warns_beyond_loopback(
+        tmp_path: Path, tiny_folder: str) -> None:
+    (tmp_path / "person.tmpl").write_text(PERSON)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "QRUN_API_KEY": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path), "--model", tiny_folder,
+         "--host", "0.0.0.0", "--port", str(port), "--log-level", "warning"],
+        stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            return httpx.get(f"{url}/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        with alarm(300):
+            wait_until(up)
+            response = post(url, "person", {"inputs": {"name": "Ada"}})
+            assert response.status_code == 200, response.text
+            assert json.loads(response.text)["text"].startswith("Name: Ada.")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert "warning: 0.0.0.0 is reachable from other machines" in stderr
