@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qrun",
         description="Run a qrun template: fixed text plus constrained holes filled by a model.",
         epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure, "
-               "130 interrupted.",
+               "130 interrupted. `qrun serve PATH...` serves templates over HTTP (qrun serve "
+               "--help).",
     )
     parser.add_argument("file", help="the template (.tmpl)")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",

@@ -28,12 +28,21 @@ from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from qrun.api import HostFunctions, Query
 from qrun.backends.base import Backend
-from qrun.cli.jsonio import DEFAULT_FIELDS, FIELDS, BadInput, dumps_line, parse_value, result_row
+from qrun.cli.jsonio import (
+    DEFAULT_FIELDS,
+    FIELDS,
+    BadInput,
+    dumps_line,
+    parse_line,
+    parse_value,
+    result_row,
+    split_lines,
+)
 from qrun.errors import (
     BackendError,
     EvaluationError,
@@ -228,6 +237,7 @@ def app(
         Route("/v1/templates", _handler(service, _list), methods=["GET"]),
         Route("/v1/templates/{name}", _handler(service, _one), methods=["GET"]),
         Route("/v1/templates/{name}/run", _handler(service, _run), methods=["POST"]),
+        Route("/v1/templates/{name}/batch", _handler(service, _batch), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
                           exception_handlers={HTTPException: not_found})
@@ -344,6 +354,18 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
 
 async def _read_json(request: Request, limit: int) -> Any:
     """The body as strict JSON (qrun/cli/jsonio.py), read up to `limit` bytes."""
+    data = await _read_body(request, limit)
+    try:
+        return parse_value(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_request", f"the body is not UTF-8 (byte {exc.start + 1})") \
+            from None
+    except BadInput as exc:
+        raise ApiError(400, "bad_request", f"the body: {exc}") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, at most `limit` (413 beyond, with or without a Content-Length)."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
@@ -354,13 +376,7 @@ async def _read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
         chunks.append(chunk)
-    try:
-        return parse_value(b"".join(chunks).decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ApiError(400, "bad_request", f"the body is not UTF-8 (byte {exc.start + 1})") \
-            from None
-    except BadInput as exc:
-        raise ApiError(400, "bad_request", f"the body: {exc}") from None
+    return b"".join(chunks)
 
 
 def _run_request(service: Service, name: str, body: Any, request: Request) -> RunRequest:
@@ -376,6 +392,20 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     given = body.get("options", {})
     if not isinstance(inputs, dict) or not isinstance(given, dict):
         raise ApiError(400, "bad_request", '"inputs" and "options" must be JSON objects')
+    options, timeout = _run_options(given)
+    fields = _fields(body.get("fields", list(DEFAULT_FIELDS)))
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "bad_request", '"stream" must be true or false')
+    stream = stream or "text/event-stream" in request.headers.get("accept", "")
+    query = service.templates[name]
+    checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
+    return RunRequest(name, query, checked, options, timeout, stream, fields)
+
+
+def _run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:
+    """A request's run options and its timeout, checked (400)."""
+    given = dict(given)
     timeout = given.pop("timeout", None)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                                 or not timeout > 0):
@@ -389,17 +419,107 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
         options = RunOptions(**given)
     except UsageError as exc:
         raise ApiError(400, "bad_request", f"options: {exc}") from None
-    fields = body.get("fields", list(DEFAULT_FIELDS))
+    return options, float(timeout) if timeout is not None else None
+
+
+def _fields(fields: Any) -> tuple[str, ...]:
     if not isinstance(fields, list) or not fields or any(f not in FIELDS for f in fields):
         raise ApiError(400, "bad_request", f'"fields" must be a list among {", ".join(FIELDS)}')
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "bad_request", '"stream" must be true or false')
-    stream = stream or "text/event-stream" in request.headers.get("accept", "")
+    return tuple(dict.fromkeys(fields))
+
+
+async def _batch(service: Service, request: Request, request_id: str) -> Response:
+    """JSON Lines in, one run per line (the `--inputs` rules, qrun/cli/jsonio.py), JSON Lines
+    out in input order, each line sent as soon as it and every line before it are done; a
+    line that cannot be a run's inputs, or whose run fails, is an error line
+    `{"error", "line"}` and the rest still run (docs/serve.md §2.5). Options come in the
+    query string: run options as JSON values, `fields` and `id` as for `qrun --inputs`."""
+    name = _template_name(service, request)
+    params = dict(request.query_params)
+    fields = _fields(params.pop("fields", ",".join(DEFAULT_FIELDS)).split(","))
+    id_field = params.pop("id", None)
+    given: dict[str, Any] = {}
+    for key, value in params.items():
+        try:
+            given[key] = parse_value(value)
+        except BadInput:
+            given[key] = value  # a string: RunOptions names what it wanted
+    options, timeout = _run_options(given)
+    data = await _read_body(request, service.limits.max_body_bytes)
     query = service.templates[name]
-    checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
-    return RunRequest(name, query, checked, options, float(timeout) if timeout else None,
-                      stream, tuple(dict.fromkeys(fields)))
+    # (line number, the line's object if it is one, its checked inputs or why it is none)
+    lines: list[tuple[int, dict[str, Any] | None, dict[str, Any] | str]] = []
+    for number, line in split_lines(data):
+        parsed: dict[str, Any] | None = None
+        try:
+            parsed = parse_line(line)
+            lines.append((number, parsed, dict(query.program.check_inputs(parsed))))
+        except BadInput as exc:
+            lines.append((number, parsed, str(exc)))
+        except QrunError as exc:
+            lines.append((number, parsed, _message(exc)))
+    log.info("[%s] batch %s: %d lines", request_id, name, len(lines))
+    # Run k of the lines that are inputs gets item k's seed, as with `qrun --inputs`.
+    base = options.over(query.program.options)
+    items = {index: k for k, index in enumerate(
+        i for i, (_, _, row) in enumerate(lines) if isinstance(row, dict))}
+
+    async def produce() -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pending: dict[int, asyncio.Future[Any]] = {}
+        tickets: list[Ticket] = []
+        next_line = 0
+        try:
+            for index, (number, parsed, row) in enumerate(lines):
+                start = {} if id_field is None else {
+                    "id": parsed.get(id_field) if parsed is not None else None}
+                if isinstance(row, str):
+                    yield dumps_line({**start, "error": f"line {number}: {row}",
+                                      "line": number}) + "\n"
+                    continue
+                # Keep this batch's runs in flight up to the server's slots, in line order.
+                while next_line < len(lines) and len(pending) < service.limits.max_running:
+                    inputs = lines[next_line][2]
+                    if isinstance(inputs, dict):
+                        ticket = await _admit(service, RunRequest(
+                            name, query, inputs, base.for_item(items[next_line]), None, False,
+                            fields), pending)
+                        tickets.append(ticket)
+                        pending[next_line] = asyncio.wrap_future(ticket.future)
+                    next_line += 1
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(pending[index]), left)
+                    line: dict[str, Any] = {**start, **result_row(result, fields)}
+                except TimeoutError:
+                    error = ApiError(504, "timeout", f"the batch took longer than its "
+                                     f"timeout ({timeout} s)")
+                    line = {**start, "error": error.message, "line": number}
+                except Exception as exc:
+                    line = {**start, "error": f"line {number}: {api_error(exc).message}",
+                            "line": number, "code": api_error(exc).code}
+                pending.pop(index, None)
+                yield dumps_line(line) + "\n"
+        finally:
+            for ticket in tickets:
+                ticket.cancel()
+
+    return StreamingResponse(produce(), media_type="application/x-ndjson")
+
+
+async def _admit(service: Service, run: RunRequest,
+                 pending: Mapping[int, asyncio.Future[Any]]) -> Ticket:
+    """Submit a batch line's run, waiting for one of the batch's own runs to end (or, with
+    none in flight, a moment) while the queue is full."""
+    while True:
+        try:
+            return _submit(service, run, None, None)
+        except ApiError:
+            if pending:
+                await asyncio.wait(list(pending.values()), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(0.05)
 
 
 def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | None,

@@ -261,3 +261,25 @@ def test_the_command_serves_a_folder_and_warns_beyond_loopback(
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     assert "warning: 0.0.0.0 is reachable from other machines" in stderr
+
+
+def test_a_batch_runs_each_line_and_answers_json_lines_in_order(
+        server: tuple[str, Service], tiny: TransformersBackend) -> None:
+    url, _ = server
+    body = b"\n".join([b'{"id": 1, "name": "Ada"}', b'{"id": 2, "name": ', b"",
+                       b'{"id": 3}', b'{"id": 4, "name": "Bo"}', b'{"id": 5, "name": "Cy"}',
+                       b'{"id": 6, "name": "Di"}', b'[1]']) + b"\n"
+    with alarm(120):
+        response = httpx.post(f"{url}/v1/templates/person/batch?seed=5&id=id&fields=vars",
+                              content=body, timeout=120)
+    assert response.status_code == 200, response.text
+    rows = [json.loads(line) for line in response.text.splitlines()]
+    assert [row["id"] for row in rows] == [1, None, 3, 4, 5, 6, None]
+    assert [row.get("line") for row in rows] == [None, 2, 4, None, None, None, 8]
+    assert "missing input 'name'" in rows[2]["error"]
+    assert rows[1]["error"].startswith("line 2: invalid JSON")
+    runnable = [{"name": n} for n in ("Ada", "Bo", "Cy", "Di")]
+    local = qrun.Query(PERSON).run_many(runnable, model=tiny, seed=5)
+    assert [row["vars"] for row in rows if "vars" in row] == [
+        r.vars for r in local if isinstance(r, qrun.Result)]
+    assert set(rows[0]) == {"id", "vars"}
