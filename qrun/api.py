@@ -106,6 +106,52 @@ class Query:
         return Run(self.program, backend, checked, run_options, on_text,
                    self._constraint_compiler(backend), functions=self.functions).execute()
 
+    async def arun(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        model: Backend | ModelOptions | str | None = None,
+        options: RunOptions | None = None,
+        on_text: Callable[[str], None] | None = None,
+        **values: Any,
+    ) -> Result:
+        """`run`, awaited: the run works in a thread of its own, and the runs of every
+        `arun` on the same loaded model (from any Query) share its forwards, one batch per
+        step (qrun/runtime/admission.py; docs/serve.md §3), so concurrent coroutines are
+        batched without a server. `on_text` is called from the run's thread. Cancelling the
+        awaiting task cancels the run at its next forward.
+
+        Raises:
+            as `run`.
+        """
+        import asyncio
+
+        from qrun.runtime.admission import RunScheduler
+        from qrun.runtime.engines import Engines
+        from qrun.runtime.executor import Run
+
+        chosen, named = RunOptions.split(values)
+        run_options = chosen.over(options or RunOptions())
+        if named or inputs is None:
+            inputs = {**(inputs or {}), **named}
+        checked = self.program.check_inputs(inputs)
+        backend = model if not (model is None or isinstance(model, str | ModelOptions)) \
+            else await asyncio.to_thread(self._model, model)
+        constraints = self._constraint_compiler(backend)
+
+        def work(engines: Engines) -> Result:
+            return Run(self.program, backend, checked, run_options, on_text, constraints,
+                       engines, self.functions).execute()
+
+        ticket = RunScheduler.shared(backend).submit(work)
+        try:
+            result: Result = await asyncio.wrap_future(ticket.future)
+        except asyncio.CancelledError:
+            ticket.cancel()
+            raise
+        return result
+
     def run_many(
         self,
         inputs: Iterable[Mapping[str, Any]],

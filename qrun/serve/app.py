@@ -1,5 +1,5 @@
 """The ASGI app of `qrun serve` (docs/serve.md): templates as HTTP endpoints on one model, the
-runs of every request batched together by one RunScheduler (qrun/serve/scheduler.py). Errors
+runs of every request batched together by one RunScheduler (qrun/runtime/admission.py). Errors
 are JSON with a stable code (docs/serve.md §4), never a traceback; every response carries the
 request's id, and so do the log lines about it."""
 
@@ -54,12 +54,12 @@ from qrun.errors import (
     UsageError,
 )
 from qrun.options import ModelOptions, RunOptions
+from qrun.runtime.admission import QueueFull, RunCancelled, RunScheduler, Ticket
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines
 from qrun.runtime.executor import Run
 from qrun.runtime.result import Result
 from qrun.serve.catalog import describe, served
-from qrun.serve.scheduler import QueueFull, RunCancelled, RunScheduler, Ticket
 
 log = logging.getLogger("qrun.serve")
 

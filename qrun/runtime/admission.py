@@ -1,13 +1,15 @@
-"""The server's runs (docs/serve.md §3): admitted first come, first served, up to
-`max_running` at a time with at most `max_queue` waiting; each in a worker thread of its own,
-its forwards meeting those of every other running run in one ForwardScheduler
-(qrun/runtime/scheduler.py) whose serve loop owns the model for the server's life. A run joins
+"""Long-lived batching of runs, for `qrun serve` and `Query.arun` (docs/serve.md §3): runs
+admitted first come, first served, up to `max_running` at a time with at most `max_queue`
+waiting; each in a worker thread of its own, its forwards meeting those of every other running
+run in one ForwardScheduler (qrun/runtime/scheduler.py) whose serve loop owns the model for the
+scheduler's life. A run joins
 the batch at its first forward and leaves it when it ends; nothing waits for a batch to fill.
 A backend that batches itself (vLLM) gets the runs' calls concurrently, as run_batched does
 (qrun/runtime/batch.py)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -102,6 +104,19 @@ class RunScheduler:
         self.idle = threading.Condition(self.lock)  # notified when a run ends
         self.loop: threading.Thread | None = None
 
+    @classmethod
+    def shared(cls, backend: Backend, max_running: int = 8) -> RunScheduler:
+        """The scheduler that `Query.arun` calls on `backend` share (made, and its loop
+        started, on first use; its queue unbounded; kept, with the backend, for the process's
+        life): the runs of an application's coroutines are batched together without a
+        server."""
+        with _SHARED_LOCK:
+            scheduler = _SHARED.get(backend)
+            if scheduler is None:
+                scheduler = _SHARED[backend] = cls(backend, max_running, sys.maxsize)
+                scheduler.start()
+            return scheduler
+
     def start(self) -> None:
         if self.forwards is not None and self.loop is None:
             self.loop = threading.Thread(target=self.forwards.serve, args=(self.stopped.is_set,),
@@ -182,3 +197,7 @@ class RunScheduler:
         model = _CancellableModel(self.forwards, ticket.order, ticket.cancelled)
         tree = model if self.forwards.tree_scorer is not None else None
         return choose_engines(self.backend, model, tree)
+
+
+_SHARED: dict[Backend, RunScheduler] = {}
+_SHARED_LOCK = threading.Lock()
