@@ -60,6 +60,7 @@ from qrun.runtime.engines import Engines
 from qrun.runtime.executor import Run
 from qrun.runtime.result import Result
 from qrun.serve.catalog import describe, served
+from qrun.serve.openapi import openapi
 
 log = logging.getLogger("qrun.serve")
 
@@ -233,6 +234,7 @@ def app(
 
     routes = [
         Route("/healthz", _handler(service, _healthz, public=True), methods=["GET"]),
+        Route("/openapi.json", _handler(service, _openapi), methods=["GET"]),
         Route("/metrics", _handler(service, _metrics), methods=["GET"]),
         Route("/v1/templates", _handler(service, _list), methods=["GET"]),
         Route("/v1/templates/{name}", _handler(service, _one), methods=["GET"]),
@@ -309,6 +311,16 @@ def _authorize(service: Service, request: Request) -> None:
 async def _healthz(service: Service, request: Request, request_id: str) -> Response:
     return JSONResponse({"status": "ok", "templates": len(service.templates),
                          "running": service.runs.active, "queued": service.runs.queued})
+
+
+async def _openapi(service: Service, request: Request, request_id: str) -> Response:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("qrun")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        release = "0"
+    return JSONResponse(openapi(service.descriptions, release))
 
 
 async def _metrics(service: Service, request: Request, request_id: str) -> Response:

@@ -283,3 +283,21 @@ def test_a_batch_runs_each_line_and_answers_json_lines_in_order(
     assert [row["vars"] for row in rows if "vars" in row] == [
         r.vars for r in local if isinstance(r, qrun.Result)]
     assert set(rows[0]) == {"id", "vars"}
+
+
+def test_openapi_describes_each_template_and_its_answers_fit(
+        server: tuple[str, Service]) -> None:
+    import jsonschema
+
+    url, _ = server
+    document = httpx.get(f"{url}/openapi.json").json()
+    assert document["openapi"].startswith("3.1")
+    assert {"/v1/templates/person/run", "/v1/templates/gated/batch"} <= set(document["paths"])
+    schemas = document["components"]["schemas"]
+    assert schemas["person.request"]["properties"]["inputs"]["required"] == ["name"]
+    response = schemas["person.response"]
+    assert response["properties"]["vars"]["properties"]["age"]["pattern"] == "^(?:[0-9]{1,2})$"
+    row = post(url, "person", {"inputs": {"name": "Eve"}}).json()
+    jsonschema.validate(row, response)
+    with pytest.raises(jsonschema.ValidationError):  # the schema says something
+        jsonschema.validate({**row, "vars": {**row["vars"], "age": "x"}}, response)
