@@ -142,6 +142,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                              "environment variable QRUN_API_KEY)")
     parser.add_argument("--functions", metavar="FILE.py",
                         help="host functions the templates may call (as for qrun FILE.tmpl)")
+    parser.add_argument("--drain-timeout", type=int, default=30, metavar="SECONDS",
+                        help="on SIGTERM, how long requests in flight may take to finish "
+                             "(default 30)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     return parser
@@ -235,6 +238,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
+    if not args.drain_timeout >= 0:
+        raise UsageError(f"--drain-timeout must be ≥ 0, got {args.drain_timeout}")
     if args.max_body_kb < 1:
         raise UsageError(f"--max-body-kb must be ≥ 1, got {args.max_body_kb}")
     functions = None
@@ -254,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
         asgi = app(args.paths, model=model, functions=functions,
                    max_running=args.max_running, max_queue=args.max_queue,
                    max_body_bytes=args.max_body_kb * 1024, api_key=api_key)
-    run_server(asgi, args.host, args.port, api_key, args.log_level)
+    run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
     return EXIT_OK
 
 

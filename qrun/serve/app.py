@@ -352,16 +352,31 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
     if run.stream:
         return _stream(service, run, request_id)
     ticket = _submit(service, run, None, None)
+    outcome = asyncio.ensure_future(asyncio.wrap_future(ticket.future))
+    # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
+    outcome.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        result = await asyncio.wait_for(asyncio.wrap_future(ticket.future), run.timeout)
-    except TimeoutError:
+        done, _ = await asyncio.wait({outcome, gone}, timeout=run.timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if outcome not in done:
         ticket.cancel()
+        if gone in done:  # nobody to answer: the run stops at its next forward
+            log.info("[%s] the client went away: run cancelled", request_id)
+            raise ApiError(499, "client_closed", "the client closed the connection")
         raise ApiError(504, "timeout", f"the run took longer than its timeout "
-                       f"({run.timeout} s)") from None
-    except asyncio.CancelledError:  # the client went away
-        ticket.cancel()
-        raise
+                       f"({run.timeout} s)")
+    result = outcome.result()
     return Response(dumps_line(result_row(result, run.fields)), media_type="application/json")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body is read already, so the
+    next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_json(request: Request, limit: int) -> Any:

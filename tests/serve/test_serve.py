@@ -20,6 +20,7 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
@@ -258,8 +259,9 @@ def test_the_command_serves_a_folder_and_warns_beyond_loopback(
             assert response.status_code == 200, response.text
             assert json.loads(response.text)["text"].startswith("Name: Ada.")
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr  # SIGTERM: drained, then a clean exit
     assert "warning: 0.0.0.0 is reachable from other machines" in stderr
 
 
@@ -301,3 +303,25 @@ def test_openapi_describes_each_template_and_its_answers_fit(
     jsonschema.validate(row, response)
     with pytest.raises(jsonschema.ValidationError):  # the schema says something
         jsonschema.validate({**row, "vars": {**row["vars"], "age": "x"}}, response)
+
+
+def test_a_client_that_goes_away_cancels_its_run(
+        server: tuple[str, Service], gate: Gate) -> None:
+    url, service = server
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"inputs": {"q": "never read"}}).encode()
+    with alarm(120):
+        client = socket.create_connection((host, int(port)))
+        client.sendall(b"POST /v1/templates/gated/run HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: gate.arrived == 1)
+        client.close()
+        wait_until(lambda: 'qrun_requests_total{status="499"}' in
+                   httpx.get(f"{url}/metrics").text)
+        running = next(iter(service.runs.running))
+        assert running.cancelled.is_set()
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)
+    with pytest.raises(RunCancelled):  # it ended at its next forward, not with a result
+        running.future.result()
