@@ -5,7 +5,8 @@ neither torch nor transformers."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qrun.errors import QrunError, TemplateWarning, UsageError
@@ -16,12 +17,26 @@ from qrun.options import ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.backends.base import Backend
+    from qrun.runtime.admission import Ticket
     from qrun.runtime.constraints import ConstraintCompiler
+    from qrun.runtime.engines import Engines
     from qrun.runtime.result import Result
 
 
 HostFunctions = Functions | Mapping[str, Callable[..., Any]]
 """Host functions as a qrun.Functions or a dict of name -> callable (docs/language.md §22)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of `Query.astream`: `kind` "text" (`text`), "hole" (`name`, `value`) or
+    "done" (`result`)."""
+
+    kind: str
+    text: str = ""
+    name: str = ""
+    value: Any = None
+    result: Result | None = None
 
 
 class Query:
@@ -117,18 +132,69 @@ class Query:
         **values: Any,
     ) -> Result:
         """`run`, awaited: the run works in a thread of its own, and the runs of every
-        `arun` on the same loaded model (from any Query) share its forwards, one batch per
-        step (qrun/runtime/admission.py; docs/serve.md §3), so concurrent coroutines are
-        batched without a server. `on_text` is called from the run's thread. Cancelling the
-        awaiting task cancels the run at its next forward.
+        `arun` and `astream` on the same loaded model (from any Query) share its forwards,
+        one batch per step (qrun/runtime/admission.py; docs/serve.md §1.2), so concurrent
+        coroutines are batched without a server. `on_text` is called from the run's thread.
+        Cancelling the awaiting task cancels the run at its next forward.
 
         Raises:
             as `run`.
         """
         import asyncio
 
+        ticket = await self._submit_shared(inputs, model, options, values, on_text, None)
+        try:
+            result: Result = await asyncio.wrap_future(ticket.future)
+        except asyncio.CancelledError:
+            ticket.cancel()
+            raise
+        return result
+
+    async def astream(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        model: Backend | ModelOptions | str | None = None,
+        options: RunOptions | None = None,
+        **values: Any,
+    ) -> AsyncIterator[RunEvent]:
+        """`arun` as events, in the order the run makes them: `text` (each piece of text as it
+        is produced), `hole` (each top-level hole's name and typed value as it ends), and last
+        `done` (with the Result). Leaving the loop early cancels the run at its next forward.
+
+        Raises:
+            as `run` (from the loop, where the run failed).
+        """
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+
+        def push(event: RunEvent | None) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        ticket = await self._submit_shared(
+            inputs, model, options, values, lambda text: push(RunEvent("text", text=text)),
+            lambda name, value: push(RunEvent("hole", name=name, value=value)))
+        # After every text and hole event: the run's thread pushed those before it ended.
+        ticket.future.add_done_callback(lambda _: push(None))
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+            yield RunEvent("done", result=ticket.future.result())
+        finally:
+            ticket.cancel()
+
+    async def _submit_shared(
+        self, inputs: Mapping[str, Any] | None, model: Backend | ModelOptions | str | None,
+        options: RunOptions | None, values: dict[str, Any],
+        on_text: Callable[[str], None] | None, on_hole: Callable[[str, Any], None] | None,
+    ) -> Ticket:
+        """A run of this query admitted to its model's shared scheduler (arun, astream)."""
+        import asyncio
+
         from qrun.runtime.admission import RunScheduler
-        from qrun.runtime.engines import Engines
         from qrun.runtime.executor import Run
 
         chosen, named = RunOptions.split(values)
@@ -141,16 +207,12 @@ class Query:
         constraints = self._constraint_compiler(backend)
 
         def work(engines: Engines) -> Result:
-            return Run(self.program, backend, checked, run_options, on_text, constraints,
-                       engines, self.functions).execute()
+            run = Run(self.program, backend, checked, run_options, on_text, constraints,
+                      engines, self.functions)
+            run.on_hole = on_hole
+            return run.execute()
 
-        ticket = RunScheduler.shared(backend).submit(work)
-        try:
-            result: Result = await asyncio.wrap_future(ticket.future)
-        except asyncio.CancelledError:
-            ticket.cancel()
-            raise
-        return result
+        return RunScheduler.shared(backend).submit(work)
 
     def run_many(
         self,

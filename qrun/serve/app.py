@@ -147,9 +147,22 @@ class Metrics:
         self.queue_depth = Gauge("qrun_queue_depth", "Runs waiting for a slot",
                                  registry=self.registry)
         self.running = Gauge("qrun_running_runs", "Runs in progress", registry=self.registry)
+        self.tokens = Counter("qrun_generated_tokens", "Tokens sampled for holes (a rate of "
+                              "it is the tokens/s)", registry=self.registry)
+        self.mask_s = Counter("qrun_mask_seconds", "Time computing token masks",
+                              registry=self.registry)
+        self.model_s = Counter("qrun_model_seconds", "Time inside model forwards, summed over "
+                               "runs (a batched forward counts for each of its runs)",
+                               registry=self.registry)
         self.batch_rows = Histogram("qrun_forward_batch_size", "Rows of each batched forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=self.registry)
+
+    def count(self, result: Result) -> None:
+        """A finished run's work."""
+        self.tokens.inc(result.stats.generated_tokens)
+        self.mask_s.inc(result.stats.mask_s)
+        self.model_s.inc(result.stats.model_s)
 
     def watch(self, runs: RunScheduler) -> None:
         self.queue_depth.set_function(lambda: runs.queued)
@@ -368,7 +381,13 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
             raise ApiError(499, "client_closed", "the client closed the connection")
         raise ApiError(504, "timeout", f"the run took longer than its timeout "
                        f"({run.timeout} s)")
-    result = outcome.result()
+    try:
+        result = outcome.result()
+    except Exception as exc:
+        error = api_error(exc)
+        if error.code == "internal_error":
+            log.error("[%s] internal error", request_id, exc_info=exc)
+        raise error from None
     return Response(dumps_line(result_row(result, run.fields)), media_type="application/json")
 
 
@@ -555,7 +574,9 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
                         service.constraints[run.name], engines, run.query.functions)
         executing.on_hole = on_hole
-        return executing.execute()
+        result = executing.execute()
+        service.metrics.count(result)
+        return result
 
     try:
         return service.runs.submit(work)
@@ -598,6 +619,8 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
                     error = ApiError(503, "cancelled", "the run was cancelled")
                 elif data.exception() is not None:
                     error = api_error(data.exception())
+                    if error.code == "internal_error":
+                        log.error("[%s] internal error", request_id, exc_info=data.exception())
                 else:
                     row = result_row(data.result(), run.fields)
                     yield {"event": "done", "data": dumps_line(row)}

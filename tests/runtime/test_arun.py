@@ -41,3 +41,21 @@ def test_an_arun_error_is_raised_to_the_awaiting_coroutine(tiny: TransformersBac
     with alarm(60), pytest.raises(qrun.GenerationError) as failure:
         asyncio.run(query.arun(model=tiny))
     assert failure.value.span.column == 7
+
+
+def test_astream_yields_text_then_holes_then_the_result(tiny: TransformersBackend) -> None:
+    query = qrun.Query('Name: {{ name }}.\nAge: {{ gen age regex="[0-9]{1,2}" }}\n'
+                       'City: {{ gen city regex="[A-Z][a-z]{2,7}" }}\n')
+
+    async def main() -> list[qrun.RunEvent]:
+        return [event async for event in query.astream({"name": "Ada"}, model=tiny)]
+
+    with alarm(60):
+        events = asyncio.run(main())
+    assert events[-1].kind == "done" and events[-1].result is not None
+    result = events[-1].result
+    assert "".join(e.text for e in events if e.kind == "text") == result.text
+    assert [(e.name, e.value) for e in events if e.kind == "hole"] == list(result.vars.items())
+    kinds = [e.kind for e in events]
+    assert kinds.index("text") < kinds.index("hole")
+    assert result.vars == query.run({"name": "Ada"}, model=tiny).vars

@@ -176,7 +176,8 @@ def test_a_full_queue_answers_429_and_every_admitted_run_ends(
     metrics = httpx.get(f"{url}/metrics").text
     assert 'qrun_requests_total{status="429"}' in metrics
     assert 'qrun_requests_total{status="200"}' in metrics
-    for name in ("qrun_queue_depth", "qrun_running_runs", "qrun_forward_batch_size_bucket"):
+    for name in ("qrun_queue_depth", "qrun_running_runs", "qrun_forward_batch_size_bucket",
+                 "qrun_generated_tokens_total", "qrun_mask_seconds_total"):
         assert name in metrics
 
 
