@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix cache budget shared by runs (default 1024; 0 turns it off)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or loading notice on stderr")
+    parser.add_argument("--server", metavar="URL",
+                        help="run on a `qrun serve` at URL (the template named by this file's "
+                             "name; QRUN_API_KEY is sent as its key); same output and exit "
+                             "codes")
     return parser
 
 
@@ -186,6 +190,8 @@ def _run(args: argparse.Namespace) -> int:
     _validate(args)
     fields = _fields(args.fields)
     options = _options(args)
+    if args.server:
+        return _run_on_server(args, fields, options)
     model_options = _model_options(args)
     functions = None
     if args.functions is not None:
@@ -261,6 +267,35 @@ def _serve(args: argparse.Namespace) -> int:
                    max_body_bytes=args.max_body_kb * 1024, api_key=api_key)
     run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
     return EXIT_OK
+
+
+def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
+                   options: RunOptions) -> int:
+    """`--server URL`: the run (or the --inputs lines) on a running `qrun serve`."""
+    from qrun.cli.remote import run_remote, run_remote_lines
+
+    local = [flag for flag, given in (
+        ("--check", args.check), ("--dump", args.dump), ("--trace", args.trace),
+        ("--functions", args.functions), ("--model", args.model), ("--url", args.url),
+        ("--device", args.device), ("--dtype", args.dtype), ("--cache-mb", args.cache_mb),
+        ("--batch-size", args.batch_size), ("--backend", args.backend != "transformers"))
+        if given]
+    if local:
+        raise UsageError(f"--server runs on the server's model and templates: "
+                         f"{', '.join(local)} cannot go with it")
+    given = {name: getattr(options, name) for name in
+             ("temperature", "top_p", "top_k", "seed", "max_tokens")
+             if getattr(options, name) is not None}
+    if options.speculate is False:
+        given["speculate"] = False
+    inputs, _ = _inputs(args)
+    if args.inputs:
+        lines = _read_bytes(args.inputs, "--inputs")
+        if inputs:
+            raise UsageError("--server with --inputs: put every input in the lines")
+        return run_remote_lines(args.server, args.file, lines, given, fields, args.id)
+    return run_remote(args.server, args.file, inputs, given, fields, args.id, args.json,
+                      args.stats)
 
 
 def _load(query: Query, given: ModelOptions, quiet: bool) -> Backend:

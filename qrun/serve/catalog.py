@@ -43,10 +43,12 @@ def load_templates(paths: Iterable[str | os.PathLike[str]],
             if not NAME.fullmatch(name):
                 raise UsageError(f"{file}: a served template's name (its file name without "
                                  ".tmpl) is letters, digits, '_', '.' and '-'")
-            if name in found and found[name] != file.resolve():
+            if name in found and found[name].resolve() != file.resolve():
                 raise UsageError(f"{file} and {found[name]} would both be served as {name!r}: "
                                  "rename one")
-            found[name] = file.resolve()
+            # As given, not resolved: error positions name the file so, not the server's
+            # absolute path.
+            found[name] = file
     return {name: Query.from_file(file, functions=functions) for name, file in found.items()}
 
 
