@@ -326,3 +326,66 @@ def test_a_client_that_goes_away_cancels_its_run(
         wait_until(lambda: service.runs.active == 0)
     with pytest.raises(RunCancelled):  # it ended at its next forward, not with a result
         running.future.result()
+
+
+WAIT_FOR_FILE = """
+import os
+import time
+
+def wait() -> str:
+    while not os.path.exists(os.environ["QRUN_TEST_FLAG"]):
+        time.sleep(0.01)
+    return ""
+
+functions = {"wait": wait}
+"""
+
+
+def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(
+        tmp_path: Path, tiny_folder: str) -> None:
+    (tmp_path / "gated.tmpl").write_text(GATED)
+    (tmp_path / "wait.py").write_text(WAIT_FOR_FILE)
+    flag = tmp_path / "go"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
+         "--functions", str(tmp_path / "wait.py"), "--model", tiny_folder,
+         "--port", str(port), "--log-level", "warning"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "QRUN_TEST_FLAG": str(flag)})
+    url = f"http://127.0.0.1:{port}"
+
+    def metric(name: str) -> str:
+        try:
+            lines = httpx.get(f"{url}/metrics").text.splitlines()
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.communicate()[1]
+            return ""
+        return next((line.split()[1] for line in lines if line.startswith(name + " ")), "")
+
+    try:
+        with alarm(300), ThreadPoolExecutor(1) as pool:
+            wait_until(lambda: metric("qrun_running_runs") == "0.0")
+            answer = pool.submit(post, url, "gated", {"inputs": {"q": "in flight"}})
+            wait_until(lambda: metric("qrun_running_runs") == "1.0")
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: _refused(url))  # no longer accepting
+            flag.write_text("")
+            response = answer.result()
+            assert response.status_code == 200, response.text
+            assert response.json()["text"].startswith("Q: in flight\nA: ")
+            assert proc.wait() == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/healthz")
+    except httpx.TransportError:
+        return True
+    return False
