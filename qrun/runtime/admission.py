@@ -132,6 +132,7 @@ class RunScheduler:
         with self.lock:
             if self.stopped.is_set():
                 raise QueueFull("the server is shutting down")
+            self.start()  # an ASGI server that runs no lifespan never called it
             ticket = Ticket(work, self.orders)
             self.orders += 1
             if len(self.running) < self.max_running:

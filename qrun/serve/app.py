@@ -128,7 +128,7 @@ def _position(exc: QrunError) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ServerLimits:
     """A server's admission and request limits (the flags of `qrun serve`)."""
 
     max_running: int = 8
@@ -173,7 +173,7 @@ class Service:
     """What the app's handlers share: the templates, the model, the run scheduler, the
     metrics and the limits."""
 
-    def __init__(self, templates: Mapping[str, Query], backend: Backend, limits: Limits,
+    def __init__(self, templates: Mapping[str, Query], backend: Backend, limits: ServerLimits,
                  api_key: str | None) -> None:
         self.templates = dict(templates)
         self.backend = backend
@@ -183,7 +183,8 @@ class Service:
         self.runs = RunScheduler(backend, limits.max_running, limits.max_queue,
                                  on_batch=self.metrics.batch_rows.observe)
         self.metrics.watch(self.runs)
-        self.constraints = {name: ConstraintCompiler(backend) for name in self.templates}
+        # One for every template: compiled token indexes are shared by all their runs.
+        self.constraints = ConstraintCompiler(backend)
         self.descriptions = [describe(name, query) for name, query in self.templates.items()]
 
 
@@ -227,7 +228,7 @@ def app(
     if not queries:
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
-    service = Service(queries, backend, Limits(max_running, max_queue, max_body_bytes),
+    service = Service(queries, backend, ServerLimits(max_running, max_queue, max_body_bytes),
                       api_key or None)
 
     @asynccontextmanager
@@ -572,7 +573,7 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
             on_hole: Callable[[str, Any], None] | None) -> Ticket:
     def work(engines: Engines) -> Result:
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
-                        service.constraints[run.name], engines, run.query.functions)
+                        service.constraints, engines, run.query.functions)
         executing.on_hole = on_hole
         result = executing.execute()
         service.metrics.count(result)
