@@ -662,6 +662,11 @@ class _Compiler:
     def function(self, func: str, positional: int, kwargs: tuple[tuple[str, ex.Expr], ...],
                  span: Span) -> None:
         signature = self.signature(func)
+        if func in (RUN_TOOL, TOOLS) and not self.host:
+            # Without host functions run_tool could only fail and tools() would offer none.
+            self.fail(f"{func}() needs host functions, and none are registered", span,
+                      _HOST_NOTE)
+            return
         if func not in FUNCTIONS and signature is not None:
             refused = signature.check(func, positional, tuple(name for name, _ in kwargs))
             if refused is not None:
