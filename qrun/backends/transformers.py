@@ -418,7 +418,8 @@ def _whole_batch(row: torch.Tensor, rows: int, width: int) -> torch.Tensor | Non
             or row.storage_offset() != (width - length) * dim or row.stride() != (
                 heads * width * dim, width * dim, dim, 1):
         return None
-    return row.new_empty(0).set_(storage, 0, (rows, heads, width, dim))
+    return row.new_empty(0).set_(storage, 0, (rows, heads, width, dim),
+                                 (heads * width * dim, width * dim, dim, 1))
 
 
 class _BatchRow:
