@@ -121,6 +121,7 @@ class TransformersBackend(HFTokenizerMixin):
         # The rows of the last batched forward when they all ended at its last position:
         # the next one over the same caches, untouched since, reuses its KV (_reusable_batch).
         self._last_rows: list[_BatchRow] = []
+        self.stacked_batches = 0  # batched forwards that stacked their rows' KV anew
         self._rows_lock = threading.Lock()
 
     @property
@@ -252,6 +253,7 @@ class TransformersBackend(HFTokenizerMixin):
         from transformers import DynamicCache
 
         batched = DynamicCache(config=self.model.config)
+        self.stacked_batches += 1
         if width == 0:
             return batched
         for index, layer in enumerate(batched.layers):

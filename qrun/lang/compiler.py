@@ -212,6 +212,11 @@ class _Compiler:
                     self.fail("'{% return %}' outside a macro", span,
                               "a template ends where its text ends; a macro's value is what "
                               "`{% return %}` gives")
+                elif ctx.branch is not None:
+                    # The call has one value; its branches run apart, each to its end.
+                    self.fail("'{% return %}' cannot leave a '{% fork %}' branch", span,
+                              f"the fork starts at {ctx.branch}; its holes' values are lists "
+                              "after it: return them there")
                 flow.dead = True
                 return ir.Return(value, span)
             case ast.Fork():
@@ -339,7 +344,7 @@ class _Compiler:
                     and target in node.targets[:index]:
                 self.fail(f"fork variable '{target}' appears twice", span)
         inner = replace(ctx, locals=ctx.locals | {*node.targets, "loop"}, in_loop=True,
-                        exits=None, fork=node.span)
+                        exits=None, fork=node.span, branch=node.span)
         body_flow = flow.copy()
         body = self.body(node.body, body_flow, inner)
         self.after_branches(flow, body_flow)

@@ -125,6 +125,7 @@ def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: 
     session.append_text(tail)
     child = copy.copy(parent)  # program, options, constraints, source...: the run's own
     child.session, child.engines, child.stats, child.recorder = session, engines, stats, recorder
+    child.calls = parent.calls.for_branch(child)  # macros called here run in the branch
     child.generator = np.random.default_rng([base, branch.index])
     child.on_text = None
     child.pieces = []

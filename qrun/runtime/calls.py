@@ -123,6 +123,13 @@ class CallRunner:
         # The program whose ops run now: the run's, or a file's that call() runs.
         self.programs = [run.program]
 
+    def for_branch(self, run: Run) -> CallRunner:
+        """The calls of a fork branch's run (runtime/branches.py): the same functions, and the
+        macros of the program running where the fork is, run in the branch's context."""
+        branch = CallRunner(run, self.functions)
+        branch.depth, branch.programs = self.depth, list(self.programs)
+        return branch
+
     @property
     def macros(self) -> Mapping[str, ir.Macro]:
         return self.programs[-1].macros

@@ -17,6 +17,8 @@ from qrun.errors import BackendError, GenerationError
 from qrun.lang import ir
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
+from qrun.runtime.calls import CallRunner
+from qrun.runtime.calls import Run as CallingRun
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord
@@ -26,10 +28,10 @@ from qrun.runtime.stats import Stats
 from qrun.source import Source, Span
 
 
-class Run(Protocol):
+class Run(CallingRun, Protocol):
     """What the blocks of this module and of runtime/branches.py use of a run: the
     executor's Run (runtime/executor.py), which dispatches to them (so they do not import
-    it)."""
+    it); what calls use of it too (a branch's macros run in the branch)."""
 
     backend: Backend
     engines: Engines
@@ -47,6 +49,7 @@ class Run(Protocol):
     holes: dict[str, HoleRecord]
     hole_lists: dict[str, list[HoleRecord]]
     endings: dict[str, Any]
+    calls: CallRunner
     _last_text: tuple[Span, Source]
 
     def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...

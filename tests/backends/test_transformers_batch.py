@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 
 from qrun.backends.transformers import TransformersBackend, TransformersCache
 
@@ -28,36 +27,23 @@ def step_alone(tiny: TransformersBackend, caches: list[TransformersCache], token
     return [tiny.forward([token], cache)[-1] for cache in caches]
 
 
-@pytest.fixture
-def stacks(tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many rows each stacking of caches had (forward_batch builds a batch anew)."""
-    counted: list[int] = []
-    stack = TransformersBackend._stack_caches
-
-    def counting(self: TransformersBackend, caches: Any, width: int) -> Any:
-        counted.append(len(caches))
-        return stack(self, caches, width)
-
-    monkeypatch.setattr(TransformersBackend, "_stack_caches", counting)
-    return counted
-
-
 def test_decoding_steps_reuse_the_batch_and_match_single_forwards(
-        tiny: TransformersBackend, stacks: list[int]) -> None:
+        tiny: TransformersBackend) -> None:
     rows = contexts(tiny)
+    stacked = tiny.stacked_batches
     alone = [row.fork() for row in rows]
     for step in range(5):
         batched = tiny.forward_batch([([300 + step], row) for row in rows])
         expected = step_alone(tiny, alone, 300 + step)
         for got, want in zip(batched, expected, strict=True):
             np.testing.assert_allclose(got[-1], want, atol=1e-4)
-    assert stacks == [3]  # stacked once, then reused step after step
+    assert tiny.stacked_batches == stacked + 1  # stacked once, then reused step after step
     assert [row.length() for row in rows] == [row.length() for row in alone]
 
 
-def test_a_changed_or_missing_row_builds_the_batch_anew(
-        tiny: TransformersBackend, stacks: list[int]) -> None:
+def test_a_changed_or_missing_row_builds_the_batch_anew(tiny: TransformersBackend) -> None:
     rows = contexts(tiny)
+    stacked = tiny.stacked_batches
     alone = [row.fork() for row in rows]
     tiny.forward_batch([([300], row) for row in rows])
     step_alone(tiny, alone, 300)
@@ -77,4 +63,4 @@ def test_a_changed_or_missing_row_builds_the_batch_anew(
     expected = step_alone(tiny, [alone[0], alone[2]], 302)
     for got, want in zip(batched, expected, strict=True):
         np.testing.assert_allclose(got[-1], want, atol=1e-4)
-    assert stacks == [3, 3, 2]
+    assert tiny.stacked_batches == stacked + 3  # each of the three batches stacked anew

@@ -88,3 +88,34 @@ def test_constraints_and_text_hold_in_every_construct_at_temperature_one(
     fed = [token for ids, _ in model.forwards for token in ids]
     assert len(fed) > len(r.token_ids) and not controls & set(fed)
     assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
+
+
+def test_macros_called_in_fork_branches_run_in_each_branch(tiny: TransformersBackend) -> None:
+    # A macro (inline, and hidden in a `set`) and call() inside a branch see the branch's
+    # variables and write into the branch's context, never the run's.
+    template = ("{% macro tag(m, i) %}[{{ m }}{{ i }}]{{ gen g max_tokens=2 }}{% return g %}"
+                "{% endmacro -%}"
+                "Start.\n{% fork m in ['p', 'q', 'r'] %}{{ tag(m, loop.index) }} "
+                "{% set kept = tag(m ~ '!', loop.index) %}({{ kept | length }}) "
+                "{{ gen after max_tokens=2 }}{% endfork %}done")
+    model = Recording(tiny)
+    r = qrun.Query(template).run(model=model, seed=3, temperature=1.0)
+    assert r.text == "Start.\ndone"
+    assert tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
+    assert len(r["after"]) == 3 and "g" not in r.vars
+    # Each branch's context read its own inline call's text, not its hidden call's.
+    contexts = [tiny.tokenizer.decode(ids) for ids, _ in model.forwards]
+    for index, m in enumerate("pqr", 1):
+        assert any(f"[{m}{index}]" in text and f"[{m}!{index}]" not in text
+                   and ") " in text for text in contexts)
+    assert [h.context for h in r.recorder.holes if h.name == "after"] == [
+        f"branch {i} of fork 2:1" for i in (1, 2, 3)]
+
+
+def test_return_cannot_leave_a_fork_branch() -> None:
+    with pytest.raises(qrun.TemplateErrors) as caught:
+        qrun.Query("{% macro f() %}{% fork x in [1, 2] %}{% for y in [x] %}{% return y %}"
+                   "{% endfor %}{% endfork %}{% endmacro %}{{ f() }}")
+    (error,) = caught.value.errors
+    assert "cannot leave a '{% fork %}' branch" in error.message
+    assert (error.span.line, error.span.column) == (1, 56)
