@@ -104,7 +104,7 @@ def invoke(function: HostFunction, args: list[Any], kwargs: dict[str, Any],
         raise TimeoutError from None
 
 
-class _Return(Exception):
+class MacroReturn(Exception):
     """`{% return %}` on its way out of the macro it ends."""
 
     def __init__(self, value: Any) -> None:
@@ -207,7 +207,7 @@ class CallRunner:
         self.depth += 1
         try:
             run.exec_body(macro.body)
-        except _Return as returned:
+        except MacroReturn as returned:
             return returned.value
         except PositionedError as err:
             where = f"in macro '{macro.name}' called at {call_source.name}:{span}"
@@ -280,7 +280,7 @@ class CallRunner:
         return bound
 
     def returned(self, value: Any) -> None:
-        raise _Return(value)
+        raise MacroReturn(value)
 
     # ---- host functions ------------------------------------------------------------------------
 
