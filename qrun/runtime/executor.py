@@ -149,10 +149,11 @@ class Run:
         self.scope, self.vars, self.holes, self.hole_lists, self.endings, self.source = saved
         self.budget.source = self.source
 
-    def exec_body(self, ops: Sequence[ir.Op]) -> None:
-        """A macro's body: its loop captures start as empty lists."""
+    def exec_body(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
+        """A macro's body (or a called file's): its loop captures start as empty lists;
+        `after` as for _exec_block."""
         self._start_lists(ops)
-        self._exec_block(ops)
+        self._exec_block(ops, after)
 
     def execute(self) -> Result:
         started = time.perf_counter()
@@ -201,7 +202,7 @@ class Run:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                if not self.calls.inline(op):
+                if not self.calls.inline(op, after):
                     text = evaluate_text(op.expr, self.scope, self.source, self.budget,
                                          self.calls)
                     self._emit(text, op=op)
