@@ -418,3 +418,20 @@ def test_a_timeout_counts_the_calls_own_time_not_a_wait_behind_others(
                    "{% endfork %}", functions={"slow": slow}).run(
         model=model, options=qrun.RunOptions(limits=limits))
     assert r.stats.host_calls == 16 and len(r["v"]) == 16
+
+
+def test_a_runtime_failure_inside_a_call_is_not_taken_for_the_templates_error(
+        model: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The evaluator makes an EvaluationError of a KeyError (the template's `d["x"]`); one out
+    # of the runtime running a macro is a bug of qrun's, which `{% try %}` must not swallow.
+    from qrun.lang.evaluate import CallFailure
+    from qrun.runtime.calls import CallRunner
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("echo")
+
+    monkeypatch.setattr(CallRunner, "macro", broken)
+    template = ("{% macro m() %}x{% endmacro %}"
+                "{% try %}{% set v = m() %}{% except err %}caught{% endtry %}")
+    with pytest.raises(CallFailure, match="KeyError"):
+        run(model, template)
