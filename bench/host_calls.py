@@ -6,7 +6,7 @@ the trace record and the Stats counters.
 
     .venv/bin/python -m bench.host_calls [--calls 1000] [--runs 5] [--json]
 
-Reported for a sync function with the default timeout (it runs on a worker thread), a sync
+Reported for a sync function with the default timeout (on a thread of its own), a sync
 function with call_timeout_s=None (on the run's thread) and an async function (on qrun's
 private event loop); each the median of --runs runs."""
 

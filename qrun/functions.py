@@ -90,7 +90,9 @@ class Functions(Mapping[str, HostFunction]):
                 return self.register(inner, name=name)
             return decorate
         if not callable(function):
-            raise UsageError(f"a host function must be callable, got {type(function).__name__}")
+            named = f"'{name}' " if name is not None else ""
+            raise UsageError(f"host function {named}must be callable, got "
+                             f"{type(function).__name__}")
         chosen = name if name is not None else getattr(function, "__name__", "")
         self._check_name(chosen)
         self._functions[chosen] = HostFunction(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,6 +118,11 @@ class TransformersBackend(HFTokenizerMixin):
         self.load_s = load_s
         self._markers: dict[str, tuple[str, str] | None] = {}
         self._cache_kw = cache_argument(model)
+        # The rows of the last batched forward when they all ended at its last position:
+        # the next one over the same caches, untouched since, reuses its KV (_reusable_batch).
+        self._last_rows: list[_BatchRow] = []
+        self.stacked_batches = 0  # batched forwards that stacked their rows' KV anew
+        self._rows_lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -195,7 +202,9 @@ class TransformersBackend(HFTokenizerMixin):
         for i, (p, n) in enumerate(zip(past, new, strict=True)):
             attention[i, width_past - p : width_past + n] = 1
             positions[i] = torch.arange(p, p + width_new, device=device)
-        batched = self._stack_caches(caches, width_past)
+        batched = self._reusable_batch(caches, width_past)
+        if batched is None:
+            batched = self._stack_caches(caches, width_past)
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -209,13 +218,42 @@ class TransformersBackend(HFTokenizerMixin):
             row = slice(width_past - p, width_past + n)
             for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
                 _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
+        rows = [_BatchRow.of(c) for c in caches] if len(set(new)) == 1 else []
+        with self._rows_lock:
+            self._last_rows = rows
         logits = _host(out.logits)  # [B, width_new, V]
         return [logits[i, max(0, n - logits_for) : n] for i, n in enumerate(new)]
+
+    def _reusable_batch(self, caches: Sequence[TransformersCache], width: int) -> Any:
+        """The batched KV of the last forward_batch, when these are its caches in its order,
+        each untouched since (still holding the views of its row that forward_batch left) and
+        all ending at its last position: then the batch holds exactly their positions, each
+        row left-padded to `width`, and stacking them again (a copy of every row's KV, as long
+        as the model's own step on a 1k-token context) is not needed. Decoding branches or
+        batched runs step after step reuse it until a row leaves or is changed. None
+        otherwise."""
+        from transformers import DynamicCache
+
+        with self._rows_lock:
+            rows = self._last_rows
+        if len(rows) != len(caches) or not all(
+                row.holds(cache) for row, cache in zip(rows, caches, strict=True)):
+            return None
+        batched = DynamicCache(config=self.model.config)
+        for index, layer in enumerate(batched.layers):
+            row = caches[0].cache.layers[index]
+            keys = _whole_batch(row.keys, len(caches), width)
+            values = _whole_batch(row.values, len(caches), width)
+            if keys is None or values is None:
+                return None
+            _set_layer(layer, keys, values)
+        return batched
 
     def _stack_caches(self, caches: Sequence[TransformersCache], width: int) -> Any:
         from transformers import DynamicCache
 
         batched = DynamicCache(config=self.model.config)
+        self.stacked_batches += 1
         if width == 0:
             return batched
         for index, layer in enumerate(batched.layers):
@@ -367,6 +405,44 @@ def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
         return tensor
     zeros = tensor.new_zeros(tensor.shape[0], tensor.shape[1], missing, tensor.shape[3])
     return torch.cat([zeros, tensor], dim=-2)
+
+
+def _whole_batch(row: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
+    """The [rows, heads, width, head_dim] tensor whose first row `row` is a view of (as
+    forward_batch leaves each row's cache: the row's positions without its left padding), over
+    the same storage; None when `row` is not laid out so."""
+    _, heads, length, dim = row.shape
+    if length > width:
+        return None
+    size = rows * heads * width * dim
+    storage = row.untyped_storage()
+    if storage.nbytes() != size * row.element_size() \
+            or row.storage_offset() != (width - length) * dim or row.stride() != (
+                heads * width * dim, width * dim, dim, 1):
+        return None
+    return row.new_empty(0).set_(storage, 0, (rows, heads, width, dim),
+                                 (heads * width * dim, width * dim, dim, 1))
+
+
+class _BatchRow:
+    """One row of a batched forward, as forward_batch left it: its cache (weakly held), the
+    view of the batched keys it was given (weakly held: a cache changed since holds another
+    tensor) and its length."""
+
+    __slots__ = ("cache", "keys", "length")
+
+    def __init__(self, cache: weakref.ref[TransformersCache],
+                 keys: weakref.ref[torch.Tensor], length: int) -> None:
+        self.cache, self.keys, self.length = cache, keys, length
+
+    @classmethod
+    def of(cls, cache: TransformersCache) -> _BatchRow:
+        return cls(weakref.ref(cache), weakref.ref(cache.cache.layers[0].keys), cache.length())
+
+    def holds(self, cache: TransformersCache) -> bool:
+        """Whether `cache` is this row's, unchanged since the forward."""
+        return (self.cache() is cache and self.keys() is cache.cache.layers[0].keys
+                and cache.length() == self.length)
 
 
 def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -40,4 +40,7 @@ def load_functions(path: str) -> Functions:
     if functions is None:
         raise UsageError(f"--functions {path} defines no `functions`: give it a dict of "
                          "name -> callable, or a qrun.Functions, named `functions`")
-    return Functions.of(functions)
+    try:
+        return Functions.of(functions)
+    except QrunError as exc:
+        raise UsageError(f"--functions {path}: {exc}") from None

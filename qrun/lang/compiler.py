@@ -212,6 +212,11 @@ class _Compiler:
                     self.fail("'{% return %}' outside a macro", span,
                               "a template ends where its text ends; a macro's value is what "
                               "`{% return %}` gives")
+                elif ctx.branch is not None:
+                    # The call has one value; its branches run apart, each to its end.
+                    self.fail("'{% return %}' cannot leave a '{% fork %}' branch", span,
+                              f"the fork starts at {ctx.branch}; its holes' values are lists "
+                              "after it: return them there")
                 flow.dead = True
                 return ir.Return(value, span)
             case ast.Fork():
@@ -339,7 +344,7 @@ class _Compiler:
                     and target in node.targets[:index]:
                 self.fail(f"fork variable '{target}' appears twice", span)
         inner = replace(ctx, locals=ctx.locals | {*node.targets, "loop"}, in_loop=True,
-                        exits=None, fork=node.span)
+                        exits=None, fork=node.span, branch=node.span)
         body_flow = flow.copy()
         body = self.body(node.body, body_flow, inner)
         self.after_branches(flow, body_flow)
@@ -662,6 +667,11 @@ class _Compiler:
     def function(self, func: str, positional: int, kwargs: tuple[tuple[str, ex.Expr], ...],
                  span: Span) -> None:
         signature = self.signature(func)
+        if func in (RUN_TOOL, TOOLS) and not self.host:
+            # Without host functions run_tool could only fail and tools() would offer none.
+            self.fail(f"{func}() needs host functions, and none are registered", span,
+                      _HOST_NOTE)
+            return
         if func not in FUNCTIONS and signature is not None:
             refused = signature.check(func, positional, tuple(name for name, _ in kwargs))
             if refused is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
-from qrun.errors import EvaluationError, LimitError
+from qrun.errors import EvaluationError, LimitError, QrunError
 from qrun.lang import expr as ex
 from qrun.lang.functions import (
     CONSTANT_TIME,
@@ -388,10 +388,26 @@ class _Evaluator:
         named = {name: self.eval(value) for name, value in kwargs}
         if any(callable(value) for value in [*args, *named.values()]):
             self.fail(f"a function cannot be an argument of {func}()", span)
-        result = self.calls.call(func, args, named, span)
+        try:
+            result = self.calls.call(func, args, named, span)
+        except (QrunError, LimitExceeded):
+            raise
+        except Exception as exc:
+            # The runtime failing inside a macro's or a file's body (a bug, not the template's
+            # fault) must not pass for the template's error that eval() makes of a KeyError
+            # or a TypeError, which `{% try %}` would then swallow.
+            raise CallFailure(exc) from exc
         if isinstance(result, (str, list, Mapping)):
             return self.built(result)
         return self.number(result)
+
+
+class CallFailure(RuntimeError):
+    """An exception that is not a QrunError out of a macro, call() or host function call made
+    through Calls: the runtime's own failure, reported as an internal error."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(f"{type(exc).__name__}: {exc}")
 
 
 # ---- operators with size guards ------------------------------------------------------------------

@@ -29,7 +29,7 @@ from qrun.lang import ir
 from qrun.lang.args import is_count
 from qrun.lang.evaluate import LoopInfo
 from qrun.lang.functions import type_name
-from qrun.runtime.contexts import Run, mark_holes
+from qrun.runtime.contexts import Run, join_calls, mark_holes
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
@@ -64,7 +64,17 @@ def exec_fork(run: Run, op: ir.Fork) -> None:
         _run_branch(run, op, branch, len(items), engines, base, names, tail)
 
     steps, output = run.budget.steps_left, run.budget.output_left
-    _drive(run, branches, one)
+    if run.in_branch:
+        # A fork inside a branch (a nested fork, a recursive macro's) runs its branches one
+        # after the other in this branch's thread, on this branch's budget: threads stay at
+        # MAX_CONCURRENT_BRANCHES per fork of the run, and a fork that recurses spends one
+        # budget instead of a fresh copy per branch (which grows as fan-out ** depth).
+        for branch in branches:
+            one(branch, run.engines)
+            if branch.error is not None:
+                break
+    else:
+        _drive(run, branches, one)
     run.session.append_text(tail)  # the context goes on as before the block
     for branch in branches:
         if branch.error is not None:
@@ -72,6 +82,8 @@ def exec_fork(run: Run, op: ir.Fork) -> None:
     for branch in branches:
         assert branch.child is not None, "every branch ran"
         _merge(run, op, branch.index, branch.child, names)
+        if run.in_branch:
+            continue  # they spent this run's own budget
         # What each branch spent of the budget it started with is the run's to pay.
         run.budget.output_left -= output - branch.child.budget.output_left
         run.budget.output("")  # fails when the branches emitted more than the run may
@@ -125,10 +137,12 @@ def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: 
     session.append_text(tail)
     child = copy.copy(parent)  # program, options, constraints, source...: the run's own
     child.session, child.engines, child.stats, child.recorder = session, engines, stats, recorder
+    child.calls = parent.calls.for_branch(child)  # macros called here run in the branch
     child.generator = np.random.default_rng([base, branch.index])
     child.on_text = None
     child.pieces = []
-    child.budget = copy.copy(parent.budget)
+    child.budget = parent.budget if parent.in_branch else copy.copy(parent.budget)
+    child.in_branch = True
     # Branches batched by the scheduler do not speculate (docs/language.md §14.10): a batched
     # step costs its widest row, so one branch's guesses widen every row, and guesses from
     # the shared prefix are mostly refused (measured with bench.branches: more positions fed
@@ -183,6 +197,7 @@ def _merge(run: Run, op: ir.Fork, index: int, child: Run, names: frozenset[str])
     first = len(run.recorder.holes)
     run.recorder.holes.extend(child.recorder.holes)
     mark_holes(run.recorder, first, f"branch {index + 1} of fork {op.span}")
+    join_calls(run.recorder, child.recorder, f"branch {index + 1} of fork {op.span}")
     add_stats(run.stats, child.stats)
 
 

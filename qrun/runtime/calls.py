@@ -59,9 +59,8 @@ class Run(Protocol):
 
     def leave_scope(self, saved: tuple[Any, ...]) -> None: ...
 
-    def exec_body(self, ops: Sequence[ir.Op]) -> None: ...
+    def exec_body(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
 
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="qrun-host")
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
 
@@ -96,15 +95,29 @@ def invoke(function: HostFunction, args: list[Any], kwargs: dict[str, Any],
             raise TimeoutError from None
     if timeout is None:
         return function.function(*args, **kwargs)
-    pending = _POOL.submit(function.function, *args, **kwargs)
-    try:
-        return pending.result(timeout)
-    except concurrent.futures.TimeoutError:
-        pending.cancel()
-        raise TimeoutError from None
+    # A thread of its own per call (about 0.1 ms): the timeout counts the function's own
+    # time, never a wait behind other calls (a shared pool queued the branches' calls and
+    # timed them out), and a call that times out keeps its thread, not one the next needs.
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, function.function(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=call, name=f"qrun-host-{function.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise TimeoutError
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
-class _Return(Exception):
+class MacroReturn(Exception):
     """`{% return %}` on its way out of the macro it ends."""
 
     def __init__(self, value: Any) -> None:
@@ -122,6 +135,13 @@ class CallRunner:
         self.depth = 0
         # The program whose ops run now: the run's, or a file's that call() runs.
         self.programs = [run.program]
+
+    def for_branch(self, run: Run) -> CallRunner:
+        """The calls of a fork branch's run (runtime/branches.py): the same functions, and the
+        macros of the program running where the fork is, run in the branch's context."""
+        branch = CallRunner(run, self.functions)
+        branch.depth, branch.programs = self.depth, list(self.programs)
+        return branch
 
     @property
     def macros(self) -> Mapping[str, ir.Macro]:
@@ -167,10 +187,12 @@ class CallRunner:
 
     # ---- macros --------------------------------------------------------------------------------
 
-    def inline(self, call: ir.EmitValue) -> bool:
+    def inline(self, call: ir.EmitValue, after: str | None = None) -> bool:
         """Run `{{ macro(...) }}` in the current context (its text and tokens stay, and are
         streamed), then emit its `return` value, if any. False when `call` is not a macro
-        call (the executor evaluates it as any value)."""
+        call (the executor evaluates it as any value). `after`: the template text known to
+        follow the call, which a hole ending the body may end at (docs/language.md §14.5), as
+        if the body were written in its place; not where a `return` value comes first."""
         expr = call.expr
         if not isinstance(expr, ex.Call) or (expr.func not in self.macros
                                              and expr.func != CALL):
@@ -179,15 +201,17 @@ class CallRunner:
         args = [run._eval(arg) for arg in expr.args]
         kwargs = {name: run._eval(value) for name, value in expr.kwargs}
         if expr.func not in self.macros:
-            self.call_file(args, kwargs, expr.span)
+            self.call_file(args, kwargs, expr.span, after)
             return True
-        value = self.macro(self.macros[expr.func], args, kwargs, expr.span)
+        macro = self.macros[expr.func]
+        returns = any(isinstance(op, ir.Return) for op in ir.walk(macro.body))
+        value = self.macro(macro, args, kwargs, expr.span, None if returns else after)
         if value is not _NO_RETURN:
             run._emit(text_of(value), op=call)
         return True
 
-    def macro(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span
-              ) -> Any:
+    def macro(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span,
+              after: str | None = None) -> Any:
         """Run `macro`'s body with its own scope and captures; its `return` value, or
         _NO_RETURN. Errors inside get a note naming the call."""
         run = self.run
@@ -199,8 +223,8 @@ class CallRunner:
         saved = run.enter_scope(scope, self.programs[-1].source)
         self.depth += 1
         try:
-            run.exec_body(macro.body)
-        except _Return as returned:
+            run.exec_body(macro.body, after)
+        except MacroReturn as returned:
             return returned.value
         except PositionedError as err:
             where = f"in macro '{macro.name}' called at {call_source.name}:{span}"
@@ -219,7 +243,8 @@ class CallRunner:
                              " (docs/language.md §14.9)"])
         run.budget.step(span)
 
-    def call_file(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> None:
+    def call_file(self, args: list[Any], kwargs: dict[str, Any], span: Span,
+                  after: str | None = None) -> None:
         """`call("file.tmpl", name=value, ...)`: run the file's program (compiled with the
         calling template: lang/compiler.py) with the keyword arguments as its inputs, in the
         current context; its captures are its own."""
@@ -241,7 +266,7 @@ class CallRunner:
         self.programs.append(program)
         self.depth += 1
         try:
-            run.exec_body(program.ops)
+            run.exec_body(program.ops, after)
         except PositionedError as err:
             where = f"in call({name!r}) at {call_source.name}:{span}"
             raise _with_note(err, where) from None
@@ -273,7 +298,7 @@ class CallRunner:
         return bound
 
     def returned(self, value: Any) -> None:
-        raise _Return(value)
+        raise MacroReturn(value)
 
     # ---- host functions ------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from qrun.errors import BackendError, GenerationError
 from qrun.lang import ir
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
+from qrun.runtime.calls import CallRunner
+from qrun.runtime.calls import Run as CallingRun
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord
@@ -26,10 +28,10 @@ from qrun.runtime.stats import Stats
 from qrun.source import Source, Span
 
 
-class Run(Protocol):
+class Run(CallingRun, Protocol):
     """What the blocks of this module and of runtime/branches.py use of a run: the
     executor's Run (runtime/executor.py), which dispatches to them (so they do not import
-    it)."""
+    it); what calls use of it too (a branch's macros run in the branch)."""
 
     backend: Backend
     engines: Engines
@@ -47,6 +49,9 @@ class Run(Protocol):
     holes: dict[str, HoleRecord]
     hole_lists: dict[str, list[HoleRecord]]
     endings: dict[str, Any]
+    calls: CallRunner
+    in_branch: bool  # a fork branch's run (runtime/branches.py)
+    in_role: str | None  # the chat turn being run (runtime/executor.py)
     _last_text: tuple[Span, Source]
 
     def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
@@ -81,6 +86,14 @@ def mark_holes(recorder: Recorder, first: int, context: str) -> None:
         entry.context = context if entry.context is None else f"{context}; {entry.context}"
 
 
+def join_calls(recorder: Recorder, inner: Recorder, context: str) -> None:
+    """The host calls `inner` recorded (a branch's, a fresh block's) join `recorder`'s, marked
+    as made in `context`."""
+    for call in inner.calls:
+        call.context = context if call.context is None else f"{context}; {call.context}"
+        recorder.calls.append(call)
+
+
 def exec_hidden(run: Run, op: ir.Hidden) -> None:
     """Run the body, then take the context back to where it began. Token healing inside the
     block stops at its start (a hole there cannot take back the text before it), so the
@@ -108,6 +121,7 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
     recorder, whose holes join the run's), then go back to the run's session as it was: its
     collected text, overshoot and KV cache untouched."""
     main, recorder, drafter, last_text = run.session, run.recorder, run.drafter, run._last_text
+    role, run.in_role = run.in_role, None  # the new context has no turn open
     inner = Recorder(recorder.vocab, recorder.detailed)
     main.pause()  # the new context feeds next, not this one (vLLM: its live request ends)
     run.session = Session(run.backend, run.engines.model, run.stats, main.prefix_cache, inner)
@@ -124,7 +138,9 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
         # What the block fed is beside the run's context (its own branches counted already).
         stats.branch_tokens += (stats.forward_tokens - fed) - (stats.branch_tokens - aside)
         run.session, run.recorder, run.drafter = main, recorder, drafter
+        run.in_role = role
         run._last_text = last_text
         first = len(recorder.holes)
         recorder.holes.extend(inner.holes)
         mark_holes(recorder, first, "fresh")
+        join_calls(recorder, inner, "fresh")

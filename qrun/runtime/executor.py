@@ -33,7 +33,7 @@ from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.branches import exec_fork
-from qrun.runtime.calls import CallRunner, Mark
+from qrun.runtime.calls import CallRunner, MacroReturn, Mark
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.contexts import exec_fresh, exec_hidden
 from qrun.runtime.engines import Engines, choose_engines
@@ -122,6 +122,8 @@ class Run:
         self.drafter = PromptLookup(backend.capabilities.draft_cost) if speculate else None
         self.quiet = 0  # inside a hidden stretch (runtime/calls.py): its text is not streamed
         self.calls = CallRunner(self, functions)
+        self.in_branch = False  # a fork branch's run (runtime/branches.py)
+        self.in_role: str | None = None  # the chat turn being run, if any
         # Told each top-level capture (name, value) as its hole ends: the server's stream of
         # hole events (qrun/serve/app.py). A macro call's captures are its own, not told.
         self.on_hole: Callable[[str, Any], None] | None = None
@@ -151,10 +153,11 @@ class Run:
         self.scope, self.vars, self.holes, self.hole_lists, self.endings, self.source = saved
         self.budget.source = self.source
 
-    def exec_body(self, ops: Sequence[ir.Op]) -> None:
-        """A macro's body: its loop captures start as empty lists."""
+    def exec_body(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
+        """A macro's body (or a called file's): its loop captures start as empty lists;
+        `after` as for _exec_block."""
         self._start_lists(ops)
-        self._exec_block(ops)
+        self._exec_block(ops, after)
 
     def execute(self) -> Result:
         started = time.perf_counter()
@@ -203,7 +206,7 @@ class Run:
             case ir.EmitText():
                 self._emit(op.text, special=True, op=op)
             case ir.EmitValue():
-                if not self.calls.inline(op):
+                if not self.calls.inline(op, after):
                     text = evaluate_text(op.expr, self.scope, self.source, self.budget,
                                          self.calls)
                     self._emit(text, op=op)
@@ -538,6 +541,13 @@ class Run:
             self.source = self.budget.source = outer
 
     def _exec_role(self, op: ir.Role) -> None:
+        if self.in_role is not None:
+            # The compiler refuses a turn written inside a turn; one reached through a macro
+            # or a call() of a file is found here (a fresh block's context has none open).
+            raise TemplateCompileError(
+                f"a '{op.role}' turn cannot begin inside the '{self.in_role}' turn",
+                op.span, self.source,
+                notes=["end the turn before the call, or call it from outside the turn"])
         markers = self.backend.chat_markers(op.role)
         if markers is None:
             raise TemplateCompileError(
@@ -552,11 +562,15 @@ class Run:
         for text, special in before:
             self._emit(text, special=special, op=op)
         follows = "".join(text for text, _ in after)
+        self.in_role = op.role
         try:
             self._exec_block(op.body, follows)
-        except _LoopControl:  # a break or continue inside the turn still ends the turn
+        except (_LoopControl, MacroReturn):  # a break, continue or return inside the turn
+            self.in_role = None                # still ends the turn
             self._end_role(op, after)
             raise
+        finally:
+            self.in_role = None
         self._end_role(op, after)
 
     def _end_role(self, op: ir.Role, after: Pieces) -> None:

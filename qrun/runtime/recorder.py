@@ -68,6 +68,7 @@ class CallEntry:
     line: int
     column: int
     pos: int  # the context's length when it was made
+    context: str | None = None  # where it ran when not in the run's context (as a hole's)
 
 
 class Recorder:
@@ -177,7 +178,8 @@ class Recorder:
         return {"name": call.name, "args": _json_safe(call.args),
                 "kwargs": _json_safe(call.kwargs), "result": _json_safe(call.result),
                 "error": call.error, "seconds": call.seconds,
-                "span": {"line": call.line, "column": call.column}, "pos": call.pos}
+                "span": {"line": call.line, "column": call.column}, "pos": call.pos,
+                "context": call.context}
 
     def _event(self, event: Event) -> dict[str, Any]:
         return {

@@ -88,6 +88,7 @@ class Call(TypedDict):
     seconds: float
     span: SourcePos
     pos: int
+    context: NotRequired[str | None]
 
 
 class Trace(TypedDict):
@@ -162,6 +163,8 @@ def _check_calls(calls: Sequence[object]) -> None:
         _index(span, "line", f"{path}.span")
         _index(span, "column", f"{path}.span")
         _index(call, "pos", path)
+        if "context" in call:  # absent in traces written before branches existed
+            _field(call, "context", str, path, nullable=True)
 
 
 def _check_event(obj: object, path: str, n_holes: int) -> Mapping[str, object]:

@@ -64,6 +64,7 @@ def test_a_run_calls_the_files_functions(
     ("raise RuntimeError('broken')\n", "importing it failed: RuntimeError: broken"),
     ("functions = 3\n", "functions must be a qrun.Functions or a dict"),
     ("functions = {'len': len}\n", "is a builtin's or reserved"),
+    ("functions = {'calc': 3}\n", "fns.py: host function 'calc' must be callable, got int"),
 ])
 def test_a_bad_functions_file_is_a_usage_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None,

@@ -75,7 +75,11 @@ def test_calls_are_checked_against_signatures() -> None:
     assert errors("{{ 'x' | pick(1, 2) }}", CALC) == ["pick() takes 1 to 2 arguments, got 3"]
     assert errors("{% macro m(a) %}{% endmacro %}{{ m() }}") == [
         "m() is missing argument 'a'"]
-    assert errors("{{ run_tool() }}") == ["run_tool() is missing argument 'call'"]
+    assert errors("{{ run_tool() }}", CALC) == ["run_tool() is missing argument 'call'"]
+    # Without host functions run_tool and tools() could only fail or offer nothing.
+    assert errors("{{ run_tool(c) }}{{ tools() }}") == [
+        "run_tool() needs host functions, and none are registered",
+        "tools() needs host functions, and none are registered"]
 
 
 def test_an_unregistered_function_names_the_way_to_register_it() -> None:

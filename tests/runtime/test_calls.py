@@ -402,3 +402,36 @@ def test_a_hidden_call_right_after_a_hole_keeps_the_holes_value(
     r = run(model, template)
     assert context_text(model, r) == r.text
     assert r.text == "".join(f"<{value} " for value in r["a"])
+
+
+def test_a_timeout_counts_the_calls_own_time_not_a_wait_behind_others(
+        model: TransformersBackend) -> None:
+    # Sixteen branches call a 0.5 s function at once with a 0.9 s timeout: each call's own
+    # time is within it, whatever the others do (a shared pool of 8 queued half of them
+    # past it).
+    def slow(x: int) -> int:
+        time.sleep(0.5)
+        return x
+
+    limits = qrun.Limits(call_timeout_s=0.9)
+    r = qrun.Query("{% fork t in range(16) %}{{ slow(t) }}{{ gen v max_tokens=1 }}"
+                   "{% endfork %}", functions={"slow": slow}).run(
+        model=model, options=qrun.RunOptions(limits=limits))
+    assert r.stats.host_calls == 16 and len(r["v"]) == 16
+
+
+def test_a_runtime_failure_inside_a_call_is_not_taken_for_the_templates_error(
+        model: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The evaluator makes an EvaluationError of a KeyError (the template's `d["x"]`); one out
+    # of the runtime running a macro is a bug of qrun's, which `{% try %}` must not swallow.
+    from qrun.lang.evaluate import CallFailure
+    from qrun.runtime.calls import CallRunner
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("echo")
+
+    monkeypatch.setattr(CallRunner, "macro", broken)
+    template = ("{% macro m() %}x{% endmacro %}"
+                "{% try %}{% set v = m() %}{% except err %}caught{% endtry %}")
+    with pytest.raises(CallFailure, match="KeyError"):
+        run(model, template)

@@ -283,3 +283,16 @@ def test_a_lone_space_before_a_number_does_not_end_a_hole(tiny: TransformersBack
         model=backend, speculate=False)
     assert result["a"] == " 42" and result.holes["a"].finish == "boundary"
     assert result.text == "Age: 42 years old"
+
+
+def test_a_hole_ending_an_inline_macro_call_ends_at_the_text_after_the_call(
+        tiny: TransformersBackend) -> None:
+    # `{{ m() }}` reads as the macro's body written in its place (docs/language.md §21.1):
+    # the body's last hole may end where the model begins the text after the call.
+    template = ("{% macro order() %}Order: {{ gen n regex=INT max_tokens=6 heal=false }}"
+                "{% endmacro %}{{ order() }}\nEmail: {{ gen e max_tokens=2 heal=false }}")
+    backend = scripted(tiny, "Order: ", [*tiny.encode("12"), one(tiny, "\n")])
+    result = qrun.Query(template).run(model=backend, speculate=False)
+    assert result.text.startswith("Order: 12\nEmail: ")
+    assert result.recorder.holes[0].finish == "boundary"
+    check_context(tiny, backend, result)

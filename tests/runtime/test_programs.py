@@ -5,6 +5,7 @@ branches; and the context always decodes to the result text."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jsonschema
@@ -14,6 +15,8 @@ from doubles import SteeredModel
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.errors import LimitError, TemplateCompileError
+from tests.hang import alarm
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
                                            "ok": {"type": "boolean"}},
@@ -88,3 +91,78 @@ def test_constraints_and_text_hold_in_every_construct_at_temperature_one(
     fed = [token for ids, _ in model.forwards for token in ids]
     assert len(fed) > len(r.token_ids) and not controls & set(fed)
     assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
+
+
+def test_macros_called_in_fork_branches_run_in_each_branch(tiny: TransformersBackend) -> None:
+    # A macro (inline, and hidden in a `set`) and call() inside a branch see the branch's
+    # variables and write into the branch's context, never the run's.
+    template = ("{% macro tag(m, i) %}[{{ m }}{{ i }}]{{ gen g max_tokens=2 }}{% return g %}"
+                "{% endmacro -%}"
+                "Start.\n{% fork m in ['p', 'q', 'r'] %}{{ tag(m, loop.index) }} "
+                "{% set kept = tag(m ~ '!', loop.index) %}({{ kept | length }}) "
+                "{{ gen after max_tokens=2 }}{% endfork %}done")
+    model = Recording(tiny)
+    r = qrun.Query(template).run(model=model, seed=3, temperature=1.0)
+    assert r.text == "Start.\ndone"
+    assert tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
+    assert len(r["after"]) == 3 and "g" not in r.vars
+    # Each branch's context read its own inline call's text, not its hidden call's.
+    contexts = [tiny.tokenizer.decode(ids) for ids, _ in model.forwards]
+    for index, m in enumerate("pqr", 1):
+        assert any(f"[{m}{index}]" in text and f"[{m}!{index}]" not in text
+                   and ") " in text for text in contexts)
+    assert [h.context for h in r.recorder.holes if h.name == "after"] == [
+        f"branch {i} of fork 2:1" for i in (1, 2, 3)]
+
+
+def test_return_cannot_leave_a_fork_branch() -> None:
+    with pytest.raises(qrun.TemplateErrors) as caught:
+        qrun.Query("{% macro f() %}{% fork x in [1, 2] %}{% for y in [x] %}{% return y %}"
+                   "{% endfor %}{% endfork %}{% endmacro %}{{ f() }}")
+    (error,) = caught.value.errors
+    assert "cannot leave a '{% fork %}' branch" in error.message
+    assert (error.span.line, error.span.column) == (1, 56)
+
+
+def test_a_fork_in_a_recursive_macro_is_bounded_by_the_run_budget(
+        tiny: TransformersBackend) -> None:
+    # Branches inside a branch run one after the other on its budget: no thread per branch
+    # of every level (fan-out ** depth), no budget copied per branch.
+    template = ("{% macro m(k) %}{% fork t in [1, 2, 3] %}x{{ m(k + 1) }}{% endfork %}"
+                "{% endmacro %}A{{ m(0) }}B")
+    limits = qrun.Limits(steps=3000, call_depth=1000)
+    with alarm(120), pytest.raises(LimitError) as caught:
+        qrun.Query(template).run(model=tiny, options=qrun.RunOptions(limits=limits))
+    assert "evaluation steps" in caught.value.message
+    assert threading.active_count() < 40
+
+
+def test_host_calls_in_branches_and_fresh_blocks_are_in_the_trace(
+        tiny: TransformersBackend) -> None:
+    def echo(x: int) -> int:
+        return x
+
+    template = ("A{% fork t in [1, 2] %}{{ echo(t) }}{% endfork %}"
+                "{% fresh %}{{ echo(9) }}{% endfresh %}{{ echo(5) }}B")
+    r = qrun.Query(template, functions={"echo": echo}).run(model=tiny)
+    calls = r.recorder.to_dict()["calls"]
+    assert [(c["args"], c["context"]) for c in calls] == [
+        ([1], "branch 1 of fork 1:2"), ([2], "branch 2 of fork 1:2"), ([9], "fresh"),
+        ([5], None)]
+    assert r.stats.host_calls == 4
+
+
+def test_a_return_inside_a_turn_ends_the_turn_and_turns_cannot_nest_through_calls(
+        tiny: TransformersBackend) -> None:
+    r = qrun.Query("{% macro m() %}{% user %}x{% return 1 %}{% enduser %}{% endmacro %}"
+                   "{{ m() }}").run(model=tiny)
+    assert r.text == "<|im_start|>user\nx<|im_end|>\n1"
+    with pytest.raises(TemplateCompileError) as caught:
+        qrun.Query("{% macro m() %}{% user %}x{% enduser %}{% endmacro %}"
+                   "{% user %}A{{ m() }}B{% enduser %}").run(model=tiny)
+    assert "cannot begin inside the 'user' turn" in caught.value.message
+    assert (caught.value.span.line, caught.value.span.column) == (1, 16)
+    # A fresh block has no turn open: a turn may begin there.
+    r = qrun.Query("{% user %}A{% fresh %}{% user %}x{% enduser %}{% endfresh %}B"
+                   "{% enduser %}").run(model=tiny)
+    assert r.text == "<|im_start|>user\nAB<|im_end|>\n"

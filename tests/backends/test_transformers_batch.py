@@ -1,0 +1,66 @@
+"""The transformers adapter's batched forward (backends/transformers.py forward_batch): rows of
+any lengths give the logits they give alone, step after step; the batched KV of one step is
+reused by the next over the same caches (no stacking), and not after a row changed or left."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qrun.backends.transformers import TransformersBackend, TransformersCache
+
+
+def contexts(tiny: TransformersBackend) -> list[TransformersCache]:
+    """Three caches of different lengths, two sharing a prefix (forks)."""
+    shared = tiny.new_cache()
+    tiny.forward(list(range(5, 60)), shared)
+    other = tiny.new_cache()
+    tiny.forward(list(range(7, 40)), other)
+    rows = [shared.fork(), other, shared.fork()]
+    tiny.forward([7, 8, 9], rows[2])
+    return rows
+
+
+def step_alone(tiny: TransformersBackend, caches: list[TransformersCache], token: int
+               ) -> list[Any]:
+    return [tiny.forward([token], cache)[-1] for cache in caches]
+
+
+def test_decoding_steps_reuse_the_batch_and_match_single_forwards(
+        tiny: TransformersBackend) -> None:
+    rows = contexts(tiny)
+    stacked = tiny.stacked_batches
+    alone = [row.fork() for row in rows]
+    for step in range(5):
+        batched = tiny.forward_batch([([300 + step], row) for row in rows])
+        expected = step_alone(tiny, alone, 300 + step)
+        for got, want in zip(batched, expected, strict=True):
+            np.testing.assert_allclose(got[-1], want, atol=1e-4)
+    assert tiny.stacked_batches == stacked + 1  # stacked once, then reused step after step
+    assert [row.length() for row in rows] == [row.length() for row in alone]
+
+
+def test_a_changed_or_missing_row_builds_the_batch_anew(tiny: TransformersBackend) -> None:
+    rows = contexts(tiny)
+    stacked = tiny.stacked_batches
+    alone = [row.fork() for row in rows]
+    tiny.forward_batch([([300], row) for row in rows])
+    step_alone(tiny, alone, 300)
+    # A row cropped (a rollback) and fed alone since: the batch is stacked again.
+    rows[1].crop(rows[1].length() - 2)
+    alone[1].crop(alone[1].length() - 2)
+    tiny.forward([11], rows[1])
+    tiny.forward([11], alone[1])
+    # A row fed unevenly (two tokens where the others take one): not reusable after.
+    batched = tiny.forward_batch([([301], rows[0]), ([12, 13], rows[1]), ([301], rows[2])])
+    expected = [tiny.forward(ids, cache)[-1] for ids, cache in
+                (([301], alone[0]), ([12, 13], alone[1]), ([301], alone[2]))]
+    for got, want in zip(batched, expected, strict=True):
+        np.testing.assert_allclose(got[-1], want, atol=1e-4)
+    # A row leaving: the others are stacked again.
+    batched = tiny.forward_batch([([302], rows[0]), ([302], rows[2])])
+    expected = step_alone(tiny, [alone[0], alone[2]], 302)
+    for got, want in zip(batched, expected, strict=True):
+        np.testing.assert_allclose(got[-1], want, atol=1e-4)
+    assert tiny.stacked_batches == stacked + 3  # each of the three batches stacked anew
