@@ -336,6 +336,14 @@ def connect_vllm_server(name: str, folder: str, url: str,
         timeout=timeout,
     )
     _check_tokenizer(backend, url)
+    # Asked now, before any hole: vLLM's engine keeps the structured-output backend of the
+    # first constrained request it gets (a regex one in "auto" mode picks xgrammar, which then
+    # fails every llguidance grammar with a 500); the probe, a grammar only llguidance reads,
+    # picks llguidance where the server can, and says so where it cannot.
+    try:
+        backend.reads_llguidance()
+    except ServerError as exc:
+        raise ModelLoadError(f"the server at {url} failed a one-token request: {exc}") from None
     backend.load_s = time.perf_counter() - started
     return backend
 

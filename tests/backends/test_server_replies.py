@@ -26,9 +26,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps({"data": [{"id": "m", "max_model_len": 8192}]}).encode())
 
     def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/tokenize":
             self._send(404, b'{"error": "no such route"}')
+        elif b"%llguidance {}" in body:  # connect's probe (vllm_server.py): a llguidance server
+            self._send(200, json.dumps({"choices": [{"index": 0, "finish_reason": "length",
+                                                     "token_ids": [64]}]}).encode())
         else:
             self._send(*type(self).reply())
 
