@@ -16,6 +16,7 @@ cost sequence ids, not copies, and give way when ids or cells run short."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -271,8 +272,22 @@ class LlamaCppBackend(BackendDefaults):
         return self if self._context is not None else None
 
     def clear_cache(self) -> None:
+        """Forget the prefix cache; when no run holds a sequence then, empty the KV cache too,
+        so that the next run's cells are laid out as in a fresh context (where llama.cpp puts
+        a sequence's cells can change its logits in the last bits, and a greedy near-tie with
+        them). Sequences of finished runs that only a reference cycle keeps (a fork branch's
+        run and its calls) are collected first."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+        gc.collect()
+        with self.lock:
+            if self._context is None:
+                return
+            context = self.context()
+            self._reap(context)
+            if len(self.free) == context.n_seq_max:
+                context.clear()
+                self.free = list(range(context.n_seq_max - 1, -1, -1))
 
     def close(self) -> None:
         """Free the context and the model (every cache of this backend becomes unusable)."""

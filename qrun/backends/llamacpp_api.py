@@ -269,6 +269,11 @@ class Context:
         if not 0 <= seq < self.n_seq_max:
             raise ValueError(f"sequence id {seq} outside 0..{self.n_seq_max - 1}")
 
+    def clear(self) -> None:
+        """Empty the KV cache: every sequence's cells, and the next allocation starts at the
+        first cell again."""
+        self.lib.llama_memory_clear(self.mem, True)
+
     def seq_rm(self, seq: int, start: int, end: int = -1) -> None:
         """Drop positions [start, end) of `seq` (start -1: all; end -1: to the end)."""
         self._check(seq)
