@@ -29,7 +29,7 @@ from qrun.lang import ir
 from qrun.lang.args import is_count
 from qrun.lang.evaluate import LoopInfo
 from qrun.lang.functions import type_name
-from qrun.runtime.contexts import Run, join_calls, mark_holes
+from qrun.runtime.contexts import Run, bind_targets, join_calls, mark_holes
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
@@ -161,29 +161,13 @@ def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: 
         child.endings[name] = []
     branch.child = child
     try:
-        _bind(child, op, branch.item)
+        bind_targets(child.scope, op.targets, branch.item, op.span, child.source)
         child.scope["loop"] = LoopInfo(branch.index, count)
         child._exec_block(op.body)
     except BaseException as exc:  # the run raises it (the first in branch order)
         branch.error = exc
     finally:
         session.close()
-
-
-def _bind(child: Run, op: ir.Fork, item: Any) -> None:
-    """Bind the fork's variables to `item` as a loop's are (Python's unpacking rules)."""
-    if not op.targets:
-        return
-    if len(op.targets) == 1:
-        child.scope[op.targets[0]] = item
-        return
-    if not isinstance(item, list | tuple | str):
-        raise EvaluationError(f"cannot unpack a {type_name(item)} into "
-                              f"{len(op.targets)} names", op.span, child.source)
-    if len(item) != len(op.targets):
-        raise EvaluationError(f"cannot unpack {len(item)} values into "
-                              f"{len(op.targets)} names", op.span, child.source)
-    child.scope.update(zip(op.targets, item, strict=True))
 
 
 def _merge(run: Run, op: ir.Fork, index: int, child: Run, names: frozenset[str]) -> None:

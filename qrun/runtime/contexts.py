@@ -13,9 +13,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from qrun.backends.base import Backend
-from qrun.errors import BackendError, GenerationError
+from qrun.errors import BackendError, EvaluationError, GenerationError
 from qrun.lang import ir
 from qrun.lang.expr import Expr
+from qrun.lang.functions import type_name
 from qrun.limits import Budget
 from qrun.runtime.calls import CallRunner
 from qrun.runtime.calls import Run as CallingRun
@@ -57,6 +58,24 @@ class Run(CallingRun, Protocol):
     def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
 
     def _eval(self, expr: Expr) -> Any: ...
+
+
+def bind_targets(scope: dict[str, Any], targets: tuple[str, ...], item: Any, span: Span,
+                 source: Source) -> None:
+    """Bind a loop's or a fork's variables to `item`, unpacking it for two or more (Python's
+    rules: exactly as many values as names); none for `gen n=`'s branches."""
+    if not targets:
+        return
+    if len(targets) == 1:
+        scope[targets[0]] = item
+        return
+    if not isinstance(item, list | tuple | str):
+        raise EvaluationError(f"cannot unpack a {type_name(item)} into {len(targets)} names",
+                              span, source)
+    if len(item) != len(targets):
+        raise EvaluationError(f"cannot unpack {len(item)} values into {len(targets)} names",
+                              span, source)
+    scope.update(zip(targets, item, strict=True))
 
 
 def settle_at(run: Run, span: Span) -> None:

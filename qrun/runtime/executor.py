@@ -28,14 +28,13 @@ from qrun.lang import ir
 from qrun.lang.args import want_distinct
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
-from qrun.lang.functions import type_name
 from qrun.limits import Budget
 from qrun.options import CHECKS, RunOptions
 from qrun.regex import PatternError
 from qrun.runtime.branches import exec_fork
 from qrun.runtime.calls import CallRunner, MacroReturn, Mark
 from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.contexts import exec_fresh, exec_hidden
+from qrun.runtime.contexts import bind_targets, exec_fresh, exec_hidden
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
@@ -464,7 +463,7 @@ class Run:
         saved = {k: self.scope[k] for k in names if k in self.scope}
         for index, item in enumerate(items):
             self.budget.step(op.span)
-            self._bind(op, item)
+            bind_targets(self.scope, op.targets, item, op.span, self.source)
             self.scope["loop"] = LoopInfo(index, len(items))
             try:
                 self._exec_block(op.body)
@@ -517,20 +516,6 @@ class Run:
             mark.release()
             raise
         mark.release()
-
-    def _bind(self, op: ir.For, item: Any) -> None:
-        """Bind the loop's targets to `item`, unpacking it for two or more (Python's rules:
-        exactly as many values as names)."""
-        if len(op.targets) == 1:
-            self.scope[op.targets[0]] = item
-            return
-        if not isinstance(item, list | tuple | str):
-            raise EvaluationError(f"cannot unpack a {type_name(item)} into "
-                                  f"{len(op.targets)} names", op.span, self.source)
-        if len(item) != len(op.targets):
-            raise EvaluationError(f"cannot unpack {len(item)} values into "
-                                  f"{len(op.targets)} names", op.span, self.source)
-        self.scope.update(zip(op.targets, item, strict=True))
 
     def _exec_include(self, op: ir.Include, after: str | None) -> None:
         outer = self.source
