@@ -34,14 +34,15 @@ _DEPTH = 3
 
 
 def drop_ref_siblings(schema: dict[str, Any], draft: int, root: Any,
-                      targets: set[str] | None = None,
+                      kept: dict[int, set[str]] | None = None,
                       positions: list[dict[str, Any]] | None = None) -> bool:
     """Drop, in place, the keywords beside `$ref`s in `schema` that say nothing there (see
     the module docstring). `root` is where local `$ref`s resolve, or None (not followed);
-    `targets` and `positions` the document's ref_targets and subschemas when the caller has
+    `kept` and `positions` the document's pinned_keys and subschemas when the caller has
     them. Whether a dropped value was an object or a list (it may have held subschemas and
     `$ref`s)."""
-    kept = pinned_keys(schema, ref_targets(schema) if targets is None else targets)
+    if kept is None:
+        kept = pinned_keys(schema, ref_targets(schema))
     dropped_container = False
     for sub in subschemas(schema) if positions is None else positions:
         drop_implied_type(sub, root)

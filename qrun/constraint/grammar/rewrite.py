@@ -111,17 +111,17 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     inline = not any(key in sub for sub in positions[1:] for key in _IDS
                      if isinstance(sub.get(key), str)) if present & set(_IDS) else True
     root = out if inline else None  # where local `$ref`s may be followed
-    targets = ref_targets(out, positions) if "$ref" in present else set()
-    changed = "$ref" in present and drop_ref_siblings(out, draft, root, targets, positions)
+    # Per subschema, its keys below which a `$ref` points (rewrites leave them in place).
+    kept = pinned_keys(out, ref_targets(out, positions)) if "$ref" in present else {}
+    changed = "$ref" in present and drop_ref_siblings(out, draft, root, kept, positions)
     if inline and present & FILTERED and filter_finite(out, schema, draft, positions):
         changed = True
     if changed:  # subschemas (and the `$ref`s in them) were taken out
         positions = subschemas(out)
-        targets = ref_targets(out, positions) if "$ref" in present else set()
+        kept = pinned_keys(out, ref_targets(out, positions)) if "$ref" in present else {}
     # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written; those
     # whose names a `$ref` points into keep them (property_names.py moves them), and those
     # whose items it points into keep `contains` (contains.py moves them).
-    kept = pinned_keys(out, targets)
     pinned = _pinned(kept, ("not", "oneOf", "if", "then", "else"))
     names_pinned = _pinned(kept, ("propertyNames", "additionalProperties",
                                   "patternProperties"))

@@ -116,7 +116,7 @@ def resolve(root: Any, ref: str) -> Any:
     parts = ref[2:].split("/") if len(ref) > 1 else []
     return pointer_target(root, (re.sub(r"%([0-9A-Fa-f]{2})",
                                         lambda m: chr(int(m.group(1), 16)), part)
-                                 for part in parts))
+                                 if "%" in part else part for part in parts))
 
 
 def pointer_target(root: Any, parts: Iterable[str]) -> Any:
@@ -124,7 +124,8 @@ def pointer_target(root: Any, parts: Iterable[str]) -> Any:
     `root`, or None when one of them leads nowhere."""
     node = root
     for part in parts:
-        part = part.replace("~1", "/").replace("~0", "~")
+        if "~" in part:
+            part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict) and part in node:
