@@ -87,6 +87,10 @@ _DEPENDENCIES = frozenset({"dependencies", "dependentRequired", "dependentSchema
 # disjoint_one_of reports) and property_names.py.
 _PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "format", "not", "if",
                               "propertyNames"})
+# Annotations that are text or examples, taken out before llguidance reads the schema
+# (_drop_prose): `$schema`, `$id` and `$anchor` stay, they change how `$ref`s resolve.
+_PROSE = frozenset({"title", "description", "$comment", "default", "examples", "example",
+                    "readOnly", "writeOnly", "deprecated", "markdownDescription"})
 # Inlining follows a chain of `$ref`s at most this far.
 _INLINE_DEPTH = 3
 # dependencies become one `anyOf` pair each inside one allOf; llguidance multiplies the pairs
@@ -161,7 +165,19 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     if present & _PATTERN_WRITERS or complemented:
         for sub in subschemas(out):
             fix_patterns(sub)
+    if present & _PROSE:
+        _drop_prose(positions, kept)
     return out
+
+
+def _drop_prose(positions: list[dict[str, Any]], kept: dict[int, set[str]]) -> None:
+    """Take the prose out of the subschemas: keywords that never change which instances are
+    valid and that llguidance reads past (a Kubernetes schema of MaskBench is two thirds
+    descriptions: 137 of its grammar's KB). One a `$ref` points into stays."""
+    for sub in positions:
+        for key in _PROSE & sub.keys():
+            if key not in kept.get(id(sub), ()):
+                del sub[key]
 
 
 def _pinned(kept: dict[int, set[str]], keys: tuple[str, ...]) -> set[int]:
