@@ -83,6 +83,18 @@ class Query:
         return self.program.optional_inputs
 
     @property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema of a run's inputs, an object with one property per input: a typed
+        input's declared schema (docs/language.md §4.1), any value for an untyped one."""
+        return self.program.input_schema
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of `Result.output` (the front matter's `output:`), or None."""
+        schema = self.program.output_schema
+        return None if schema is None else dict(schema)
+
+    @property
     def warnings(self) -> tuple[TemplateWarning, ...]:
         """What compiles but likely does not mean what it says (docs/language.md §13), in
         source order: `print(w)` shows each with its position, like an error."""
@@ -96,30 +108,37 @@ class Query:
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> Result:
         """Run the template once. Inputs come as a mapping, as keyword arguments, or both.
         Keyword arguments named like a run option (temperature, top_p, top_k, seed,
         max_tokens: see RunOptions) are options, and override `options`; an input with such a
-        name goes in the mapping. `model` is a loaded model, or a name or ModelOptions for
-        `load`.
+        name (or named `fill`) goes in the mapping. `model` is a loaded model, or a name or
+        ModelOptions for `load`. `fill` gives holes their values (docs/language.md §16.1:
+        inserted as fixed text, checked against the hole; a loop's hole takes a list).
 
         Raises:
-            UsageError: a run option is invalid (before anything else).
-            InputError: a declared input is missing (before the model is loaded).
+            UsageError: a run option is invalid, or `fill` names no hole (before anything
+                else).
+            InputError: a declared input is missing or does not fit its type (before the
+                model is loaded), or a known value does not fit its hole.
             ModelLoadError: the model cannot be loaded.
             GenerationError: a hole cannot be filled legally.
         """
         from qrun.runtime.executor import Run
+        from qrun.runtime.fills import Fills
 
         chosen, named = RunOptions.split(values)
         run_options = chosen.over(options or RunOptions())
         if named or inputs is None:
             inputs = {**(inputs or {}), **named}
         checked = self.program.check_inputs(inputs)
+        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
         backend = self._model(model)
         return Run(self.program, backend, checked, run_options, on_text,
-                   self._constraint_compiler(backend), functions=self.functions).execute()
+                   self._constraint_compiler(backend), functions=self.functions,
+                   fill=fill).execute()
 
     async def arun(
         self,

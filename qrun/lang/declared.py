@@ -181,9 +181,10 @@ def read_input_type(name: str, data: Any, entry: ast.FrontMatterEntry, fail: Fai
         declared = InputType(name, schema, not (compact.optional or compact.default
                                                 is not NO_DEFAULT), compact.default)
     elif isinstance(data, dict):
-        schema = read_schema_mapping(data, entry, path, fail)
-        if schema is None:
+        mapping = read_schema_mapping(data, entry, path, fail)
+        if mapping is None:
             return None
+        schema = mapping
         optional = schema.pop("optional", False)
         if not isinstance(optional, bool):
             fail(f"input '{name}': optional must be true or false",
@@ -306,11 +307,11 @@ def read_output(entry: ast.FrontMatterEntry, fail: Fail) -> dict[str, Any] | Non
                 continue
             properties[name], optional = compact.schema, compact.optional
         elif isinstance(spelled, dict):
-            schema = read_schema_mapping(spelled, entry, path, fail)
-            if schema is None:
+            mapping = read_schema_mapping(spelled, entry, path, fail)
+            if mapping is None:
                 continue
-            optional = bool(schema.pop("optional", False))
-            properties[name] = schema
+            optional = bool(mapping.pop("optional", False))
+            properties[name] = mapping
         else:
             fail(f"output '{name}': a type is a name such as string or a JSON Schema mapping",
                  entry.span_of(path), ())

@@ -29,7 +29,7 @@ _YAML_NOTE = ("front matter is YAML: quote a value that contains ': ' or ' #', o
               "with one of [ ] { } , & * ! | > ' \" % @ `")
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
     """SafeLoader without the implicit types that are not JSON's (dates) or that only make
     sense with aliases (`<<` merge keys)."""
 

@@ -12,8 +12,8 @@ from typing import Any, assert_never
 from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec
 from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
-from qrun.lang.expr import Expr
 from qrun.lang.declared import first_problem, where
+from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
 from qrun.options import ModelOptions, RunOptions
 from qrun.source import Source, Span

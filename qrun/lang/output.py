@@ -92,7 +92,7 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
             kind = _VALUE_TYPES.get(PATTERN_TYPES.get(name, ""), "string")
             given: dict[str, Any] = {"type": kind}
             if kind == "string" and constraint.lowered is not None:
-                given["pattern"] = constraint.lowered.text
+                given["pattern"] = constraint.lowered.pattern
             return given, f"{'text' if kind == 'string' else kind} values (regex={name})"
         case ir.Regex(pattern=pattern):
             value = literal(pattern)
