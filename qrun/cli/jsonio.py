@@ -175,7 +175,7 @@ def finite(value: Any) -> Any:
 def result_row(result: Result, fields: tuple[str, ...]) -> dict[str, Any]:
     """The chosen `fields` of a result, as `qrun --json` prints it and `qrun serve` answers
     (docs/serve.md §2.2)."""
-    whole = {**result.to_dict(), "output": result.output}  # output: typed templates' (§4.2)
+    whole = {**result.to_dict(), "output": result.output}  # docs/language.md §4.2
     return {name: hole_records(result) if name == "holes" else whole[name] for name in fields}
 
 

@@ -4,6 +4,9 @@ error at the hole, saying why. And the typed-input warnings of lang/lint.py."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from qrun.errors import TemplateError, TemplateErrors
@@ -159,3 +162,28 @@ def test_open_object_and_list_form_inputs_get_no_warning() -> None:
     # A loop variable hides the input's name.
     assert compile_source("---\ninputs:\n  n: string\n---\n{% for n in [[1]] %}"
                           "{% for x in n %}{% endfor %}{% endfor %}").warnings == ()
+
+
+# ---- the examples of docs/language.md §4 ---------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs/language.md"
+
+
+def section_4_examples() -> list[str]:
+    text = DOCS.read_text(encoding="utf-8")
+    section = text[text.index("## 4. Front matter"):text.index("## 5. Inputs")]
+    return re.findall(r"^```\n(---\n.*?)^```", section, re.M | re.S)
+
+
+def test_the_docs_examples_compile_as_documented() -> None:
+    first, typed, output = section_4_examples()
+    assert compile_source(first).inputs == ("question",)
+    program = compile_source(typed + "{{ question }}{{ user.email }}", "t.tmpl")
+    assert program.inputs == ("question",)
+    assert program.input_schema["properties"]["level"]["maximum"] == 5
+    warning, = program.warnings  # the doc's `user.email`
+    assert "'email' is never there" in warning.message
+    assert compile_source(output).output_schema == {
+        "type": "object", "required": ["age", "mood", "tags"], "properties": {
+            "age": {"type": "integer"}, "mood": {"enum": ["happy", "sad"]},
+            "tags": {"type": "array", "items": {"type": "string"}}}}
