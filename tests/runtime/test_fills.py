@@ -1,6 +1,7 @@
 """Known values (runtime/fills.py, docs/language.md §16.1): a filled hole is fixed text, checked
 against the hole, captured typed, marked "filled" in its record, trace and stats; the rest is
-generated. And Result.output, the typed record of a template with `output:` (docs/language.md §4.2)."""
+generated. And Result.output, the typed record of a template with `output:`
+(docs/language.md §4.2)."""
 
 from __future__ import annotations
 
