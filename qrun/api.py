@@ -148,6 +148,7 @@ class Query:
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> Result:
         """`run`, awaited: the run works in a thread of its own, and the runs of every
@@ -161,7 +162,7 @@ class Query:
         """
         import asyncio
 
-        ticket = await self._submit_shared(inputs, model, options, values, on_text, None)
+        ticket = await self._submit_shared(inputs, model, options, values, on_text, None, fill)
         try:
             result: Result = await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:
@@ -176,6 +177,7 @@ class Query:
         *,
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> AsyncIterator[RunEvent]:
         """`arun` as events, in the order the run makes them: `text` (each piece of text as it
@@ -195,7 +197,7 @@ class Query:
 
         ticket = await self._submit_shared(
             inputs, model, options, values, lambda text: push(RunEvent("text", text=text)),
-            lambda name, value: push(RunEvent("hole", name=name, value=value)))
+            lambda name, value: push(RunEvent("hole", name=name, value=value)), fill)
         # After every text and hole event: the run's thread pushed those before it ended.
         ticket.future.add_done_callback(lambda _: push(None))
         try:
@@ -209,25 +211,28 @@ class Query:
         self, inputs: Mapping[str, Any] | None, model: Backend | ModelOptions | str | None,
         options: RunOptions | None, values: dict[str, Any],
         on_text: Callable[[str], None] | None, on_hole: Callable[[str, Any], None] | None,
+        fill: Mapping[str, Any] | None = None,
     ) -> Ticket:
         """A run of this query admitted to its model's shared scheduler (arun, astream)."""
         import asyncio
 
         from qrun.runtime.admission import RunScheduler
         from qrun.runtime.executor import Run
+        from qrun.runtime.fills import Fills
 
         chosen, named = RunOptions.split(values)
         run_options = chosen.over(options or RunOptions())
         if named or inputs is None:
             inputs = {**(inputs or {}), **named}
         checked = self.program.check_inputs(inputs)
+        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
         backend = model if not (model is None or isinstance(model, str | ModelOptions)) \
             else await asyncio.to_thread(self._model, model)
         constraints = self._constraint_compiler(backend)
 
         def work(engines: Engines) -> Result:
             run = Run(self.program, backend, checked, run_options, on_text, constraints,
-                      engines, self.functions)
+                      engines, self.functions, fill)
             run.on_hole = on_hole
             return run.execute()
 

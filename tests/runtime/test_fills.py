@@ -138,3 +138,12 @@ def test_typed_result_fits_its_output_schema_at_temperature_1(tiny: Transformers
 def test_untyped_template_has_no_output(tiny: TransformersBackend) -> None:
     result = qrun.Query("{{ gen a max_tokens=2 }}").run(model=tiny)
     assert result.output is None
+
+
+def test_arun_takes_fill(tiny: TransformersBackend) -> None:
+    import asyncio
+
+    query = qrun.Query("A: {{ gen a regex=INT }} B: {{ gen b max_tokens=2 }}")
+    result = asyncio.run(query.arun(model=tiny, fill={"a": 5}))
+    assert result.text.startswith("A: 5 B: ")
+    assert result.holes["a"].finish == "filled"
