@@ -13,6 +13,7 @@ from typing import Any
 
 from qrun.errors import suggest
 from qrun.lang import ast
+from qrun.lang.simple_schema import Problem, is_simple, schema_problem, value_problem
 from qrun.source import Span
 
 Fail = Callable[[str, Span, tuple[str, ...]], None]
@@ -239,7 +240,14 @@ def _what(path: tuple[str | int, ...]) -> str:
 def schema_is_valid(schema: Any, entry: ast.FrontMatterEntry, path: tuple[str | int, ...],
                     fail: Fail, what: str) -> bool:
     """Whether `schema` is a JSON Schema (draft 2020-12's metaschema), after reporting where
-    it is not."""
+    it is not. A simple schema is checked here (lang/simple_schema.py), any other by
+    jsonschema."""
+    if is_simple(schema):
+        problem = schema_problem(schema)
+        if problem is not None:
+            fail(f"{what}: not a JSON Schema: {problem[1]}",
+                 entry.span_of((*path, *problem[0])), ())
+        return problem is None
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -252,9 +260,11 @@ def schema_is_valid(schema: Any, entry: ast.FrontMatterEntry, path: tuple[str | 
     return True
 
 
-def first_problem(schema: Any, value: Any) -> tuple[tuple[str | int, ...], str] | None:
+def first_problem(schema: Any, value: Any) -> Problem | None:
     """The path inside `value` and the message of the first way it does not fit `schema`
-    (the deepest error first), or None when it fits."""
+    (jsonschema's best match for a schema that is not simple), or None when it fits."""
+    if is_simple(schema):
+        return value_problem(schema, value)
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
 
