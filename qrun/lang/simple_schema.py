@@ -1,8 +1,9 @@
 """Part of stage 3 (lang/declared.py): the common JSON Schemas of typed front matter, checked and
 applied without the jsonschema package. Importing jsonschema costs 0.06 s, and 0.87 s where
 its format checkers are installed (the dev extra: rfc3987-syntax builds a Lark parser on
-import), which alone would break `--check`'s 1 s; the compact spellings (docs/language.md §4.1) and most written
-schemas use only the keywords below. A schema with any other keyword goes to jsonschema."""
+import), which alone would break `--check`'s 1 s; the compact spellings (docs/language.md
+§4.1) and most written schemas use only the keywords below. A schema with any other keyword
+goes to jsonschema."""
 
 from __future__ import annotations
 
