@@ -141,8 +141,9 @@ class _Compiler:
         options, model, declared = self.args.front_matter(template.front_matter,
                                                           self.check_new_name)
         self.declared = declared
+        flow = Flow()
         try:
-            ops = self.body(template.body, Flow(), Context(), top=True)
+            ops = self.body(template.body, flow, Context(), top=True)
         except _TooManyErrors:
             ops = ()
         names = declared if declared is not None else tuple(self.free)
@@ -155,7 +156,7 @@ class _Compiler:
         output = self.args.output_schema
         if output is not None and not self.errors:
             self.errors.extend(check_output(output, ops, self.captures, self.source,
-                                            self.args.output_span))
+                                            self.args.output_span, flow.bound))
         warnings = find_warnings(ops, self.source, types) if not self.errors else ()
         return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
                           tuple(self.captures), options, model, self.source, spans, optional,

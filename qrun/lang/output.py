@@ -7,7 +7,7 @@ conservative: what it cannot prove is reported, at the hole, with the reason."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from qrun.constraint.spec import PATTERN_TYPES
@@ -28,9 +28,10 @@ _TOOL_CALL = {"type": "object", "properties": {"name": {"type": "string"},
 
 
 def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequence[str],
-                 source: Source, span: Span | None) -> list[TemplateError]:
-    """The errors for the properties of `schema` that are not captures or whose holes cannot
-    be proven to give values that fit."""
+                 source: Source, span: Span | None, bound: Set[str]) -> list[TemplateError]:
+    """The errors for the properties of `schema` that are not captures, whose holes cannot
+    be proven to give values that fit, or that are required but captured only on some paths
+    (`bound`: the captures every path binds; a loop's list always exists)."""
     errors: list[TemplateError] = []
     where = span or source.span_at(0)
     holes: dict[str, list[tuple[ir.Gen | ir.Select, Source]]] = {}
@@ -44,6 +45,13 @@ def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequ
                 [f"captures: {', '.join(captures) or 'none'}; the output record's properties "
                  "are the values of holes"]))
             continue
+        first, first_source = holes[name][0]
+        if name in schema.get("required", ()) and name not in bound and not first.in_loop:
+            errors.append(TemplateCompileError(
+                f"output '{name}' is required, but a run may end without capturing it",
+                first.span, first_source,
+                ["its hole is not on every path of the template (inside an if, after a break)",
+                 f"make it optional: `{name}: TYPE?` (docs/language.md §4.2)"]))
         for op, inner in holes[name]:
             given, how = produced_schema(op)
             reason = "its constraint is computed at run time" if given is None \

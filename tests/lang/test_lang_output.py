@@ -187,3 +187,17 @@ def test_the_docs_examples_compile_as_documented() -> None:
         "type": "object", "required": ["age", "mood", "tags"], "properties": {
             "age": {"type": "integer"}, "mood": {"enum": ["happy", "sad"]},
             "tags": {"type": "array", "items": {"type": "string"}}}}
+
+
+def test_required_output_captured_on_some_paths_only() -> None:
+    errors = errors_of("---\ninputs: [x]\noutput:\n  a: integer\n---\n"
+                       "{% if x %}{{ gen a regex=INT }}{% endif %}")
+    assert "output 'a' is required, but a run may end without capturing it" \
+        in errors[0].message
+    assert (errors[0].span.line, errors[0].span.column) == (6, 11)
+    compile_source("---\ninputs: [x]\noutput:\n  a: integer?\n---\n"
+                   "{% if x %}{{ gen a regex=INT }}{% endif %}")
+    compile_source("---\ninputs: [x]\noutput:\n  a: integer\n---\n"
+                   "{% if x %}{{ gen a regex=INT }}{% else %}{{ gen a regex=INT }}{% endif %}")
+    compile_source("---\ninputs: [x]\noutput:\n  a: list[integer]\n---\n"
+                   "{% for i in x %}{% if i %}{{ gen a regex=INT }}{% endif %}{% endfor %}")
