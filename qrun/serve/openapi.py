@@ -72,7 +72,13 @@ def _request(description: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": {
         "inputs": inputs, "options": {"$ref": "#/components/schemas/Options"},
         "fields": {"type": "array", "items": {"enum": list(FIELDS)}},
-        "stream": {"type": "boolean"}}}
+        "stream": {"type": "boolean"},
+        # Known values by hole name (docs/language.md §16.1).
+        "fill": {"type": "object", "propertyNames": {"enum": _fillable(description)}}}}
+
+
+def _fillable(description: Mapping[str, Any]) -> list[str]:
+    return list(dict.fromkeys(hole["name"] for hole in description["holes"]))
 
 
 def _response(description: Mapping[str, Any]) -> dict[str, Any]:
