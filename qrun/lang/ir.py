@@ -499,6 +499,10 @@ def dump_program(program: Program) -> str:
     if program.optional_inputs:
         lines.append(f"optional: {', '.join(program.optional_inputs)}")
     lines.append(f"captures: {', '.join(program.captures) or '-'}")
+    for name, schema in program.input_types.items():  # docs/language.md §4.1, §4.2
+        lines.append(f"type {name}: {json.dumps(schema, ensure_ascii=False)}")
+    if program.output_schema is not None:
+        lines.append(f"output: {json.dumps(program.output_schema, ensure_ascii=False)}")
     defaults = _defaults(program)
     if defaults:
         lines.append(f"defaults: {defaults}")

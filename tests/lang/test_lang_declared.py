@@ -150,3 +150,11 @@ def test_bad_declarations_are_positioned(front: str, line: int, column: int,
     errors = errors_of(f"---\n{front}---\n{{{{ n }}}}")
     assert message in errors[0].message, errors[0].render()
     assert (errors[0].span.line, errors[0].span.column) == (line, column), errors[0].render()
+
+
+def test_dump_shows_declared_types() -> None:
+    dump = compile_source("---\ninputs:\n  n: integer = 3\noutput:\n  a: integer\n---\n"
+                          "{{ n }}{{ gen a regex=INT }}").dump()
+    assert 'type n: {"type": "integer", "default": 3}\n' in dump
+    assert 'output: {"type": "object", "properties": {"a": {"type": "integer"}}, ' \
+        '"required": ["a"]}\n' in dump
