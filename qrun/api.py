@@ -5,7 +5,7 @@ neither torch nor transformers."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -247,6 +247,7 @@ class Query:
         options: RunOptions | None = None,
         batch_size: int = 1,
         on_result: Callable[[int, Result | QrunError], None] | None = None,
+        fill: Sequence[Mapping[str, Any] | None] | None = None,
         **option_values: Any,
     ) -> list[Result | QrunError]:
         """Run the template once per input mapping; results come back in input order. Run
@@ -256,10 +257,13 @@ class Query:
         Up to `batch_size` runs advance together, sharing one model forward per step; the
         model's prefix cache (see load_model's cache_mb) serves their common prefix once. A
         run that fails puts its error in its place and the others still run; `on_result(i, r)`
-        is called as each run finishes, so nothing already produced is lost.
+        is called as each run finishes, so nothing already produced is lost. `fill` gives
+        each run its known values (as `run`'s, docs/language.md §16.1): one mapping (or None)
+        per input, in the same order.
 
         Raises:
-            UsageError: batch_size < 1, or an invalid or unknown run option.
+            UsageError: batch_size < 1, an invalid or unknown run option, or `fill` not one
+                per input.
         """
         from qrun.runtime.batch import run_batched
         from qrun.runtime.executor import Run
@@ -273,18 +277,23 @@ class Query:
         if batch_size < 1:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
+        fills = [dict(f or {}) for f in fill] if fill is not None else [{} for _ in rows]
+        if len(fills) != len(rows):
+            raise UsageError(f"run_many() got {len(fills)} fill mappings for {len(rows)} inputs: "
+                             "give one per input (None for none)")
         backend = self._model(model)
         constraints = self._constraint_compiler(backend)
         if batch_size > 1 and len(rows) > 1:
             return run_batched(self.program, backend, rows,
                                [run_options.for_item(i) for i in range(len(rows))],
-                               constraints, batch_size, on_result, self.functions)
+                               constraints, batch_size, on_result, self.functions, fills)
         results: list[Result | QrunError] = []
         for index, values in enumerate(rows):
             outcome: Result | QrunError
             try:
                 outcome = Run(self.program, backend, values, run_options.for_item(index),
-                              None, constraints, functions=self.functions).execute()
+                              None, constraints, functions=self.functions,
+                              fill=fills[index]).execute()
             except QrunError as exc:
                 outcome = exc
             results.append(outcome)

@@ -147,3 +147,16 @@ def test_arun_takes_fill(tiny: TransformersBackend) -> None:
     result = asyncio.run(query.arun(model=tiny, fill={"a": 5}))
     assert result.text.startswith("A: 5 B: ")
     assert result.holes["a"].finish == "filled"
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_run_many_takes_one_fill_per_input(tiny: TransformersBackend, batch_size: int) -> None:
+    query = qrun.Query("A: {{ gen a regex=INT }} B: {{ gen b max_tokens=2 }}")
+    results = query.run_many([{}, {}, {}], model=tiny, batch_size=batch_size, seed=2,
+                             fill=[{"a": 1}, None, {"a": "x"}])
+    first, second, third = results
+    assert isinstance(first, qrun.Result) and first.text.startswith("A: 1 B: ")
+    assert isinstance(second, qrun.Result) and second.holes["a"].finish != "filled"
+    assert isinstance(third, InputError)  # its own error; the others ran
+    with pytest.raises(UsageError, match="one per input"):
+        query.run_many([{}, {}], model=tiny, fill=[{"a": 1}])
