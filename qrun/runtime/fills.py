@@ -14,6 +14,7 @@ from typing import Any
 from qrun.constraint.spec import ConstraintSpec, Cursor, typed_value
 from qrun.errors import InputError, UsageError, suggest
 from qrun.lang import ir
+from qrun.lang.inputs import plain_inputs
 from qrun.source import Source
 
 
@@ -21,7 +22,7 @@ class Fills:
     """A run's known values by hole name, with how many of a loop hole's are used."""
 
     def __init__(self, program: ir.Program, values: Mapping[str, Any]) -> None:
-        self.values = dict(values)
+        self.values = plain_inputs(values, "fill")  # plain data, as inputs (lang/inputs.py)
         self.used: dict[str, int] = {}
         holes = _fillable(program.ops)
         for name, value in self.values.items():
@@ -32,7 +33,7 @@ class Fills:
             if where == "fork":
                 raise UsageError(f"cannot fill hole '{name}': it is inside a fork, whose "
                                  "branches run side by side (docs/language.md §16.1)")
-            if where == "loop" and not isinstance(value, list | tuple):
+            if where == "loop" and not isinstance(value, list):
                 raise UsageError(f"hole '{name}' is inside a loop: fill it with a list, one "
                                  "value per iteration")
 

@@ -160,3 +160,22 @@ def test_run_many_takes_one_fill_per_input(tiny: TransformersBackend, batch_size
     assert isinstance(third, InputError)  # its own error; the others ran
     with pytest.raises(UsageError, match="one per input"):
         query.run_many([{}, {}], model=tiny, fill=[{"a": 1}])
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (print, "fill 'a': a builtin_function_or_method is not plain data"),
+    ("\ud800", "fill 'a': the string contains a lone surrogate"),
+    (["x", {1, 2}], "fill 'a' at [1]: a set is not plain data"),
+])
+def test_fill_values_are_plain_data(tiny: TransformersBackend, value: Any,
+                                    message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        qrun.Query("{{ gen a }}").run(model=tiny, fill={"a": value})
+    assert message in str(info.value)
+
+
+def test_fill_text_is_never_control_tokens(tiny: TransformersBackend) -> None:
+    marker = next(iter(tiny.control_tokens))
+    result = qrun.Query("{{ gen a max_tokens=50 }}").run(model=tiny, fill={"a": marker})
+    assert result.token_ids == tiny.encode(marker)  # encoded as text
+    assert tiny.control_tokens[marker] not in result.token_ids
