@@ -57,7 +57,9 @@ def read_compact(text: str) -> Compact:
     Raises:
         TypeSpellingError: the text is not a compact type.
     """
-    spelled, eq, default_text = text.partition("=")
+    cut = _top_level(text, "=")
+    spelled, default_text = (text, "") if cut < 0 else (text[:cut], text[cut + 1:])
+    eq = cut >= 0
     spelled = spelled.strip()
     optional = spelled.endswith("?")
     schema = _type(spelled.removesuffix("?").strip())
@@ -105,10 +107,12 @@ def _unknown(name: str) -> str:
            "enum[a, b])"
 
 
-def _split(text: str) -> list[str]:
-    """Items separated by top-level commas (commas inside quotes or brackets stay)."""
-    items, depth, quote, start = [], 0, "", 0
-    for index, char in enumerate(text):
+def _top_level(text: str, wanted: str, start: int = 0) -> int:
+    """The offset of the first `wanted` character at or after `start` outside quotes and
+    brackets, or -1."""
+    depth, quote = 0, ""
+    for index in range(start, len(text)):
+        char = text[index]
         if quote:
             quote = "" if char == quote else quote
         elif char in "\"'":
@@ -117,9 +121,17 @@ def _split(text: str) -> list[str]:
             depth += 1
         elif char in "]}":
             depth -= 1
-        elif char == "," and depth == 0:
-            items.append(text[start:index].strip())
-            start = index + 1
+        elif char == wanted and depth == 0:
+            return index
+    return -1
+
+
+def _split(text: str) -> list[str]:
+    """Items separated by top-level commas (commas inside quotes or brackets stay)."""
+    items, start = [], 0
+    while (comma := _top_level(text, ",", start)) >= 0:
+        items.append(text[start:comma].strip())
+        start = comma + 1
     items.append(text[start:].strip())
     return [item for item in items if item]
 

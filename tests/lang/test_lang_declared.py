@@ -40,6 +40,8 @@ COMPACT: list[tuple[str, dict[str, Any], bool, Any]] = [
     ('string = "quoted"', {"type": "string"}, False, "quoted"),
     ("list[string] = []", {"type": "array", "items": {"type": "string"}}, False, []),
     ("enum[low, high] = low", {"enum": ["low", "high"]}, False, "low"),
+    ('enum["a=b", c] = "a=b"', {"enum": ["a=b", "c"]}, False, "a=b"),
+    ('string = x = y', {"type": "string"}, False, "x = y"),
 ]
 
 
