@@ -280,6 +280,15 @@ def test_typed_example_output_fits_at_temperature_1(tiny: TransformersBackend, n
     check_output(query, query.run(INPUTS[name], model=tiny, seed=seed, temperature=1.0))
 
 
+@pytest.mark.real
+@pytest.mark.parametrize("name", TYPED_EXAMPLES)
+@pytest.mark.parametrize("seed", range(2))
+def test_typed_example_output_fits_at_temperature_1_on_the_default_model(
+        smollm2: TransformersBackend, name: str, seed: int) -> None:
+    query = qrun.Query.from_file(EXAMPLES / name)
+    check_output(query, query.run(INPUTS[name], model=smollm2, seed=seed, temperature=1.0))
+
+
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
