@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a qrun template: fixed text plus constrained holes filled by a model.",
         epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure, "
                "130 interrupted. `qrun serve PATH...` serves templates over HTTP (qrun serve "
-               "--help).",
+               "--help); `qrun test PATH...` runs their test cases (qrun test --help).",
     )
     parser.add_argument("file", help="the template (.tmpl)")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
@@ -161,12 +161,17 @@ def build_serve_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     serving = bool(given) and given[0] == "serve"
+    testing = bool(given) and given[0] == "test"
     if serving:
         args = build_serve_parser().parse_args(given[1:])
-    else:
+    elif not testing:
         args = build_parser().parse_args(given)
     write.open_line = False
     try:
+        if testing:
+            from qrun.cli.test_command import run_tests
+
+            return run_tests(given[1:])
         return _serve(args) if serving else _run(args)
     except QrunError as exc:
         write.end_line()
