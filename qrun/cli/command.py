@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="inputs as a JSON object, from a file or stdin (-)")
     parser.add_argument("--inputs", metavar="FILE.jsonl|-",
                         help="one run per line of JSON objects; prints JSON Lines")
+    parser.add_argument("--fill", action="append", default=[], metavar="NAME=VALUE",
+                        help="give hole NAME its value (its text; NAME:=JSON for a JSON value, "
+                             "a list for a hole in a loop): not generated, checked against "
+                             "the hole (repeatable)")
     parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
                                         "hub id (org/name)")
     parser.add_argument("--backend", default="transformers", choices=BACKENDS,
@@ -215,13 +219,23 @@ def _run(args: argparse.Namespace) -> int:
               f"{', '.join(query.inputs) or 'none'})")
         return EXIT_OK
     inputs, typed_strings = _inputs(args)
+    _read_as_declared(query, inputs, typed_strings)
+    fill = _fills(args)
     if args.inputs:
+        if fill:
+            raise UsageError("--fill cannot go with --inputs (give each run its values with "
+                             "Query.run(fill=...))")
         return _run_lines(query, args, options, model_options, inputs,
                           _Rows(fields, args.id, typed_strings))
     checked = query.program.check_inputs(inputs)  # before the model is loaded
+    if fill:
+        from qrun.runtime.fills import Fills
+
+        Fills(query.program, fill)  # a name that is no hole: refused before the model
     if args.json:
         model = _load(query, model_options, args.quiet)
-        result = _hinted(lambda: query.run(checked, model=model, options=options), typed_strings)
+        result = _hinted(lambda: query.run(checked, model=model, options=options, fill=fill),
+                         typed_strings)
         print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
     else:
         early = leading_text(query.program)
@@ -229,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
         model = _load(query, model_options, args.quiet)
         echo = SkipEcho(early, write)
         result = _hinted(lambda: query.run(checked, model=model, options=options,
-                                           on_text=echo), typed_strings)
+                                           on_text=echo, fill=fill), typed_strings)
         if not result.text.endswith("\n"):
             write("\n")
     if args.stats:
@@ -283,7 +297,8 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
         ("--check", args.check), ("--dump", args.dump), ("--trace", args.trace),
         ("--functions", args.functions), ("--model", args.model), ("--url", args.url),
         ("--device", args.device), ("--dtype", args.dtype), ("--cache-mb", args.cache_mb),
-        ("--batch-size", args.batch_size), ("--backend", args.backend != "transformers"))
+        ("--batch-size", args.batch_size), ("--backend", args.backend != "transformers"),
+        ("--fill", args.fill))
         if given]
     if local:
         raise UsageError(f"--server runs on the server's model and templates: "
@@ -500,6 +515,37 @@ def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
         if _reads_as_json(value):
             typed[name] = value
     return inputs, typed
+
+
+def _read_as_declared(query: Query, inputs: dict[str, Any], typed_strings: dict[str, str]
+                      ) -> None:
+    """`-v count=3` for an input declared as a number (docs/language.md §4.1): the string
+    reads as the JSON value its type wants."""
+    from qrun.lang.declared import first_problem
+
+    for name, text in list(typed_strings.items()):
+        schema = query.program.input_types.get(name)
+        if schema is None or first_problem(schema, inputs[name]) is None:
+            continue
+        value = parse_value(text)
+        if first_problem(schema, value) is None:
+            inputs[name] = value
+            del typed_strings[name]
+
+
+def _fills(args: argparse.Namespace) -> dict[str, Any]:
+    """The known values of --fill NAME=TEXT and --fill NAME:=JSON."""
+    fill: dict[str, Any] = {}
+    for item in args.fill:
+        name, sep, value = item.partition("=")
+        if not sep or not name.rstrip(":"):
+            raise UsageError(f"--fill expects NAME=VALUE or NAME:=JSON, got {_shown(item)!r}")
+        try:
+            check_text(item, f"--fill {_shown(name)}")
+            fill[name.rstrip(":")] = parse_value(value) if name.endswith(":") else value
+        except BadInput as exc:
+            raise UsageError(f"--fill {_shown(item)}: {exc}") from None
+    return fill
 
 
 def _shown(text: str, limit: int = 60) -> str:

@@ -13,7 +13,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -58,6 +58,7 @@ from qrun.runtime.admission import QueueFull, RunCancelled, RunScheduler, Ticket
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines
 from qrun.runtime.executor import Run
+from qrun.runtime.fills import Fills
 from qrun.runtime.result import Result
 from qrun.serve.catalog import describe, served
 from qrun.serve.openapi import openapi
@@ -70,7 +71,7 @@ RETRY_AFTER_S = 1
 """What a 429 answers in Retry-After: runs of small templates end within about a second."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
-BODY_KEYS = ("inputs", "options", "stream", "fields")
+BODY_KEYS = ("inputs", "options", "stream", "fields", "fill")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -199,6 +200,7 @@ class RunRequest:
     timeout: float | None
     stream: bool
     fields: tuple[str, ...]
+    fill: dict[str, Any] = field(default_factory=dict)  # known values (docs/language.md §16.1)
 
 
 def app(
@@ -447,7 +449,11 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     stream = stream or "text/event-stream" in request.headers.get("accept", "")
     query = service.templates[name]
     checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
-    return RunRequest(name, query, checked, options, timeout, stream, fields)
+    fill = body.get("fill", {})
+    if not isinstance(fill, dict):
+        raise ApiError(400, "bad_request", '"fill" must be a JSON object')
+    Fills(query.program, fill)  # a name that is no hole: 422, before the run is admitted
+    return RunRequest(name, query, checked, options, timeout, stream, fields, fill)
 
 
 def _run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:
@@ -573,7 +579,7 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
             on_hole: Callable[[str, Any], None] | None) -> Ticket:
     def work(engines: Engines) -> Result:
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
-                        service.constraints, engines, run.query.functions)
+                        service.constraints, engines, run.query.functions, run.fill)
         executing.on_hole = on_hole
         result = executing.execute()
         service.metrics.count(result)
