@@ -53,7 +53,8 @@ def run_tests(argv: Sequence[str]) -> int:
     """`qrun test ARGS`: the exit code (QrunErrors propagate to qrun.cli's main, exit 2)."""
     from qrun.api import Query
     from qrun.cli.output import LoadingNotice
-    from qrun.testing import load_cases
+    from qrun.testing import CaseFileError, cases_file_of, load_cases
+    from qrun.testing.cases import front_matter_cases
     from qrun.testing.report import Report, write_junit
     from qrun.testing.runner import check_case_inputs, hole_places, run_cases
     from qrun.testing.select import keyword_filter
@@ -75,7 +76,15 @@ def run_tests(argv: Sequence[str]) -> int:
     deselected = 0
     for template in _templates(args.paths):
         query = Query.from_file(template, functions=functions)
-        cases = load_cases(_cases_file(template))
+        cases = front_matter_cases(query.program)
+        beside = cases_file_of(template)
+        if beside.is_file() or not cases:
+            cases += load_cases(_cases_file(template))
+        names = [c.name for c in cases]
+        for case in cases:
+            if names.count(case.name) > 1:
+                raise CaseFileError(f"two cases are named {case.name!r} (the front matter's "
+                                    f"tests and {beside.name})", case.where)
         check_case_inputs(query, cases)
         if chosen is not None:
             kept = [c for c in cases if chosen(f"{template}::{c.name}")]
@@ -112,7 +121,8 @@ def run_tests(argv: Sequence[str]) -> int:
 
 def _templates(paths: Sequence[str]) -> list[Path]:
     """The templates the paths name: a .tmpl file, the template of a .tests.yaml file, or the
-    templates of a folder that have a case file (in name order, each once).
+    templates of a folder that have cases, in a case file or in their front matter (in name
+    order, each once).
 
     Raises:
         UsageError: a path that does not exist or is neither; a folder without cases.
@@ -123,7 +133,8 @@ def _templates(paths: Sequence[str]) -> list[Path]:
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            inside = [t for t in sorted(path.rglob("*.tmpl")) if cases_file_of(t).is_file()]
+            inside = [t for t in sorted(path.rglob("*.tmpl"))
+                      if cases_file_of(t).is_file() or _has_tests(t)]
             if not inside:
                 raise UsageError(f"{path}: no template here has a case file "
                                  "(NAME.tests.yaml beside NAME.tmpl)")
@@ -141,6 +152,16 @@ def _templates(paths: Sequence[str]) -> list[Path]:
     return unique
 
 
+def _has_tests(template: Path) -> bool:
+    """Whether the template's front matter may hold `tests:` (a cheap look at its text; the
+    compiler reads it for real)."""
+    try:
+        head = template.read_text(encoding="utf-8", errors="replace")[:65536]
+    except OSError:
+        return False
+    return head.startswith("---") and "\ntests:" in head.split("\n---", 1)[0]
+
+
 def _cases_file(template: Path) -> Path:
     from qrun.testing import cases_file_of
 
@@ -148,5 +169,6 @@ def _cases_file(template: Path) -> Path:
     if not template.is_file():
         raise UsageError(f"{cases}: its template {template} does not exist")
     if not cases.is_file():
-        raise UsageError(f"{template}: no case file {cases.name} beside it (docs/testing.md)")
+        raise UsageError(f"{template}: no `tests:` in its front matter and no case file "
+                         f"{cases.name} beside it (docs/testing.md)")
     return cases

@@ -31,7 +31,7 @@ CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
-                     "dtype", "inputs", "output")
+                     "dtype", "inputs", "output", "tests")
 
 NameCheck = Callable[[str, Span, str], bool]
 """The compiler's check of a new name (`name`, `span`, what it is): False when it reported one."""
@@ -50,6 +50,8 @@ class ArgChecker:
         self.input_types: dict[str, InputType] = {}
         self.output_schema: dict[str, Any] | None = None
         self.output_span: Span | None = None
+        # `tests:` (docs/testing.md §1): kept as written for `qrun test`, which reads it.
+        self.tests: ast.FrontMatterEntry | None = None
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
         self.errors.append(TemplateCompileError(message, span, self.source, notes))
@@ -246,6 +248,9 @@ class ArgChecker:
                 seen[entry.key] = key_span
                 self.output_schema = read_output(entry, self.report)
                 self.output_span = key_span
+            elif entry.key == "tests":
+                seen[entry.key] = key_span
+                self.tests = entry
             else:
                 seen[entry.key] = key_span
                 value = self.front_value(entry)

@@ -163,7 +163,13 @@ class _Compiler:
                           warnings, self.macros, self.host_calls, self.called,
                           {n: t.schema for n, t in types.items()},
                           {n: t.default for n, t in types.items() if t.has_default},
-                          output, self.declared_at.copy())
+                          output, self.declared_at.copy(), self._tests_block())
+
+    def _tests_block(self) -> ir.TestsBlock | None:
+        entry = self.args.tests
+        if entry is None:
+            return None
+        return ir.TestsBlock(entry.data, {**entry.spans, (): entry.span_of(())})
 
     @property
     def declared_at(self) -> dict[str, Span]:

@@ -332,6 +332,20 @@ Op = (EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Cont
 
 
 @dataclass(frozen=True, slots=True)
+class TestsBlock:
+    """The front matter's `tests:`: its data, and the span of a part of it by path (the
+    part's, or of the nearest part above it that has one)."""
+
+    data: Any
+    spans: Mapping[tuple[str | int, ...], Span]
+
+    def span_of(self, path: tuple[str | int, ...]) -> Span:
+        while path not in self.spans and path:
+            path = path[:-1]
+        return self.spans[path]
+
+
+@dataclass(frozen=True, slots=True)
 class Program:
     """A compiled template. `inputs` are the names a run must supply (declared in front matter
     when `inputs_declared`, else the template's free variables), `input_spans` where each is
@@ -363,6 +377,9 @@ class Program:
     input_defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
     output_schema: Mapping[str, Any] | None = field(default=None, compare=False)
     declared_at: Mapping[str, Span] = field(default_factory=dict, compare=False)
+    # The front matter's `tests:` as YAML read it, and where each part of it is (by its path
+    # of keys and indexes): `qrun test`'s cases (docs/testing.md §1); None without one.
+    tests: TestsBlock | None = field(default=None, compare=False)
 
     @property
     def input_schema(self) -> dict[str, Any]:

@@ -7,29 +7,33 @@ and column of the value at fault."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from qrun.testing.expect import Expectation, parse_expectations
 from qrun.testing.where import CaseFileError, Where
 
+if TYPE_CHECKING:
+    from qrun.lang.ir import Program
+
 __all__ = ["MAX_CASE_FILE_BYTES", "Case", "CaseFileError", "Where", "cases_file_of",
-           "load_cases", "parse_cases"]
+           "cases_from", "front_matter_cases", "load_cases", "parse_cases"]
 
 MAX_CASE_FILE_BYTES = 1 << 20
 """The largest case file read."""
-CASE_KEYS = ("name", "inputs", "seed", "temperature", "expect")
+CASE_KEYS = ("name", "inputs", "fill", "seed", "temperature", "expect")
 _NAME = re.compile(r"[^\s:]([^\n:]{0,98}[^\s:])?")
 
 
 @dataclass(frozen=True)
 class Case:
     """One test case: `inputs` for a run, its sampling (greedy unless `temperature` is
-    given; `seed` makes a sampled case repeatable), and what the result must show."""
+    given; `seed` makes a sampled case repeatable), what the result must show, and the
+    values of holes it gives (`fill`: inserted, not generated; docs/language.md §16.1)."""
 
     name: str
     inputs: dict[str, Any]
@@ -37,6 +41,7 @@ class Case:
     where: Where
     seed: int | None = None
     temperature: float | None = None
+    fill: dict[str, Any] = field(default_factory=dict)
 
 
 def cases_file_of(template: Path) -> Path:
@@ -74,13 +79,35 @@ def parse_cases(text: str, file: str = "<cases>") -> list[Case]:
         return []
     if isinstance(data, dict) and set(data) == {"tests"}:
         data, node = data["tests"], _child(node, "tests")
+    return cases_from(data, lambda *path: _where(_descend(node, path), file))
+
+
+def front_matter_cases(program: Program) -> list[Case]:
+    """The cases of a template's front matter `tests:` (none without one).
+
+    Raises:
+        CaseFileError: as load_cases, at the place in the template.
+    """
+    block = program.tests
+    if block is None:
+        return []
+
+    def where_of(*path: str | int) -> Where:
+        span = block.span_of(tuple(path))
+        return Where(program.source.name, span.line, span.column)
+
+    return cases_from(block.data, where_of)
+
+
+def cases_from(data: Any, where_of: Callable[..., Where]) -> list[Case]:
+    """The cases of `data`, a list of case mappings; `where_of(*path)` is the place of the
+    part at `path` (keys and indexes) below it."""
     if not isinstance(data, list):
-        raise CaseFileError("a case file is a list of cases (or `tests:` and the list)",
-                            _where(node, file))
+        raise CaseFileError("tests are a list of cases (name, inputs, expect...)", where_of())
     cases: list[Case] = []
     names: set[str] = set()
     for index, item in enumerate(data):
-        case = _case(item, _item(node, index), file, index)
+        case = _case(item, lambda *path, i=index: where_of(i, *path), index)
         if case.name in names:
             raise CaseFileError(f"two cases are named {case.name!r}", case.where)
         names.add(case.name)
@@ -88,40 +115,41 @@ def parse_cases(text: str, file: str = "<cases>") -> list[Case]:
     return cases
 
 
-def _case(item: Any, node: yaml.Node | None, file: str, index: int) -> Case:
-    where = _where(node, file)
+def _case(item: Any, where_of: Callable[..., Where], index: int) -> Case:
+    where = where_of()
     if not isinstance(item, dict):
         raise CaseFileError("a case is a mapping (name, inputs, expect...)", where)
     unknown = [key for key in item if key not in CASE_KEYS]
     if unknown:
         raise CaseFileError(f"unknown key {unknown[0]!r} in a case (a case takes "
-                            f"{', '.join(CASE_KEYS)})", _where(_child(node, unknown[0]), file))
+                            f"{', '.join(CASE_KEYS)})", where_of(unknown[0]))
     name = item.get("name", f"case {index + 1}")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise CaseFileError("a case's name is a line of text without ':' (1-100 characters)",
-                            _where(_child(node, "name"), file))
-    inputs = item.get("inputs", {})
-    if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
-        raise CaseFileError("inputs is a mapping of input names to values",
-                            _where(_child(node, "inputs"), file))
+                            where_of("name"))
+    mappings = {}
+    for key in ("inputs", "fill"):
+        value = item.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise CaseFileError(f"{key} is a mapping of {'input' if key == 'inputs' else 'hole'} "
+                                "names to values", where_of(key))
+        mappings[key] = dict(value)
     seed = item.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise CaseFileError("seed is a whole number ≥ 0", _where(_child(node, "seed"), file))
+        raise CaseFileError("seed is a whole number ≥ 0", where_of("seed"))
     temperature = item.get("temperature")
     if temperature is not None and (isinstance(temperature, bool)
                                     or not isinstance(temperature, int | float)
                                     or not 0 <= temperature <= 100):
-        raise CaseFileError("temperature is a number from 0 to 100",
-                            _where(_child(node, "temperature"), file))
+        raise CaseFileError("temperature is a number from 0 to 100", where_of("temperature"))
     if "expect" not in item:
         raise CaseFileError(f"case {name!r} has no `expect`: what must its result show?",
                             where)
-    expect_node = _child(node, "expect")
-    expectations = parse_expectations(
-        item["expect"], lambda *path: _where(_descend(expect_node, path), file),
-        _where(expect_node, file))
-    return Case(name, dict(inputs), tuple(expectations), where, seed,
-                None if temperature is None else float(temperature))
+    expectations = parse_expectations(item["expect"],
+                                      lambda *path: where_of("expect", *path),
+                                      where_of("expect"))
+    return Case(name, mappings["inputs"], tuple(expectations), where, seed,
+                None if temperature is None else float(temperature), mappings["fill"])
 
 
 def _compose(text: str, file: str) -> yaml.Node | None:

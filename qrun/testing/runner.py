@@ -47,16 +47,19 @@ class CaseOutcome:
 
 
 def check_case_inputs(query: Query, cases: list[Case]) -> list[dict[str, Any]]:
-    """Each case's inputs as the template takes them (Program.check_inputs), before any model
-    work.
+    """Each case's inputs as the template takes them (Program.check_inputs), its known values
+    checked as far as they can be without a model (runtime/fills.py), before any model work.
 
     Raises:
         CaseFileError: a case's inputs do not fit the template (at the case).
     """
+    from qrun.runtime.fills import Fills
+
     checked = []
     for case in cases:
         try:
             checked.append(query.program.check_inputs(case.inputs))
+            Fills(query.program, case.fill)  # names that are holes, lists for loop holes
         except InputError as exc:
             raise CaseFileError(f"case {case.name!r}: {exc.message}", case.where) from None
         except QrunError as exc:
@@ -86,7 +89,8 @@ def run_cases(query: Query, template: str, cases: list[Case], backend: Backend,
     greedy = [i for i, case in enumerate(cases) if case.temperature is None]
     if greedy:
         results = query.run_many([inputs[i] for i in greedy], model=backend,
-                                 options=RunOptions(temperature=0.0), batch_size=batch_size)
+                                 options=RunOptions(temperature=0.0), batch_size=batch_size,
+                                 fill=[cases[i].fill for i in greedy])
         for index, batched in zip(greedy, results, strict=True):
             finish(index, batched)
     for index, case in enumerate(cases):
@@ -95,7 +99,7 @@ def run_cases(query: Query, template: str, cases: list[Case], backend: Backend,
         options = RunOptions(temperature=case.temperature, seed=case.seed)
         result: Result | QrunError
         try:
-            result = query.run(inputs[index], model=backend, options=options)
+            result = query.run(inputs[index], model=backend, options=options, fill=case.fill)
         except QrunError as exc:
             result = exc
         finish(index, result)

@@ -132,3 +132,58 @@ def test_the_example_of_docs_testing_runs(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "label.tmpl .." in out
+
+
+FRONT = """\
+---
+inputs: {topic: string}
+tests:
+  - name: filled
+    inputs: {topic: cats}
+    fill: {label: beta, count: "7"}
+    expect:
+      vars: {label: beta, count: "7"}
+      text: 'Label: beta\\nCount: 7'
+  - name: bad fill
+    inputs: {topic: cats}
+    fill: {count: "x"}
+    expect: {that: 'true'}
+---
+Topic: {{ topic }}
+Label: {{ select label options=["alpha", "beta"] }}
+Count: {{ gen count regex="[0-9]" }}
+"""
+
+
+def test_cases_in_the_front_matter_with_known_values(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.tmpl").write_text(FRONT)
+    code = main(["test", str(tmp_path), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "t.tmpl .E" in out  # the filled case passes whatever the model; "x" breaks the regex
+    assert "count" in out and "1 passed, 1 error in" in out
+
+
+def test_a_mistake_in_front_matter_tests_points_into_the_template(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.tmpl").write_text(FRONT.replace("fill: {label: beta", "fill: {nohole: beta"))
+    assert main(["test", str(tmp_path / "t.tmpl")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 't.tmpl'}:4:5: case 'filled': cannot fill 'nohole'" in err, err
+    misspelt = FRONT.replace("    expect:\n      vars", "    expekt:\n      vars")
+    (tmp_path / "t.tmpl").write_text(misspelt)
+    assert main(["test", str(tmp_path / "t.tmpl")]) == 2
+    assert f"{tmp_path / 't.tmpl'}:8:7: unknown key 'expekt'" in capsys.readouterr().err
+
+
+def test_the_front_matter_example_of_docs_testing_runs(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The second template of docs/testing.md §1: cases in the front matter.
+    doc = (EXAMPLES.parent / "docs/testing.md").read_text()
+    template = doc.split("```tmpl\n")[2].split("```", 1)[0]
+    (tmp_path / "front.tmpl").write_text(template)
+    code = main(["test", str(tmp_path), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "front.tmpl ." in out

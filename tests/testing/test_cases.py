@@ -60,7 +60,7 @@ def test_tests_key_and_empty_file() -> None:
     ("- name: a\n  expect: {that: 'true'}\n- name: a\n  expect: {that: 'true'}\n",
      "two cases are named 'a'", "3:3"),
     ("- name: 'a: b'\n  expect: {that: 'true'}\n", "a case's name", "1:9"),
-    ("name: a\n", "a case file is a list of cases", "1:1"),
+    ("name: a\n", "tests are a list of cases", "1:1"),
     ("- name: a\n  expect: [1\n", "not valid YAML", "3:1"),
     ("- &x {name: a, expect: {that: 'true'}}\n- *x\n", "anchors and aliases", "1:3"),
     ("- name: a\n  expect: {that: !!python/object:os.system 'echo'}\n", "not valid YAML",
