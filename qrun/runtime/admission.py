@@ -100,8 +100,9 @@ class RunScheduler:
         self.queue: deque[Ticket] = deque()
         self.running: set[Ticket] = set()
         self.orders = 0
+        self.refusing = False  # set by cancel_all: a submit raises RunCancelled
         self.stopped = threading.Event()
-        self.idle = threading.Condition(self.lock)  # notified when a run ends
+        self.ended = threading.Condition(self.lock)  # notified when a run ends
         self.loop: threading.Thread | None = None
 
     @classmethod
@@ -132,6 +133,8 @@ class RunScheduler:
         with self.lock:
             if self.stopped.is_set():
                 raise QueueFull("the server is shutting down")
+            if self.refusing:
+                raise RunCancelled("the server is shutting down: it takes no more runs")
             self.start()  # an ASGI server that runs no lifespan never called it
             ticket = Ticket(work, self.orders)
             self.orders += 1
@@ -152,14 +155,29 @@ class RunScheduler:
     def active(self) -> int:
         return len(self.running)
 
-    def close(self, wait_s: float = 5.0) -> None:
-        """Cancel every queued and running run, wait up to `wait_s` for the running ones to
-        end, then end the forward loop."""
+    @property
+    def idle(self) -> bool:
+        """No run is running or waiting."""
         with self.lock:
+            return not self.running and not self.queue
+
+    def cancel_all(self) -> None:
+        """Cancel every queued and running run (a running one ends at its next forward), and
+        refuse the runs submitted after (RunCancelled): the end of a server's drain
+        (qrun/serve/server.py), where a request of a batch would otherwise submit its next
+        line."""
+        with self.lock:
+            self.refusing = True
             for ticket in [*self.queue, *self.running]:
                 ticket.cancel()
             self.queue.clear()
-            self.idle.wait_for(lambda: not self.running, timeout=wait_s)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Cancel every queued and running run, wait up to `wait_s` for the running ones to
+        end, then end the forward loop."""
+        self.cancel_all()
+        with self.lock:
+            self.ended.wait_for(lambda: not self.running, timeout=wait_s)
             self.stopped.set()
         if self.loop is not None:
             self.loop.join(timeout=wait_s)
@@ -190,7 +208,7 @@ class RunScheduler:
                     if not queued.future.cancelled():
                         self._start(queued)
                         break
-                self.idle.notify_all()
+                self.ended.notify_all()
 
     def _engines(self, ticket: Ticket) -> Engines:
         if self.forwards is None:

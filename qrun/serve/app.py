@@ -27,9 +27,11 @@ from prometheus_client import (
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qrun.api import HostFunctions, Query
 from qrun.backends.base import Backend
@@ -67,7 +69,8 @@ log = logging.getLogger("qrun.serve")
 MAX_BODY_BYTES = 1 << 20
 """The largest request body read (413 beyond it)."""
 RETRY_AFTER_S = 1
-"""What a 429 answers in Retry-After: runs of small templates end within about a second."""
+"""What a 429 or a draining 503 answers in Retry-After: runs of small templates end within
+about a second (and a server draining is usually being replaced)."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 BODY_KEYS = ("inputs", "options", "stream", "fields")
@@ -186,6 +189,71 @@ class Service:
         # One for every template: compiled token indexes are shared by all their runs.
         self.constraints = ConstraintCompiler(backend)
         self.descriptions = [describe(name, query) for name, query in self.templates.items()]
+        # Shutdown (docs/serve.md §5, qrun/serve/server.py). Read and written on the event
+        # loop's thread only.
+        self.draining = False  # new requests are answered 503 `draining`
+        self.abandoned = False  # the drain timed out: the runs left were cancelled
+        self.in_flight = 0  # requests accepted (not answered 503) and not yet answered
+        # Set by abandon: a request waiting on a run answers now, even where the run cannot end
+        # at once (a host function it is in holds it up to its call_timeout_s).
+        self.abandoning = asyncio.Event()
+
+    def drain(self) -> None:
+        """Stop accepting requests: from now on each new one is answered 503 `draining`
+        (/metrics excepted), and those accepted go on."""
+        self.draining = True
+
+    def abandon(self) -> None:
+        """The drain's time is up: cancel every run left (queued, running, and a batch's
+        lines not yet started); their requests are answered 503 `draining`."""
+        self.draining = self.abandoned = True
+        self.runs.cancel_all()
+        self.abandoning.set()
+
+    @property
+    def drained(self) -> bool:
+        """Every accepted request has been answered."""
+        return self.in_flight == 0 and self.runs.idle
+
+    def failure(self, exc: BaseException) -> ApiError:
+        """The answer to a run's failure: a run cancelled by `abandon` is 503 `draining`,
+        not the 504 of a request's own deadline."""
+        if self.abandoned and isinstance(exc, RunCancelled | asyncio.CancelledError):
+            return ApiError(503, "draining", "the server shut down before this run ended "
+                            "(its --drain-timeout passed)",
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+        return api_error(exc)
+
+
+class DrainGate:
+    """ASGI middleware: while the service drains, a new request is answered 503 `draining`
+    with Retry-After and `Connection: close` (a client's next request opens a connection,
+    which the server refuses once it has stopped listening); /healthz says so too, so a load
+    balancer stops sending. It counts the requests it lets through until their responses are
+    sent (streams included): the drain waits for them."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.service.draining and scope["path"] != "/metrics":
+            request = Request(scope)
+            error = ApiError(503, "draining", "the server is shutting down: it takes no new "
+                             "requests", headers={"Retry-After": str(RETRY_AFTER_S),
+                                                  "Connection": "close"})
+            extra = {"status": "draining"} if scope["path"] == "/healthz" else {}
+            response = _error_response(error, _request_id(request), self.service, **extra)
+            await response(scope, receive, send)
+            return
+        self.service.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.service.in_flight -= 1
 
 
 @dataclass
@@ -256,6 +324,7 @@ def app(
         Route("/v1/templates/{name}/batch", _handler(service, _batch), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
+                          middleware=[Middleware(DrainGate, service=service)],
                           exception_handlers={HTTPException: not_found})
     starlette.state.qrun = service
     return starlette
@@ -289,7 +358,7 @@ def _handler(service: Service, handler: Handler,
                 _authorize(service, request)
             response = await handler(service, request, request_id)
         except Exception as exc:
-            error = api_error(exc)
+            error = service.failure(exc)
             if error.code == "internal_error":
                 log.exception("[%s] internal error", request_id)
             return _error_response(error, request_id, service)
@@ -305,10 +374,11 @@ def _request_id(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
 
 
-def _error_response(error: ApiError, request_id: str, service: Service) -> Response:
+def _error_response(error: ApiError, request_id: str, service: Service,
+                    **extra: Any) -> Response:
     log.info("[%s] %d %s: %s", request_id, error.status, error.code, error.message)
     service.metrics.requests.labels(str(error.status)).inc()
-    return JSONResponse(error.body(request_id), status_code=error.status,
+    return JSONResponse({**extra, **error.body(request_id)}, status_code=error.status,
                         headers={**error.headers, "X-Request-ID": request_id})
 
 
@@ -370,22 +440,28 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
     # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
     outcome.add_done_callback(lambda f: None if f.cancelled() else f.exception())
     gone = asyncio.ensure_future(_disconnected(request))
+    stop = asyncio.ensure_future(service.abandoning.wait())
     try:
-        done, _ = await asyncio.wait({outcome, gone}, timeout=run.timeout,
+        done, _ = await asyncio.wait({outcome, gone, stop}, timeout=run.timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        stop.cancel()
     if outcome not in done:
         ticket.cancel()
+        if stop in done:
+            raise service.failure(RunCancelled())
         if gone in done:  # nobody to answer: the run stops at its next forward
             log.info("[%s] the client went away: run cancelled", request_id)
             raise ApiError(499, "client_closed", "the client closed the connection")
         raise ApiError(504, "timeout", f"the run took longer than its timeout "
                        f"({run.timeout} s)")
+    if outcome.cancelled():  # taken out of the queue by the drain's end
+        raise service.failure(asyncio.CancelledError())
     try:
         result = outcome.result()
     except Exception as exc:
-        error = api_error(exc)
+        error = service.failure(exc)
         if error.code == "internal_error":
             log.error("[%s] internal error", request_id, exc_info=exc)
         raise error from None
@@ -529,23 +605,31 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
                 while next_line < len(lines) and len(pending) < service.limits.max_running:
                     inputs = lines[next_line][2]
                     if isinstance(inputs, dict):
-                        ticket = await _admit(service, RunRequest(
-                            name, query, inputs, base.for_item(items[next_line]), None, False,
-                            fields), pending)
-                        tickets.append(ticket)
-                        pending[next_line] = asyncio.wrap_future(ticket.future)
+                        try:
+                            ticket = await _admit(service, RunRequest(
+                                name, query, inputs, base.for_item(items[next_line]), None,
+                                False, fields), pending)
+                        except RunCancelled as exc:  # the drain's end: no more runs
+                            pending[next_line] = loop.create_future()
+                            pending[next_line].set_exception(exc)
+                        else:
+                            tickets.append(ticket)
+                            pending[next_line] = asyncio.wrap_future(ticket.future)
                     next_line += 1
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    result = await asyncio.wait_for(asyncio.shield(pending[index]), left)
+                    result = await _unless_abandoned(service, pending[index], left)
                     line: dict[str, Any] = {**start, **result_row(result, fields)}
                 except TimeoutError:
                     error = ApiError(504, "timeout", f"the batch took longer than its "
                                      f"timeout ({timeout} s)")
                     line = {**start, "error": error.message, "line": number}
-                except Exception as exc:
-                    line = {**start, "error": f"line {number}: {api_error(exc).message}",
-                            "line": number, "code": api_error(exc).code}
+                except (Exception, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError) and not pending[index].cancelled():
+                        raise  # this stream's own task is cancelled: its client went away
+                    failure = service.failure(exc)
+                    line = {**start, "error": f"line {number}: {failure.message}",
+                            "line": number, "code": failure.code}
                 pending.pop(index, None)
                 yield dumps_line(line) + "\n"
         finally:
@@ -553,6 +637,26 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
                 ticket.cancel()
 
     return StreamingResponse(produce(), media_type="application/x-ndjson")
+
+
+async def _unless_abandoned(service: Service, future: asyncio.Future[Any],
+                            timeout: float | None) -> Any:
+    """`future`'s result, waited for up to `timeout` seconds (then TimeoutError) and until
+    the service abandons its runs (then RunCancelled). `future` is cancelled only when it is
+    not done and not a run's (an asyncio task of this request's own)."""
+    stop = asyncio.ensure_future(service.abandoning.wait())
+    try:
+        done, _ = await asyncio.wait({future, stop}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if future in done:
+        return future.result()
+    if isinstance(future, asyncio.Task):
+        future.cancel()
+    if stop in done:
+        raise RunCancelled
+    raise TimeoutError
 
 
 async def _admit(service: Service, run: RunRequest,
@@ -605,8 +709,13 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
         try:
             while True:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
+                event = asyncio.ensure_future(events.get())
                 try:
-                    kind, data = await asyncio.wait_for(events.get(), left)
+                    kind, data = await _unless_abandoned(service, event, left)
+                except RunCancelled as exc:
+                    error = service.failure(exc)
+                    yield {"event": "error", "data": dumps_line(error.body(request_id))}
+                    return
                 except TimeoutError:
                     ticket.cancel()
                     error = ApiError(504, "timeout", f"the run took longer than its timeout "
@@ -617,9 +726,11 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
                     yield {"event": kind, "data": dumps_line(data)}
                     continue
                 if data.cancelled():
-                    error = ApiError(503, "cancelled", "the run was cancelled")
+                    error = service.failure(asyncio.CancelledError())
+                    if not service.abandoned:
+                        error = ApiError(503, "cancelled", "the run was cancelled")
                 elif data.exception() is not None:
-                    error = api_error(data.exception())
+                    error = service.failure(data.exception())
                     if error.code == "internal_error":
                         log.error("[%s] internal error", request_id, exc_info=data.exception())
                 else:

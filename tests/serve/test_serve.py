@@ -341,51 +341,101 @@ functions = {"wait": wait}
 """
 
 
-def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(
-        tmp_path: Path, tiny_folder: str) -> None:
-    (tmp_path / "gated.tmpl").write_text(GATED)
-    (tmp_path / "wait.py").write_text(WAIT_FOR_FILE)
-    flag = tmp_path / "go"
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
-         "--functions", str(tmp_path / "wait.py"), "--model", tiny_folder,
-         "--port", str(port), "--log-level", "warning"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "QRUN_TEST_FLAG": str(flag)})
-    url = f"http://127.0.0.1:{port}"
+class ServeProcess:
+    """`qrun serve` in a subprocess on a free port, with the gated template whose host
+    function waits for the file `flag` (the test decides when its runs go on)."""
 
-    def metric(name: str) -> str:
+    def __init__(self, tmp_path: Path, model: str, *flags: str) -> None:
+        (tmp_path / "gated.tmpl").write_text(GATED)
+        (tmp_path / "wait.py").write_text(WAIT_FOR_FILE)
+        self.flag = tmp_path / "go"
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
+             "--functions", str(tmp_path / "wait.py"), "--model", model,
+             "--port", str(port), "--log-level", "warning", *flags],
+            stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "QRUN_TEST_FLAG": str(self.flag)})
+        self.url = f"http://127.0.0.1:{port}"
+
+    def metric(self, name: str) -> str:
         try:
-            lines = httpx.get(f"{url}/metrics").text.splitlines()
+            lines = httpx.get(f"{self.url}/metrics").text.splitlines()
         except httpx.TransportError:
-            assert proc.poll() is None, proc.communicate()[1]
+            assert self.proc.poll() is None, self.proc.communicate()[1]
             return ""
         return next((line.split()[1] for line in lines if line.startswith(name + " ")), "")
 
+    def health(self) -> int:
+        return httpx.get(f"{self.url}/healthz").status_code
+
+    def close(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.communicate(timeout=60)[1]
+
+
+def stream(url: str, name: str, body: Any) -> list[tuple[str, Any]]:
+    with httpx.stream("POST", f"{url}/v1/templates/{name}/run", json={**body, "stream": True},
+                      timeout=120) as response:
+        assert response.status_code == 200
+        return sse_events(response.iter_lines())
+
+
+def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_0(
+        tmp_path: Path, tiny_folder: str) -> None:
+    server = ServeProcess(tmp_path, tiny_folder, "--max-running", "1")
     try:
-        with alarm(300), ThreadPoolExecutor(1) as pool:
-            wait_until(lambda: metric("qrun_running_runs") == "0.0")
-            answer = pool.submit(post, url, "gated", {"inputs": {"q": "in flight"}})
-            wait_until(lambda: metric("qrun_running_runs") == "1.0")
-            proc.send_signal(signal.SIGTERM)
-            wait_until(lambda: _refused(url))  # no longer accepting
-            flag.write_text("")
-            response = answer.result()
+        with alarm(300), ThreadPoolExecutor(2) as pool:
+            wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
+            running = pool.submit(post, server.url, "gated", {"inputs": {"q": "running"}})
+            wait_until(lambda: server.metric("qrun_running_runs") == "1.0")
+            queued = pool.submit(stream, server.url, "gated", {"inputs": {"q": "queued"}})
+            wait_until(lambda: server.metric("qrun_queue_depth") == "1.0")
+            server.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: server.health() == 503)  # still listening: a load balancer sees
+            health = httpx.get(f"{server.url}/healthz").json()
+            assert health["status"] == "draining" and health["error"]["code"] == "draining"
+            refused = post(server.url, "gated", {"inputs": {"q": "too late"}})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "draining"
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.headers["Connection"] == "close"
+            assert server.metric("qrun_queue_depth") == "1.0"  # both still held, not dropped
+            server.flag.write_text("")
+            response = running.result()
             assert response.status_code == 200, response.text
-            assert response.json()["text"].startswith("Q: in flight\nA: ")
-            assert proc.wait() == 0
+            assert response.json()["text"].startswith("Q: running\nA: ")
+            events = queued.result()
+            assert events[-1][0] == "done", events
+            assert events[-1][1]["text"].startswith("Q: queued\nA: ")
+            assert server.proc.wait() == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=60)
+        stderr = server.close()
+    assert "Traceback" not in stderr, stderr
 
 
-def _refused(url: str) -> bool:
+def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
+        tmp_path: Path, tiny_folder: str) -> None:
+    server = ServeProcess(tmp_path, tiny_folder, "--drain-timeout", "1")
     try:
-        httpx.get(f"{url}/healthz")
-    except httpx.TransportError:
-        return True
-    return False
+        with alarm(300), ThreadPoolExecutor(2) as pool:
+            wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
+            held = pool.submit(post, server.url, "gated", {"inputs": {"q": "held"}})
+            streamed = pool.submit(stream, server.url, "gated", {"inputs": {"q": "held too"}})
+            wait_until(lambda: server.metric("qrun_running_runs") == "2.0")
+            server.proc.send_signal(signal.SIGTERM)
+            response = held.result()  # answered although its run is still in the host function
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "draining"
+            kind, data = streamed.result()[-1]
+            assert kind == "error" and data["error"]["code"] == "draining"
+            server.flag.write_text("")
+            assert server.proc.wait() == 0
+    finally:
+        stderr = server.close()
+    assert "Traceback" not in stderr, stderr
+
