@@ -157,6 +157,9 @@ class Metrics:
         self.model_s = Counter("qrun_model_seconds", "Time inside model forwards, summed over "
                                "runs (a batched forward counts for each of its runs)",
                                registry=self.registry)
+        self.cancelled = Counter("qrun_runs_cancelled", "Runs stopped at a forward because "
+                                 "their request went away, timed out or was abandoned by a "
+                                 "drain", registry=self.registry)
         self.batch_rows = Histogram("qrun_forward_batch_size", "Rows of each batched forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=self.registry)
@@ -679,7 +682,11 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
                         service.constraints, engines, run.query.functions)
         executing.on_hole = on_hole
-        result = executing.execute()
+        try:
+            result = executing.execute()
+        except RunCancelled:
+            service.metrics.cancelled.inc()
+            raise
         service.metrics.count(result)
         return result
 

@@ -328,6 +328,49 @@ def test_a_client_that_goes_away_cancels_its_run(
         running.future.result()
 
 
+
+def _send_and_leave(url: str, path: str, body: bytes, gate: Gate, runs: int,
+                    service: Service) -> list[Any]:
+    """POST `body` to `path` on a raw connection, close it once `runs` runs wait at the gate,
+    and return those runs' tickets once the server has cancelled them all."""
+    host, port = url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    client.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+    wait_until(lambda: gate.arrived == runs)
+    tickets = list(service.runs.running)
+    assert len(tickets) == runs
+    client.close()
+    wait_until(lambda: all(ticket.cancelled.is_set() for ticket in tickets))
+    return tickets
+
+
+def _counter(url: str, name: str) -> float:
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+
+
+@pytest.mark.parametrize("path", ["/v1/templates/gated/run", "/v1/templates/gated/batch"])
+def test_a_stream_or_a_batch_whose_client_goes_away_cancels_its_runs(
+        server: tuple[str, Service], gate: Gate, path: str) -> None:
+    url, service = server
+    if path.endswith("/run"):
+        body, runs = json.dumps({"inputs": {"q": "never read"}, "stream": True}).encode(), 1
+    else:  # three lines: the server's three slots
+        body, runs = b'{"q": "a"}\n{"q": "b"}\n{"q": "c"}\n{"q": "d"}\n', 3
+    cancelled = _counter(url, "qrun_runs_cancelled_total")
+    with alarm(120):
+        tickets = _send_and_leave(url, path, body, gate, runs, service)
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0 and service.runs.queued == 0)
+        for ticket in tickets:  # each ended at its next forward, not with a result
+            with pytest.raises(RunCancelled):
+                ticket.future.result()
+        assert _counter(url, "qrun_runs_cancelled_total") == cancelled + runs
+        assert gate.arrived == runs  # the batch's fourth line never started
+        answer = post(url, "person", {"inputs": {"name": "Ada"}})  # the server goes on
+    assert answer.status_code == 200, answer.text
+
 WAIT_FOR_FILE = """
 import os
 import time
