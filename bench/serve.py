@@ -145,8 +145,7 @@ async def qrun_request(client: httpx.AsyncClient, url: str, bio: str, request_id
                            status=answer.status_code)
         row = answer.json()
         return Outcome("answered", request_id, valid(row["vars"]["person"]),
-                       time.perf_counter() - started, tokens=row["stats"]["generated_tokens"],
-                       status=200)
+                       time.perf_counter() - started, tokens=output_tokens(row), status=200)
     body = {"inputs": {"bio": bio}, "stream": True}
     first: float | None = None
     final: list[tuple[str, Any]] = []
@@ -183,7 +182,14 @@ async def qrun_request(client: httpx.AsyncClient, url: str, bio: str, request_id
         return Outcome(_refused_or_failed(503 if data["error"]["code"] == "draining" else 500),
                        request_id, status=200)
     return Outcome("answered", request_id, valid(data["vars"]["person"]), latency, first,
-                   data["stats"]["generated_tokens"], 200)
+                   output_tokens(data), 200)
+
+
+def output_tokens(row: dict[str, Any]) -> int:
+    """The answer's tokens: sampled, and appended without sampling where the schema allowed
+    only one (a peer samples those too, and counts them in its usage)."""
+    stats = row["stats"]
+    return int(stats["generated_tokens"]) + int(stats["forced_tokens"])
 
 
 def _refused_or_failed(status: int) -> str:
@@ -340,7 +346,10 @@ def start_llama_cpp(model: str, threads: int, logs: Path) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path(model)),
                "--n_ctx", "2048", "--n_threads", str(threads), "--host", "127.0.0.1",
-               "--port", str(port)]
+               "--port", str(port),
+               # Its default: a new request interrupts the stream in progress (cut off, not
+               # answered); off, requests wait their turn (it runs one at a time).
+               "--interrupt_requests", "False"]
     send = openai_request({"type": "json_object", "schema": SCHEMA}, "model")
     return launch("llama_cpp", command, {}, "/v1/models", send, logs, port)
 
