@@ -71,6 +71,13 @@ MAX_BODY_BYTES = 1 << 20
 RETRY_AFTER_S = 1
 """What a 429 or a draining 503 answers in Retry-After: runs of small templates end within
 about a second (and a server draining is usually being replaced)."""
+MAX_INPUT_CHARS = 100_000
+"""The longest string an input may hold, at any depth (422 `input_too_large` beyond): a few
+times the context of the models served here; the body's limit alone would let one string
+fill it."""
+MAX_INPUT_DEPTH = 32
+"""How deep an input's lists and objects may nest (the body's JSON may nest 100 levels,
+qrun/cli/jsonio.py, for the body's own wrapping and the other inputs)."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 BODY_KEYS = ("inputs", "options", "stream", "fields")
@@ -137,6 +144,8 @@ class ServerLimits:
     max_running: int = 8
     max_queue: int = 64
     max_body_bytes: int = MAX_BODY_BYTES
+    max_input_chars: int = MAX_INPUT_CHARS
+    max_input_depth: int = MAX_INPUT_DEPTH
 
 
 class Metrics:
@@ -280,11 +289,14 @@ def app(
     max_running: int = 8,
     max_queue: int = 64,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_input_chars: int = MAX_INPUT_CHARS,
+    max_input_depth: int = MAX_INPUT_DEPTH,
     api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app serving `templates` (name -> Query, or `.tmpl` files and folders, compiled
     with `functions`) on `model` (a loaded backend, or what `load_model` takes: loaded now).
-    `api_key`: requests must carry `Authorization: Bearer KEY`.
+    `api_key`: requests must carry `Authorization: Bearer KEY`. `max_input_chars`,
+    `max_input_depth`: the largest input a request may give (check_input_sizes).
 
     Raises:
         UsageError: a bad limit, a missing template file or two templates with one name.
@@ -292,14 +304,18 @@ def app(
         ModelLoadError: the model cannot be loaded.
     """
     for flag, value, least in (("max_running", max_running, 1), ("max_queue", max_queue, 0),
-                               ("max_body_bytes", max_body_bytes, 1)):
+                               ("max_body_bytes", max_body_bytes, 1),
+                               ("max_input_chars", max_input_chars, 1),
+                               ("max_input_depth", max_input_depth, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise UsageError(f"{flag} must be an integer ≥ {least}, got {value!r}")
     queries = served(templates, functions)
     if not queries:
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
-    service = Service(queries, backend, ServerLimits(max_running, max_queue, max_body_bytes),
+    limits = ServerLimits(max_running, max_queue, max_body_bytes, max_input_chars,
+                          max_input_depth)
+    service = Service(queries, backend, limits,
                       api_key or None)
 
     @asynccontextmanager
@@ -526,7 +542,36 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     stream = stream or "text/event-stream" in request.headers.get("accept", "")
     query = service.templates[name]
     checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
+    check_input_sizes(checked, service.limits)
     return RunRequest(name, query, checked, options, timeout, stream, fields)
+
+
+def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits) -> None:
+    """Each input's strings at most `limits.max_input_chars` long and its lists and objects
+    nested at most `limits.max_input_depth` deep (inputs are plain data, checked already).
+
+    Raises:
+        ApiError: 422 `input_too_large`, naming the input and the place in it.
+    """
+    # (place, value, depth): iterative, as deep inputs are what this refuses.
+    todo: list[tuple[str, Any, int]] = [(name, value, 0) for name, value in inputs.items()]
+    while todo:
+        place, value, depth = todo.pop()
+        if isinstance(value, str) and len(value) > limits.max_input_chars:
+            raise ApiError(422, "input_too_large", f"input {place} is a string of {len(value)} "
+                           f"characters; this server takes at most {limits.max_input_chars} "
+                           "(--max-input-chars)")
+        items: Iterable[tuple[str, Any]]
+        if isinstance(value, Mapping):
+            items = ((f"{place}[{json.dumps(key)}]", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            items = ((f"{place}[{index}]", item) for index, item in enumerate(value))
+        else:
+            continue
+        if depth >= limits.max_input_depth:
+            raise ApiError(422, "input_too_large", f"input {place} nests lists and objects "
+                           f"deeper than {limits.max_input_depth} levels (--max-input-depth)")
+        todo.extend((where, item, depth + 1) for where, item in items)
 
 
 def _run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:
@@ -579,7 +624,11 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
         parsed: dict[str, Any] | None = None
         try:
             parsed = parse_line(line)
-            lines.append((number, parsed, dict(query.program.check_inputs(parsed))))
+            checked = query.program.check_inputs(parsed)
+            check_input_sizes(checked, service.limits)
+            lines.append((number, parsed, dict(checked)))
+        except ApiError as exc:
+            lines.append((number, parsed, exc.message))
         except BadInput as exc:
             lines.append((number, parsed, str(exc)))
         except QrunError as exc:

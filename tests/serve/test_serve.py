@@ -129,6 +129,25 @@ def test_bad_json_and_a_body_too_large(server: tuple[str, Service]) -> None:
     assert httpx.get(f"{url}/nowhere").json()["error"]["code"] == "not_found"
 
 
+def test_an_input_too_long_or_too_deep_is_422_input_too_large(
+        tiny: TransformersBackend) -> None:
+    asgi = app({"person": qrun.Query(PERSON)}, model=tiny, max_input_chars=10,
+               max_input_depth=2)
+    with alarm(120), serving(asgi) as url:
+        answers = [post(url, "person", {"inputs": {"name": name}})
+                   for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]})]
+        batch = httpx.post(f"{url}/v1/templates/person/batch?fields=vars",
+                           content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120)
+    assert [a.status_code for a in answers] == [200, 422, 200, 422, 422]
+    for answer in answers[1:4:2] + answers[4:]:
+        assert answer.json()["error"]["code"] == "input_too_large"
+    assert "input name is a string of 11 characters" in answers[1].json()["error"]["message"]
+    assert "deeper than 2 levels" in answers[3].json()["error"]["message"]
+    assert "input name[\"k\"][0] is a string" in answers[4].json()["error"]["message"]
+    rows = [json.loads(line) for line in batch.text.splitlines()]
+    assert "vars" in rows[0] and rows[1]["line"] == 2
+    assert "at most 10 (--max-input-chars)" in rows[1]["error"]
+
 def test_an_api_key_is_required_when_set(tiny: TransformersBackend) -> None:
     asgi = app({"person": qrun.Query(PERSON)}, model=tiny, api_key="s3cret")
     with serving(asgi) as url:
@@ -482,3 +501,15 @@ def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
         stderr = server.close()
     assert "Traceback" not in stderr, stderr
 
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-input-chars", "0"),
+                                             ("--max-input-depth", "-1"),
+                                             ("--max-queue", "-1")])
+def test_a_bad_limit_flag_is_a_usage_error_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    from qrun.cli import main
+
+    (tmp_path / "person.tmpl").write_text(PERSON)
+    assert main(["serve", str(tmp_path), "--model", "no-such-model", flag, value]) == 2
+    assert f"{flag} must be ≥" in capsys.readouterr().err
