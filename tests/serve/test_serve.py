@@ -451,12 +451,16 @@ def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_
         tmp_path: Path, tiny_folder: str) -> None:
     server = ServeProcess(tmp_path, tiny_folder, "--max-running", "1")
     try:
-        with alarm(300), ThreadPoolExecutor(2) as pool:
+        with alarm(300), ThreadPoolExecutor(3) as pool:
             wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
             running = pool.submit(post, server.url, "gated", {"inputs": {"q": "running"}})
             wait_until(lambda: server.metric("qrun_running_runs") == "1.0")
             queued = pool.submit(stream, server.url, "gated", {"inputs": {"q": "queued"}})
             wait_until(lambda: server.metric("qrun_queue_depth") == "1.0")
+            # A batch's second line is submitted only after its first ends: during the drain.
+            batch = pool.submit(httpx.post, f"{server.url}/v1/templates/gated/batch",
+                                content=b'{"q": "b1"}\n{"q": "b2"}\n', timeout=120)
+            wait_until(lambda: server.metric("qrun_queue_depth") == "2.0")
             server.proc.send_signal(signal.SIGTERM)
             wait_until(lambda: server.health() == 503)  # still listening: a load balancer sees
             health = httpx.get(f"{server.url}/healthz").json()
@@ -466,7 +470,7 @@ def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_
             assert refused.json()["error"]["code"] == "draining"
             assert refused.headers["Retry-After"] == "1"
             assert refused.headers["Connection"] == "close"
-            assert server.metric("qrun_queue_depth") == "1.0"  # both still held, not dropped
+            assert server.metric("qrun_queue_depth") == "2.0"  # still held, not dropped
             server.flag.write_text("")
             response = running.result()
             assert response.status_code == 200, response.text
@@ -474,6 +478,8 @@ def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_
             events = queued.result()
             assert events[-1][0] == "done", events
             assert events[-1][1]["text"].startswith("Q: queued\nA: ")
+            rows = [json.loads(line) for line in batch.result().text.splitlines()]
+            assert [row["text"][:6] for row in rows] == ["Q: b1\n", "Q: b2\n"]
             assert server.proc.wait() == 0
     finally:
         stderr = server.close()
