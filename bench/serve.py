@@ -366,8 +366,10 @@ def start_vllm(model: str, threads: int, logs: Path) -> Server:
                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
                "--block-size", "32", "--enable-prefix-caching", "--enforce-eager",
                "--dtype", "float32"]
+    # nobind: OMP_NUM_THREADS threads, unpinned, as the other servers get (vLLM's "auto"
+    # pins one thread per physical core and may reserve one: vllm/utils/ompmultiprocessing.py).
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
-           "OMP_NUM_THREADS": str(threads)}
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
     send = openai_request({"type": "json_schema",
                            "json_schema": {"name": "person", "schema": SCHEMA}}, folder)
     return launch("vllm", command, env, "/v1/models", send, logs, port)
