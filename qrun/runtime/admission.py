@@ -5,7 +5,7 @@ run in one ForwardScheduler (qrun/runtime/scheduler.py) whose serve loop owns th
 scheduler's life. A run joins
 the batch at its first forward and leaves it when it ends; nothing waits for a batch to fill.
 A backend that batches itself (vLLM) gets the runs' calls concurrently, as run_batched does
-(qrun/runtime/batch.py)."""
+(qrun/runtime/batch.py), through wrappers that stop a cancelled run at its next call."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.base import Backend, KVCache
+from qrun.backends.base import Backend, Completion, HoleSampler, KVCache, StepModel
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
 
@@ -79,6 +80,51 @@ class _CancellableModel(ScheduledModel):
         if self._cancelled.is_set():
             raise RunCancelled
         return super().forward_tree(token_ids, parents, cache)
+
+
+class _CheckedModel:
+    """The step model of a backend that batches itself (vLLM), as one server run sees it:
+    a cancelled run's next forward raises RunCancelled (its engine schedules the forwards,
+    so no ForwardScheduler sees them)."""
+
+    def __init__(self, model: StepModel, cancelled: threading.Event) -> None:
+        self.model = model
+        self.cancelled = cancelled
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.model.prefix_cache
+
+    def new_cache(self) -> KVCache:
+        return self.model.new_cache()
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache,
+                logits_for: int = 1) -> npt.NDArray[np.float32]:
+        if self.cancelled.is_set():
+            raise RunCancelled
+        return self.model.forward(token_ids, cache, logits_for)
+
+
+class _CheckedSampler:
+    """A backend's hole sampler (a vLLM server), as one server run sees it: a cancelled
+    run's next hole raises RunCancelled instead of asking the server."""
+
+    def __init__(self, sampler: HoleSampler, cancelled: threading.Event) -> None:
+        self.sampler = sampler
+        self.cancelled = cancelled
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
+                 top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
+                 regex: str | None = None, grammar: str | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> Completion:
+        if self.cancelled.is_set():
+            raise RunCancelled
+        return self.sampler.complete(prompt, max_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop, regex=regex,
+                                     grammar=grammar, stop_token_ids=stop_token_ids)
+
+    def reads_llguidance(self) -> bool:
+        return self.sampler.reads_llguidance()
 
 
 class RunScheduler:
@@ -212,7 +258,12 @@ class RunScheduler:
 
     def _engines(self, ticket: Ticket) -> Engines:
         if self.forwards is None:
-            return choose_engines(self.backend)
+            own = self.backend.step_model()
+            sampler = self.backend.hole_sampler() if own is None else None
+            return choose_engines(
+                self.backend, _CheckedModel(own, ticket.cancelled) if own is not None else None,
+                sampler=(_CheckedSampler(sampler, ticket.cancelled) if sampler is not None
+                         else None))
         model = _CancellableModel(self.forwards, ticket.order, ticket.cancelled)
         tree = model if self.forwards.tree_scorer is not None else None
         return choose_engines(self.backend, model, tree)

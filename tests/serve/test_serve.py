@@ -4,6 +4,7 @@ requests batched together with the results an in-process run gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
+from tests.doubles import ScriptedServer
 from tests.hang import alarm
 from tests.serve.serving import Gate, serving, sse_events, wait_until
 
@@ -347,6 +349,37 @@ def test_a_client_that_goes_away_cancels_its_run(
         running.future.result()
 
 
+
+class SelfBatching(TransformersBackend):
+    """The tiny model declared as a backend that batches itself (as vLLM is): the server's
+    runs call it directly, with no ForwardScheduler between."""
+
+    capabilities = dataclasses.replace(TransformersBackend.capabilities, batches_itself=True)
+
+
+@pytest.mark.parametrize("kind", ["step model", "hole sampler"])
+def test_a_run_on_a_backend_that_batches_itself_is_cancelled_at_its_next_call(
+        tiny: TransformersBackend, gate: Gate, kind: str) -> None:
+    # vLLM in process (its own step model) and a vLLM server (a hole sampler): no
+    # ForwardScheduler sees their calls, so the run checks its cancellation at each one.
+    template = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" heal=false }}\n'
+    backend: Any = (SelfBatching(tiny.model, tiny.tokenizer, "tiny-self-batching")
+                    if kind == "step model" else ScriptedServer(tiny, ["ab", "cd"]))
+    asgi = app({"gated": qrun.Query(template, functions={"wait": gate.wait})}, model=backend)
+    service = asgi.state.qrun
+    assert service.runs.forwards is None
+    with alarm(120), serving(asgi) as url:
+        late = post(url, "gated", {"inputs": {"q": "slow"}, "options": {"timeout": 0.2}})
+        assert (late.status_code, late.json()["error"]["code"]) == (504, "timeout")
+        ticket = next(iter(service.runs.running))
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)
+        with pytest.raises(RunCancelled):  # not run to its end
+            ticket.future.result()
+        answer = post(url, "gated", {"inputs": {"q": "next"}})
+    assert answer.status_code == 200, answer.text
+    if kind == "hole sampler":  # the cancelled run never asked the server
+        assert len(backend.requests) == 1 and answer.json()["vars"]["a"] == "ab"
 
 def _send_and_leave(url: str, path: str, body: bytes, gate: Gate, runs: int,
                     service: Service) -> list[Any]:
