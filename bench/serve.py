@@ -9,7 +9,8 @@ several concurrencies, every answer validated with jsonschema.
 Servers, each started here on a free port (a fresh one per concurrency, so no prefix cache
 answers a bio it saw at the previous concurrency):
 
-- `qrun serve` on each of `--backends` (the template TEMPLATE), streamed (server-sent events);
+- `qrun serve` on each of `--backends` (transformers, llamacpp, vllm: the template TEMPLATE),
+  streamed (server-sent events);
 - `--peers llama_cpp`: llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, the
   `bench` extra) on the GGUF qrun's default model loads, `/v1/chat/completions` with the same
   user message and `response_format: {"type": "json_object", "schema": SCHEMA}` (its grammar
@@ -561,7 +562,8 @@ def main() -> None:
                         help="threads of every server and of the in-process runs (default 1: "
                              "on a shared VM more threads wait on each other, bench/README.md)")
     parser.add_argument("--backends", default="transformers",
-                        help="qrun serve's backends, comma-separated (transformers,llamacpp)")
+                        help="qrun serve's backends, comma-separated (transformers, "
+                             "llamacpp, vllm)")
     parser.add_argument("--peers", default="",
                         help="other servers on the same workload: llama_cpp, vllm")
     parser.add_argument("--fault", action="store_true",
