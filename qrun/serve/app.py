@@ -694,18 +694,18 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
 async def _unless_abandoned(service: Service, future: asyncio.Future[Any],
                             timeout: float | None) -> Any:
     """`future`'s result, waited for up to `timeout` seconds (then TimeoutError) and until
-    the service abandons its runs (then RunCancelled). `future` is cancelled only when it is
-    not done and not a run's (an asyncio task of this request's own)."""
+    the service abandons its runs (then RunCancelled). A task of this request's own (a
+    stream's next event) is cancelled when it is not done; a run's future is left to it."""
     stop = asyncio.ensure_future(service.abandoning.wait())
     try:
         done, _ = await asyncio.wait({future, stop}, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
+        if isinstance(future, asyncio.Task) and not future.done():
+            future.cancel()  # also when this request's own task is cancelled (client gone)
     if future in done:
         return future.result()
-    if isinstance(future, asyncio.Task):
-        future.cancel()
     if stop in done:
         raise RunCancelled
     raise TimeoutError
@@ -782,9 +782,8 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
                     yield {"event": kind, "data": dumps_line(data)}
                     continue
                 if data.cancelled():
-                    error = service.failure(asyncio.CancelledError())
-                    if not service.abandoned:
-                        error = ApiError(503, "cancelled", "the run was cancelled")
+                    error = (service.failure(asyncio.CancelledError()) if service.abandoned
+                             else ApiError(503, "cancelled", "the run was cancelled"))
                 elif data.exception() is not None:
                     error = service.failure(data.exception())
                     if error.code == "internal_error":
