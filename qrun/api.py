@@ -5,7 +5,7 @@ neither torch nor transformers."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,18 @@ class Query:
         return self.program.optional_inputs
 
     @property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema of a run's inputs, an object with one property per input: a typed
+        input's declared schema (docs/language.md §4.1), any value for an untyped one."""
+        return self.program.input_schema
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of `Result.output` (the front matter's `output:`), or None."""
+        schema = self.program.output_schema
+        return None if schema is None else dict(schema)
+
+    @property
     def warnings(self) -> tuple[TemplateWarning, ...]:
         """What compiles but likely does not mean what it says (docs/language.md §13), in
         source order: `print(w)` shows each with its position, like an error."""
@@ -96,30 +108,37 @@ class Query:
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> Result:
         """Run the template once. Inputs come as a mapping, as keyword arguments, or both.
         Keyword arguments named like a run option (temperature, top_p, top_k, seed,
         max_tokens: see RunOptions) are options, and override `options`; an input with such a
-        name goes in the mapping. `model` is a loaded model, or a name or ModelOptions for
-        `load`.
+        name (or named `fill`) goes in the mapping. `model` is a loaded model, or a name or
+        ModelOptions for `load`. `fill` gives holes their values (docs/language.md §16.1:
+        inserted as fixed text, checked against the hole; a loop's hole takes a list).
 
         Raises:
-            UsageError: a run option is invalid (before anything else).
-            InputError: a declared input is missing (before the model is loaded).
+            UsageError: a run option is invalid, or `fill` names no hole (before anything
+                else).
+            InputError: a declared input is missing or does not fit its type (before the
+                model is loaded), or a known value does not fit its hole.
             ModelLoadError: the model cannot be loaded.
             GenerationError: a hole cannot be filled legally.
         """
         from qrun.runtime.executor import Run
+        from qrun.runtime.fills import Fills
 
         chosen, named = RunOptions.split(values)
         run_options = chosen.over(options or RunOptions())
         if named or inputs is None:
             inputs = {**(inputs or {}), **named}
         checked = self.program.check_inputs(inputs)
+        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
         backend = self._model(model)
         return Run(self.program, backend, checked, run_options, on_text,
-                   self._constraint_compiler(backend), functions=self.functions).execute()
+                   self._constraint_compiler(backend), functions=self.functions,
+                   fill=fill).execute()
 
     async def arun(
         self,
@@ -129,6 +148,7 @@ class Query:
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
         on_text: Callable[[str], None] | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> Result:
         """`run`, awaited: the run works in a thread of its own, and the runs of every
@@ -142,7 +162,7 @@ class Query:
         """
         import asyncio
 
-        ticket = await self._submit_shared(inputs, model, options, values, on_text, None)
+        ticket = await self._submit_shared(inputs, model, options, values, on_text, None, fill)
         try:
             result: Result = await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:
@@ -157,6 +177,7 @@ class Query:
         *,
         model: Backend | ModelOptions | str | None = None,
         options: RunOptions | None = None,
+        fill: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> AsyncIterator[RunEvent]:
         """`arun` as events, in the order the run makes them: `text` (each piece of text as it
@@ -176,7 +197,7 @@ class Query:
 
         ticket = await self._submit_shared(
             inputs, model, options, values, lambda text: push(RunEvent("text", text=text)),
-            lambda name, value: push(RunEvent("hole", name=name, value=value)))
+            lambda name, value: push(RunEvent("hole", name=name, value=value)), fill)
         # After every text and hole event: the run's thread pushed those before it ended.
         ticket.future.add_done_callback(lambda _: push(None))
         try:
@@ -190,25 +211,28 @@ class Query:
         self, inputs: Mapping[str, Any] | None, model: Backend | ModelOptions | str | None,
         options: RunOptions | None, values: dict[str, Any],
         on_text: Callable[[str], None] | None, on_hole: Callable[[str, Any], None] | None,
+        fill: Mapping[str, Any] | None = None,
     ) -> Ticket:
         """A run of this query admitted to its model's shared scheduler (arun, astream)."""
         import asyncio
 
         from qrun.runtime.admission import RunScheduler
         from qrun.runtime.executor import Run
+        from qrun.runtime.fills import Fills
 
         chosen, named = RunOptions.split(values)
         run_options = chosen.over(options or RunOptions())
         if named or inputs is None:
             inputs = {**(inputs or {}), **named}
         checked = self.program.check_inputs(inputs)
+        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
         backend = model if not (model is None or isinstance(model, str | ModelOptions)) \
             else await asyncio.to_thread(self._model, model)
         constraints = self._constraint_compiler(backend)
 
         def work(engines: Engines) -> Result:
             run = Run(self.program, backend, checked, run_options, on_text, constraints,
-                      engines, self.functions)
+                      engines, self.functions, fill)
             run.on_hole = on_hole
             return run.execute()
 
@@ -223,6 +247,7 @@ class Query:
         options: RunOptions | None = None,
         batch_size: int = 1,
         on_result: Callable[[int, Result | QrunError], None] | None = None,
+        fill: Sequence[Mapping[str, Any] | None] | None = None,
         **option_values: Any,
     ) -> list[Result | QrunError]:
         """Run the template once per input mapping; results come back in input order. Run
@@ -232,10 +257,13 @@ class Query:
         Up to `batch_size` runs advance together, sharing one model forward per step; the
         model's prefix cache (see load_model's cache_mb) serves their common prefix once. A
         run that fails puts its error in its place and the others still run; `on_result(i, r)`
-        is called as each run finishes, so nothing already produced is lost.
+        is called as each run finishes, so nothing already produced is lost. `fill` gives
+        each run its known values (as `run`'s, docs/language.md §16.1): one mapping (or None)
+        per input, in the same order.
 
         Raises:
-            UsageError: batch_size < 1, or an invalid or unknown run option.
+            UsageError: batch_size < 1, an invalid or unknown run option, or `fill` not one
+                per input.
         """
         from qrun.runtime.batch import run_batched
         from qrun.runtime.executor import Run
@@ -249,18 +277,23 @@ class Query:
         if batch_size < 1:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
+        fills = [dict(f or {}) for f in fill] if fill is not None else [{} for _ in rows]
+        if len(fills) != len(rows):
+            raise UsageError(f"run_many() got {len(fills)} fill mappings for {len(rows)} inputs: "
+                             "give one per input (None for none)")
         backend = self._model(model)
         constraints = self._constraint_compiler(backend)
         if batch_size > 1 and len(rows) > 1:
             return run_batched(self.program, backend, rows,
                                [run_options.for_item(i) for i in range(len(rows))],
-                               constraints, batch_size, on_result, self.functions)
+                               constraints, batch_size, on_result, self.functions, fills)
         results: list[Result | QrunError] = []
         for index, values in enumerate(rows):
             outcome: Result | QrunError
             try:
                 outcome = Run(self.program, backend, values, run_options.for_item(index),
-                              None, constraints, functions=self.functions).execute()
+                              None, constraints, functions=self.functions,
+                              fill=fills[index]).execute()
             except QrunError as exc:
                 outcome = exc
             results.append(outcome)

@@ -258,11 +258,43 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         assert ("years" in r) == (r["level"] == "senior")
 
 
+def check_output(query: qrun.Query, r: qrun.Result) -> None:
+    """A typed example's result record fits its output schema (docs/language.md §4.2)."""
+    if query.output_schema is None:
+        assert r.output is None
+        return
+    assert r.output is not None
+    jsonschema.validate(r.output, query.output_schema)
+    assert r.output == {name: r[name] for name in r.output}
+
+
+TYPED_EXAMPLES = ("classify.tmpl", "extract.tmpl")
+
+
+@pytest.mark.parametrize("name", TYPED_EXAMPLES)
+@pytest.mark.parametrize("seed", range(3))
+def test_typed_example_output_fits_at_temperature_1(tiny: TransformersBackend, name: str,
+                                                    seed: int) -> None:
+    query = qrun.Query.from_file(EXAMPLES / name)
+    assert query.output_schema is not None
+    check_output(query, query.run(INPUTS[name], model=tiny, seed=seed, temperature=1.0))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", TYPED_EXAMPLES)
+@pytest.mark.parametrize("seed", range(2))
+def test_typed_example_output_fits_at_temperature_1_on_the_default_model(
+        smollm2: TransformersBackend, name: str, seed: int) -> None:
+    query = qrun.Query.from_file(EXAMPLES / name)
+    check_output(query, query.run(INPUTS[name], model=smollm2, seed=seed, temperature=1.0))
+
+
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
     r = query.run(INPUTS[name], model=tiny, seed=0)
     check_values(name, r, tiny)
+    check_output(query, r)
     assert r.stats.forward_tokens <= r.stats.context_tokens + r.stats.rework_tokens
     assert tiny.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
 
@@ -273,6 +305,7 @@ def test_example_runs_on_the_default_model(smollm2: TransformersBackend, name: s
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
     r = query.run(INPUTS[name], model=smollm2)
     check_values(name, r, smollm2)
+    check_output(query, r)
     assert all(str(v).strip() for v in r.vars.values())
 
 

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a qrun template: fixed text plus constrained holes filled by a model.",
         epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure, "
                "130 interrupted. `qrun serve PATH...` serves templates over HTTP (qrun serve "
-               "--help).",
+               "--help); `qrun test PATH...` runs their test cases (qrun test --help).",
     )
     parser.add_argument("file", help="the template (.tmpl)")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="inputs as a JSON object, from a file or stdin (-)")
     parser.add_argument("--inputs", metavar="FILE.jsonl|-",
                         help="one run per line of JSON objects; prints JSON Lines")
+    parser.add_argument("--fill", action="append", default=[], metavar="NAME=VALUE",
+                        help="give hole NAME its value (its text; NAME:=JSON for a JSON value, "
+                             "a list for a hole in a loop): not generated, checked against "
+                             "the hole (repeatable)")
     parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
                                         "hub id (org/name)")
     parser.add_argument("--backend", default="transformers", choices=BACKENDS,
@@ -163,12 +167,17 @@ def build_serve_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     serving = bool(given) and given[0] == "serve"
+    testing = bool(given) and given[0] == "test"
     if serving:
         args = build_serve_parser().parse_args(given[1:])
-    else:
+    elif not testing:
         args = build_parser().parse_args(given)
     write.open_line = False
     try:
+        if testing:
+            from qrun.cli.test_command import run_tests
+
+            return run_tests(given[1:])
         return _serve(args) if serving else _run(args)
     except QrunError as exc:
         write.end_line()
@@ -216,13 +225,23 @@ def _run(args: argparse.Namespace) -> int:
               f"{', '.join(query.inputs) or 'none'})")
         return EXIT_OK
     inputs, typed_strings = _inputs(args)
+    _read_as_declared(query, inputs, typed_strings)
+    fill = _fills(args)
     if args.inputs:
+        if fill:
+            raise UsageError("--fill cannot go with --inputs (give each run its values with "
+                             "Query.run(fill=...))")
         return _run_lines(query, args, options, model_options, inputs,
                           _Rows(fields, args.id, typed_strings))
     checked = query.program.check_inputs(inputs)  # before the model is loaded
+    if fill:
+        from qrun.runtime.fills import Fills
+
+        Fills(query.program, fill)  # a name that is no hole: refused before the model
     if args.json:
         model = _load(query, model_options, args.quiet)
-        result = _hinted(lambda: query.run(checked, model=model, options=options), typed_strings)
+        result = _hinted(lambda: query.run(checked, model=model, options=options, fill=fill),
+                         typed_strings)
         print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
     else:
         early = leading_text(query.program)
@@ -230,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
         model = _load(query, model_options, args.quiet)
         echo = SkipEcho(early, write)
         result = _hinted(lambda: query.run(checked, model=model, options=options,
-                                           on_text=echo), typed_strings)
+                                           on_text=echo, fill=fill), typed_strings)
         if not result.text.endswith("\n"):
             write("\n")
     if args.stats:
@@ -288,7 +307,8 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
         ("--check", args.check), ("--dump", args.dump), ("--trace", args.trace),
         ("--functions", args.functions), ("--model", args.model), ("--url", args.url),
         ("--device", args.device), ("--dtype", args.dtype), ("--cache-mb", args.cache_mb),
-        ("--batch-size", args.batch_size), ("--backend", args.backend != "transformers"))
+        ("--batch-size", args.batch_size), ("--backend", args.backend != "transformers"),
+        ("--fill", args.fill))
         if given]
     if local:
         raise UsageError(f"--server runs on the server's model and templates: "
@@ -505,6 +525,37 @@ def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
         if _reads_as_json(value):
             typed[name] = value
     return inputs, typed
+
+
+def _read_as_declared(query: Query, inputs: dict[str, Any], typed_strings: dict[str, str]
+                      ) -> None:
+    """`-v count=3` for an input declared as a number (docs/language.md §4.1): the string
+    reads as the JSON value its type wants."""
+    from qrun.lang.declared import first_problem
+
+    for name, text in list(typed_strings.items()):
+        schema = query.program.input_types.get(name)
+        if schema is None or first_problem(schema, inputs[name]) is None:
+            continue
+        value = parse_value(text)
+        if first_problem(schema, value) is None:
+            inputs[name] = value
+            del typed_strings[name]
+
+
+def _fills(args: argparse.Namespace) -> dict[str, Any]:
+    """The known values of --fill NAME=TEXT and --fill NAME:=JSON."""
+    fill: dict[str, Any] = {}
+    for item in args.fill:
+        name, sep, value = item.partition("=")
+        if not sep or not name.rstrip(":"):
+            raise UsageError(f"--fill expects NAME=VALUE or NAME:=JSON, got {_shown(item)!r}")
+        try:
+            check_text(item, f"--fill {_shown(name)}")
+            fill[name.rstrip(":")] = parse_value(value) if name.endswith(":") else value
+        except BadInput as exc:
+            raise UsageError(f"--fill {_shown(item)}: {exc}") from None
+    return fill
 
 
 def _shown(text: str, limit: int = 60) -> str:

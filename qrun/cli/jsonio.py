@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from qrun.runtime.result import Result
 
-FIELDS = ("text", "vars", "stats", "holes")
+FIELDS = ("text", "vars", "stats", "holes", "output")
 """What a result row may hold (`--fields`, and a server request's "fields")."""
 DEFAULT_FIELDS = ("text", "vars", "stats")
 
@@ -175,7 +175,7 @@ def finite(value: Any) -> Any:
 def result_row(result: Result, fields: tuple[str, ...]) -> dict[str, Any]:
     """The chosen `fields` of a result, as `qrun --json` prints it and `qrun serve` answers
     (docs/serve.md §2.2)."""
-    whole = result.to_dict()
+    whole = {**result.to_dict(), "output": result.output}  # docs/language.md §4.2
     return {name: hole_records(result) if name == "holes" else whole[name] for name in fields}
 
 

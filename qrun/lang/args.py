@@ -18,6 +18,7 @@ from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, su
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
+from qrun.lang.declared import InputType, read_input_type, read_output
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_number
 from qrun.source import Source, Span
@@ -30,7 +31,7 @@ CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
-                     "dtype", "inputs")
+                     "dtype", "inputs", "output")
 
 NameCheck = Callable[[str, Span, str], bool]
 """The compiler's check of a new name (`name`, `span`, what it is): False when it reported one."""
@@ -44,6 +45,11 @@ class ArgChecker:
         self.source = source
         self.errors = errors
         self.declared_at: dict[str, Span] = {}  # input -> its `inputs:` front matter line
+        # Typed `inputs:` (a mapping) and `output:` (lang/declared.py), when the front matter
+        # declares them.
+        self.input_types: dict[str, InputType] = {}
+        self.output_schema: dict[str, Any] | None = None
+        self.output_span: Span | None = None
 
     def fail(self, message: str, span: Span, *notes: str) -> None:
         self.errors.append(TemplateCompileError(message, span, self.source, notes))
@@ -236,6 +242,10 @@ class ArgChecker:
             elif entry.key == "inputs":
                 seen[entry.key] = key_span
                 declared = self.inputs(entry, check_name)
+            elif entry.key == "output":
+                seen[entry.key] = key_span
+                self.output_schema = read_output(entry, self.report)
+                self.output_span = key_span
             else:
                 seen[entry.key] = key_span
                 value = self.front_value(entry)
@@ -245,37 +255,51 @@ class ArgChecker:
         return RunOptions(**values), ModelOptions(**model), declared
 
     def front_value(self, entry: ast.FrontMatterEntry) -> Any:
-        raw = _unquote(entry.value)
+        # A scalar is typed from its text as the `key: value` lines before YAML were (so
+        # `1e-3` is a number and `"0.7"` one too); a list or a mapping is never a setting.
+        raw = entry.scalar if entry.scalar is not None else entry.value
         value: Any = raw
         if entry.key in CHECKS:
-            value = _scalar(raw)
+            value = _scalar(raw) if entry.scalar is not None else entry.data
             wanted = CHECKS[entry.key](value)
         else:
-            wanted = MODEL_CHECKS[entry.key](raw)
+            wanted = MODEL_CHECKS[entry.key](raw) if entry.scalar is not None else "a name"
         if wanted is not None:
             self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
                       entry.value_span)
             return MISSING
         return value
 
+    def report(self, message: str, span: Span, notes: tuple[str, ...]) -> None:
+        self.fail(message, span, *notes)
+
     def inputs(self, entry: ast.FrontMatterEntry, check_name: NameCheck) -> tuple[str, ...]:
-        text = entry.value.strip()
-        if not (text.startswith("[") and text.endswith("]")):
-            self.fail("front matter 'inputs' must be a list such as [question, context]",
+        """`inputs: [a, b]` (names) or `inputs: {name: type}` (lang/declared.py)."""
+        data = entry.data
+        if isinstance(data, dict):
+            items: list[tuple[Any, tuple[str | int, ...]]] = [(k, (k,)) for k in data]
+        elif isinstance(data, list):
+            items = [(item, (index,)) for index, item in enumerate(data)]
+        else:
+            self.fail("front matter 'inputs' must be a list such as [question, context], or "
+                      "a mapping of names to types such as {question: string}",
                       entry.value_span)
             return ()
         names: list[str] = []
-        for item in (p.strip() for p in text[1:-1].split(",")):
-            name = _unquote(item)
-            if not item:
-                continue
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                self.fail(f"input '{name}' is not a valid name", entry.value_span)
+        for name, path in items:
+            span = entry.span_of(path, key=isinstance(data, dict))
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                self.fail(f"input '{name}' is not a valid name", span)
             elif name in names:
-                self.fail(f"input '{name}' is declared twice", entry.value_span)
-            elif check_name(name, entry.value_span, "input"):
+                self.fail(f"input '{name}' is declared twice", span)
+            elif check_name(name, span, "input"):
+                if isinstance(data, dict):
+                    declared = read_input_type(name, data[name], entry, self.report)
+                    if declared is None:
+                        continue
+                    self.input_types[name] = declared
                 names.append(name)
-                self.declared_at[name] = entry.value_span
+                self.declared_at[name] = span
         return tuple(names)
 
 
@@ -401,13 +425,6 @@ def _scalar(text: str) -> Any:
             return convert(text)
         except ValueError:
             pass
-    return text
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
     return text
 
 

@@ -4,8 +4,9 @@ lang/compiler.py. Comments are gone and whitespace control is applied already.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from qrun.lang.expr import Expr
 from qrun.source import Span
@@ -13,13 +14,32 @@ from qrun.source import Span
 
 @dataclass(frozen=True, slots=True)
 class FrontMatterEntry:
-    """One `key: value` line of front matter; `value` is the raw text after the colon,
-    stripped (the compiler types it). `value_span` covers that text."""
+    """One `key: value` entry of the front matter's YAML mapping (lang/front_matter.py).
+    `value` is the value's text as written and `value_span` covers it; `data` is the value as
+    YAML reads it (str, int, float, bool, None, lists and dicts of them); `scalar` a scalar's
+    text unquoted (None for a list or mapping: the compiler types run options from it as the
+    `key: value` lines before YAML were read); `spans` where each part of `data` is, by its
+    path of keys and indexes (`()` is the value itself), and `keys` where each mapping key is,
+    by the path of its value."""
 
     key: str
     value: str
     span: Span
     value_span: Span
+    data: Any = None
+    scalar: str | None = None
+    spans: Mapping[tuple[str | int, ...], Span] = field(default_factory=dict, compare=False)
+    keys: Mapping[tuple[str | int, ...], Span] = field(default_factory=dict, compare=False)
+
+    def span_of(self, path: tuple[str | int, ...], key: bool = False) -> Span:
+        """The span of the part at `path` (of its key, with `key`), or of the nearest part
+        above it that has one."""
+        table = self.keys if key else self.spans
+        while path:
+            if path in table:
+                return table[path]
+            path = path[:-1]
+        return self.spans.get((), self.value_span)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from lark import Token, Tree
 from qrun.errors import TemplateError, TemplateErrors, TemplateSyntaxError
 from qrun.lang import ast
 from qrun.lang import expr as ex
+from qrun.lang.front_matter import read_front_matter
 from qrun.lang.text import surrogate_in
 from qrun.source import Source, Span
 
@@ -20,7 +21,6 @@ Item = Token | Tree[Token]
 
 _RAW = re.compile(
     r"\{%(-?)[ \t\r\n]*raw[ \t\r\n]*(-?)%\}([\s\S]*?)\{%(-?)[ \t\r\n]*endraw[ \t\r\n]*(-?)%\}")
-_FRONT_LINE = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*(.*?)[ \t\r]*")
 _CLOSERS = {"if": "endif", "for": "endfor", "while": "endwhile", "try": "endtry",
             "macro": "endmacro", "fork": "endfork", "hidden": "endhidden",
             "fresh": "endfresh", "system": "endsystem", "user": "enduser",
@@ -373,25 +373,8 @@ class _Builder:
     # ---- front matter and spans --------------------------------------------------------------
 
     def front_matter(self, token: Token) -> ast.FrontMatter:
-        start = token.start_pos or 0
-        entries: list[ast.FrontMatterEntry] = []
-        offset = start
-        lines = token.value.split("\n")
-        for number, line in enumerate(lines):
-            line_start, offset = offset, offset + len(line) + 1
-            if number == 0 or number >= len(lines) - 2 or not line.strip() \
-                    or line.lstrip().startswith("#"):
-                continue  # the '---' lines, blank lines and '# comments'
-            match = _FRONT_LINE.fullmatch(line)
-            if match is None:
-                self.fail("front matter lines must be 'key: value'",
-                          self.span(line_start, line_start + len(line.rstrip())))
-                continue
-            entries.append(ast.FrontMatterEntry(
-                match.group(1), match.group(2),
-                self.span(line_start + match.start(1), line_start + match.end(2)),
-                self.span(line_start + match.start(2), line_start + match.end(2))))
-        return ast.FrontMatter(tuple(entries), self.span(start, start + len(token.value)))
+        return read_front_matter(token.value, token.start_pos or 0, self.source,
+                                 lambda message, span, notes: self.fail(message, span, notes))
 
     def tree_span(self, tree: Tree[Token]) -> Span:
         meta = tree.meta

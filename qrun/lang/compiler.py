@@ -21,6 +21,7 @@ from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.include import Includes, load_template
 from qrun.lang.lint import find_warnings
+from qrun.lang.output import check_output
 from qrun.lang.signature import Signature
 from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, read_template, too_large
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
@@ -140,17 +141,29 @@ class _Compiler:
         options, model, declared = self.args.front_matter(template.front_matter,
                                                           self.check_new_name)
         self.declared = declared
+        flow = Flow()
         try:
-            ops = self.body(template.body, Flow(), Context(), top=True)
+            ops = self.body(template.body, flow, Context(), top=True)
         except _TooManyErrors:
             ops = ()
         names = declared if declared is not None else tuple(self.free)
-        optional = tuple(n for n in names if n in self.safe_uses and n not in self.required)
+        types = self.args.input_types
+        if types:  # typed: required unless declared optional or given a default
+            optional = tuple(n for n in names if n in types and not types[n].required)
+        else:
+            optional = tuple(n for n in names if n in self.safe_uses and n not in self.required)
         spans = {name: self.first_use.get(name) or self.declared_at[name] for name in names}
-        warnings = find_warnings(ops, self.source) if not self.errors else ()
+        output = self.args.output_schema
+        if output is not None and not self.errors:
+            self.errors.extend(check_output(output, ops, self.captures, self.source,
+                                            self.args.output_span, flow.bound))
+        warnings = find_warnings(ops, self.source, types) if not self.errors else ()
         return ir.Program(ops, tuple(n for n in names if n not in optional), declared is not None,
                           tuple(self.captures), options, model, self.source, spans, optional,
-                          warnings, self.macros, self.host_calls, self.called)
+                          warnings, self.macros, self.host_calls, self.called,
+                          {n: t.schema for n, t in types.items()},
+                          {n: t.default for n, t in types.items() if t.has_default},
+                          output, self.declared_at.copy())
 
     @property
     def declared_at(self) -> dict[str, Span]:

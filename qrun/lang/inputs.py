@@ -30,9 +30,10 @@ class CheckedInputs(dict[str, Any]):
     checked_by: object = None
 
 
-def plain_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
+def plain_inputs(values: Mapping[str, Any], what: str = "input") -> dict[str, Any]:
     """Plain copies of `values`: Mappings become dicts and Sequences (tuples, ranges...) lists,
-    recursively; str, int and float subclasses become the base type.
+    recursively; str, int and float subclasses become the base type. `what` names a value in
+    messages ("input", or "fill" for known values).
 
     Raises:
         UsageError: naming the input and the path inside it, for a value of any other type
@@ -46,7 +47,7 @@ def plain_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
         try:
             plain[name] = copier.copy(value, 0)
         except _Refused as refused:
-            raise UsageError(f"input '{name}'{_where(refused.path)}: {refused}") from None
+            raise UsageError(f"{what} '{name}'{_where(refused.path)}: {refused}") from None
     return plain
 
 

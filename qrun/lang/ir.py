@@ -3,6 +3,8 @@ Ops are frozen, positioned, and closed under the union `Op`; Program.dump() is d
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
@@ -10,6 +12,7 @@ from typing import Any, assert_never
 from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec
 from qrun.errors import InputError, TemplateWarning
 from qrun.lang import expr as ex
+from qrun.lang.declared import first_problem, where
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
 from qrun.options import ModelOptions, RunOptions
@@ -353,6 +356,24 @@ class Program:
     host_calls: Mapping[str, Span] = field(default_factory=dict, compare=False)
     # The template files `call()` runs: (calling file's name, name as written) -> program.
     called: Mapping[tuple[str, str], Program] = field(default_factory=dict, compare=False)
+    # Typed front matter (docs/language.md §4.1): each typed input's JSON Schema, the
+    # defaults of those that have one, the result record's schema (`output:`), and where
+    # each input is declared.
+    input_types: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    input_defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    output_schema: Mapping[str, Any] | None = field(default=None, compare=False)
+    declared_at: Mapping[str, Span] = field(default_factory=dict, compare=False)
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema of a run's inputs as an object: typed inputs with their schemas,
+        untyped ones as any value; required as a run requires them."""
+        properties = {name: dict(self.input_types.get(name, {}))
+                      for name in (*self.inputs, *self.optional_inputs)}
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if self.inputs:
+            schema["required"] = list(self.inputs)
+        return schema
 
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The inputs the template reads (the optional ones that are given), as plain data
@@ -369,6 +390,10 @@ class Program:
         if not missing:
             given = [*self.inputs, *(n for n in self.optional_inputs if n in inputs)]
             checked = CheckedInputs(plain_inputs({name: inputs[name] for name in given}))
+            self._check_types(checked)
+            for name, default in self.input_defaults.items():
+                if name not in checked:
+                    checked[name] = copy.deepcopy(default)
             checked.checked_by = self
             return checked
         first = missing[0]
@@ -379,6 +404,22 @@ class Program:
             notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)",
                    f"an input used only under `{{% if {first} is defined %}}` or through "
                    f"`{first} | default(...)` is optional"])
+
+    def _check_types(self, inputs: Mapping[str, Any]) -> None:
+        """Each typed input given fits its declared JSON Schema.
+
+        Raises:
+            InputError: naming the input and the path inside it, at its declaration.
+        """
+        for name, schema in self.input_types.items():
+            if name not in inputs:
+                continue
+            problem = first_problem(schema, inputs[name])
+            if problem is not None:
+                path, message = problem
+                span = self.declared_at.get(name) or self.source.span_at(0)
+                raise InputError(f"input '{name}'{where(path)}: {message}", span, self.source,
+                                 notes=[f"'{name}' is declared as {json.dumps(schema)}"])
 
     def dump(self) -> str:
         """One op per line with its source position, nested blocks indented; deterministic
@@ -458,6 +499,10 @@ def dump_program(program: Program) -> str:
     if program.optional_inputs:
         lines.append(f"optional: {', '.join(program.optional_inputs)}")
     lines.append(f"captures: {', '.join(program.captures) or '-'}")
+    for name, schema in program.input_types.items():  # docs/language.md §4.1, §4.2
+        lines.append(f"type {name}: {json.dumps(schema, ensure_ascii=False)}")
+    if program.output_schema is not None:
+        lines.append(f"output: {json.dumps(program.output_schema, ensure_ascii=False)}")
     defaults = _defaults(program)
     if defaults:
         lines.append(f"defaults: {defaults}")

@@ -4,7 +4,8 @@ every error check has passed, so each name means what the compiler resolved it t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from qrun.errors import TemplateWarning
 from qrun.lang import expr as ex
@@ -15,9 +16,11 @@ from qrun.source import Source
 _SCALAR = (str, int, float, bool, type(None))
 
 
-def find_warnings(ops: tuple[ir.Op, ...], source: Source) -> tuple[TemplateWarning, ...]:
-    """The warnings of a compiled template's ops, in source order (includes expanded)."""
-    lint = _Lint()
+def find_warnings(ops: tuple[ir.Op, ...], source: Source,
+                  types: Mapping[str, Any] | None = None) -> tuple[TemplateWarning, ...]:
+    """The warnings of a compiled template's ops, in source order (includes expanded);
+    `types` are the typed inputs (lang/declared.py InputType by name), whose uses must fit."""
+    lint = _Lint({name: t.schema for name, t in (types or {}).items()})
     lint.block(ops, source, frozenset(), ())
     return tuple(lint.warnings)
 
@@ -25,7 +28,8 @@ def find_warnings(ops: tuple[ir.Op, ...], source: Source) -> tuple[TemplateWarni
 class _Lint:
     """One walk over the ops in source order, knowing which captures are a loop's lists."""
 
-    def __init__(self) -> None:
+    def __init__(self, types: Mapping[str, Any]) -> None:
+        self.types = types  # typed inputs' JSON Schemas
         self.warnings: list[TemplateWarning] = []
         self.lists: set[str] = set()  # captured by a hole inside a loop (docs/language.md §9)
         self.plain: set[str] = set()  # captured by a hole outside any loop
@@ -55,6 +59,8 @@ class _Lint:
             case ir.Gen() | ir.Select():
                 (self.lists if op.in_loop else self.plain).add(op.name)
             case ir.For(targets=targets, body=body) | ir.Fork(targets=targets, body=body):
+                if not (isinstance(op, ir.Fork) and op.samples):
+                    self.loop_over(op.iterable, source, local, notes)
                 self.block(body, source, local | {*targets, "loop"}, notes)
             case _:
                 self.block(ir.children(op), source, local, notes)
@@ -63,6 +69,8 @@ class _Lint:
              notes: tuple[str, ...]) -> None:
         if isinstance(node, ex.Compare):
             self.compare(node, source, local, notes)
+        if isinstance(node, ex.Attr):
+            self.attribute(node, source, local, notes)
         for child in ex.children(node):
             self.expr(child, source, local, notes)
 
@@ -80,6 +88,60 @@ class _Lint:
                         side.name, local):
                     self.warn(source, side, op, other, outcome, notes)
                     return
+
+    def declared(self, node: ex.Expr, local: frozenset[str]) -> tuple[str, Any] | None:
+        """The text and JSON Schema of a typed input (`user`) or a property path in one
+        (`user.address.city`), as declared; None for anything else."""
+        if isinstance(node, ex.Name):
+            if node.name in local or node.name not in self.types:
+                return None
+            return node.name, self.types[node.name]
+        if isinstance(node, ex.Attr):
+            outer = self.declared(node.obj, local)
+            if outer is None or not isinstance(outer[1], dict):
+                return None
+            inner = outer[1].get("properties", {}).get(node.attr)
+            return None if inner is None else (f"{outer[0]}.{node.attr}", inner)
+        return None
+
+    def loop_over(self, iterable: ex.Expr, source: Source, local: frozenset[str],
+                  notes: tuple[str, ...]) -> None:
+        """A loop over a typed input declared as a string (its characters) or a number,
+        boolean or null (an error when it runs)."""
+        found = self.declared(iterable, local)
+        kind = _kind(found[1]) if found else None
+        if found is None or kind not in ("string", "number", "integer", "boolean", "null"):
+            return
+        outcome = ("goes over its characters one by one" if kind == "string"
+                   else "fails when it runs (only a list, a mapping or a string can be looped "
+                        "over)")
+        self.warnings.append(TemplateWarning(
+            f"'{found[0]}' is declared as {kind}, so a loop over it {outcome}",
+            iterable.span, source,
+            ("declare it as list[...] in the front matter's inputs, or loop over a list",
+             *notes)))
+
+    def attribute(self, node: ex.Attr, source: Source, local: frozenset[str],
+                  notes: tuple[str, ...]) -> None:
+        """`x.attr` on a typed input (or a property path in one) that cannot have `attr`:
+        not an object, or an object whose properties are all listed and `attr` is not."""
+        found = self.declared(node.obj, local)
+        if found is None or not isinstance(found[1], dict):
+            return
+        name, schema = found
+        kind = _kind(schema)
+        properties = schema.get("properties")
+        if kind not in (None, "object"):
+            reason = f"is declared as {kind}, which has no attribute '{node.attr}'"
+        elif isinstance(properties, dict) and node.attr not in properties and schema.get(
+                "additionalProperties", True) is False:
+            listed = ", ".join(properties) or "none"
+            reason = f"is declared with properties {listed} only: '{node.attr}' is never there"
+        else:
+            return
+        self.warnings.append(TemplateWarning(
+            f"'{name}' {reason}", node.span, source,
+            ("the front matter's inputs declare its type (docs/language.md §4.1)", *notes)))
 
     def is_list(self, name: str, local: frozenset[str]) -> bool:
         """Whether `name` is a loop's capture on every path (a capture of the name outside any
@@ -102,6 +164,12 @@ class _Lint:
             f"'{name}' is a list here (a hole inside a loop captures one value per "
             f"iteration), so `{text[start:end]}` {outcome}",
             source.span_at(start, end - start), source, (*fixes, *notes)))
+
+
+def _kind(schema: Any) -> str | None:
+    """The one JSON type a schema allows, or None."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _outcome_with_list(op: str, value: object) -> str | None:

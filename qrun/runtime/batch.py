@@ -35,16 +35,17 @@ def run_batched(
     batch_size: int,
     on_result: Callable[[int, Outcome], None] | None = None,
     functions: Functions | None = None,
+    fills: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Outcome]:
-    """Run `program` once per input (with the options of the same index), up to `batch_size`
-    runs at a time sharing each forward.
+    """Run `program` once per input (with the options and known values of the same index), up
+    to `batch_size` runs at a time sharing each forward.
 
     The first run starts alone: its first forward fills the prefix cache with the template's
     leading text, which the others then reuse instead of encoding it again in the batch.
     A failing run puts its error in its place; the others complete.
     """
     return _BatchRun(program, backend, inputs, options, constraints, on_result,
-                     functions).run(batch_size)
+                     functions, fills).run(batch_size)
 
 
 class _BatchRun:
@@ -57,9 +58,11 @@ class _BatchRun:
     def __init__(self, program: Program, backend: Backend, inputs: Sequence[Mapping[str, Any]],
                  options: Sequence[RunOptions], constraints: ConstraintCompiler,
                  on_result: Callable[[int, Outcome], None] | None,
-                 functions: Functions | None = None) -> None:
+                 functions: Functions | None = None,
+                 fills: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.program = program
         self.functions = functions
+        self.fills = fills  # known values per input (runtime/fills.py), or None
         self.backend = backend
         self.inputs = inputs
         self.options = options
@@ -106,7 +109,8 @@ class _BatchRun:
             else:
                 engines = choose_engines(self.backend)
             run = Run(self.program, self.backend, self.inputs[index], self.options[index],
-                      None, self.constraints, engines, self.functions)
+                      None, self.constraints, engines, self.functions,
+                      self.fills[index] if self.fills is not None else None)
             if self.lead_run is None:
                 self.lead_run = run
             return run.execute()

@@ -22,10 +22,12 @@ from qrun.errors import (
     GenerationError,
     LimitError,
     TemplateCompileError,
+    UsageError,
 )
 from qrun.functions import Functions
 from qrun.lang import ir
 from qrun.lang.args import want_distinct
+from qrun.lang.declared import first_problem, where
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
@@ -36,10 +38,17 @@ from qrun.runtime.calls import CallRunner, MacroReturn, Mark
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.contexts import bind_targets, exec_fresh, exec_hidden
 from qrun.runtime.engines import Engines, choose_engines
+from qrun.runtime.fills import (
+    Fills,
+    check_gen_fill,
+    check_select_fill,
+    fill_text,
+    holes_outside_macros,
+)
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
 from qrun.runtime.recorder import Recorder
-from qrun.runtime.result import HoleRecord, Result
+from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
 from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
@@ -89,8 +98,10 @@ class Run:
         constraints: ConstraintCompiler | None = None,
         engines: Engines | None = None,
         functions: Functions | None = None,
+        fill: Mapping[str, Any] | None = None,
     ) -> None:
         inputs = program.check_inputs(inputs)
+        self.fills = Fills(program, fill or {})  # known values (runtime/fills.py)
         self.program = program
         self.backend = backend
         self.options = (options or RunOptions()).over(program.options).resolved()
@@ -162,6 +173,7 @@ class Run:
         started = time.perf_counter()
         self.calls.check()
         self._check_constraints()
+        self._check_fills()
         try:
             self._exec_block(self.program.ops)
             self._flush_text()
@@ -174,7 +186,28 @@ class Run:
                   "backend": type(backend).__name__, "device": backend.device,
                   "dtype": backend.dtype}
         return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
-                      list(self.session.token_ids), self.recorder, header)
+                      list(self.session.token_ids), self.recorder, header, self._output())
+
+    def _output(self) -> dict[str, Any] | None:
+        """The typed result record of a template with `output:` (docs/language.md §4.2),
+        checked against it: the compiler proved each hole's values fit, so only a capture a
+        path of the template never bound can fail here.
+
+        Raises:
+            GenerationError: the record does not fit the output schema.
+        """
+        schema = self.program.output_schema
+        if schema is None:
+            return None
+        record = {name: self.vars[name] for name in schema.get("properties", {})
+                  if name in self.vars}
+        problem = first_problem(schema, record)
+        if problem is not None:
+            path, message = problem
+            raise GenerationError(f"the result does not fit the template's output schema"
+                                  f"{where(path)}: {message}", self.program.source.span_at(0),
+                                  self.program.source)
+        return record
 
     def _check_constraints(self) -> None:
         """Before any model work: every constraint that can be known now (not built from
@@ -190,6 +223,25 @@ class Run:
                 refusal = filler.refuses(spec) if filler is not None else None
                 if refusal is not None:
                     raise ConstraintError(refusal, _constraint_span(op), source)
+
+    def _check_fills(self) -> None:
+        """Before any model work: each known value whose hole's arguments are known now
+        (not built from captures) fits its hole (its first value, for a loop's hole)."""
+        for op in holes_outside_macros(self.program.ops):
+            if op.name not in self.fills.values:
+                continue
+            value = self.fills.values[op.name]
+            if op.in_loop:
+                if not value:
+                    continue
+                value = value[0]
+            try:
+                if isinstance(op, ir.Select):
+                    check_select_fill(op, value, self._select_options(op), self.source)
+                else:
+                    self._check_gen_fill(op, value)
+            except EvaluationError:
+                continue  # depends on values not known yet: checked when the hole comes
 
     # ---- ops -------------------------------------------------------------------------------------
 
@@ -289,7 +341,17 @@ class Run:
         finally:
             self.session.pause()
 
+    def _known(self, op: ir.Gen | ir.Select) -> tuple[bool, Any]:
+        """A known value for this hole (`fill`): only the template's own holes take one."""
+        if not self.fills or self.vars is not self._top_vars or self.in_branch:
+            return False, None
+        return self.fills.take(op)
+
     def _exec_gen(self, op: ir.Gen, after: str | None = None) -> None:
+        known, value = self._known(op)
+        if known:
+            self._fill_gen(op, value)
+            return
         filler = self.engines.filler
         if filler is None:
             raise GenerationError(f"model '{self.backend.name}' was loaded without weights (a "
@@ -347,6 +409,51 @@ class Run:
                           healed_in_context=bool(prefix) and in_context, drafter=self.drafter,
                           follow=follow, keep_stop=self._flag(p.keep_stop, "keep_stop", False))
 
+    def _fill_gen(self, op: ir.Gen, value: Any) -> None:
+        """A `gen` hole given its value: checked against the hole, then fixed text."""
+        text, typed, description = self._check_gen_fill(op, value)
+        record = GenRecord(op.name, typed, text, start=len(self.session.token_ids),
+                           finish="filled", constraint=description)
+        self._emit_filled(op, record, description)
+
+    def _check_gen_fill(self, op: ir.Gen, value: Any) -> tuple[str, Any, str | None]:
+        """The text, typed value and constraint description of a known value for `op`.
+
+        Raises:
+            InputError: the value does not fit the hole (runtime/fills.py check_gen_fill).
+            EvaluationError: an argument of the hole cannot be evaluated (yet).
+        """
+        p = op.params
+        if isinstance(p.constraint, ir.ToolCall):
+            raise UsageError(f"hole '{op.name}' is a tool call, which cannot be filled")
+        max_tokens = self._arg(p.max_tokens, "max_tokens", self.options.max_tokens)
+        stop = self._stop(p.stop, op.span)
+        keep_stop = self._flag(p.keep_stop, "keep_stop", False)
+        spec = cursor = None
+        if p.constraint is not None:
+            spec = self.constraints.spec(p.constraint, self.scope, self.source, self.budget,
+                                         self.calls)
+            try:
+                cursor = self.constraints.cursor(spec)
+            except (PatternError, GrammarError) as exc:
+                raise ConstraintError(str(exc), _constraint_span(op), self.source) from None
+        text = fill_text(op.name, value, spec)
+        typed = check_gen_fill(op, text, spec, cursor, stop, keep_stop, max_tokens,
+                               len(self.backend.encode(text)), self.source)
+        return text, typed, spec.description if spec is not None else None
+
+    def _emit_filled(self, op: ir.Gen | ir.Select, record: HoleRecord,
+                     constraint: str | None) -> None:
+        kind = "gen" if isinstance(op, ir.Gen) else "select"
+        self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
+        self._emit(record.text, op=op)
+        # A filled select scored no option: its trace lists none.
+        extra: dict[str, Any] = {"options": []} if kind == "select" else {}
+        self.recorder.end_hole(constraint=constraint, value=record.value, text=record.text,
+                               finish="filled", seconds=0.0, **extra)
+        self.stats.filled_holes += 1
+        self._capture(op.name, record, op.in_loop)
+
     def _heal(self, keep_last: bool = False) -> bytes:
         """Token healing before a hole: take back the last fixed-text token when the model
         could have continued it, returning its bytes (the hole must produce them first).
@@ -396,7 +503,7 @@ class Run:
     def _bad_arg(self, expr: Expr, message: str) -> EvaluationError:
         return EvaluationError(message, expr.span, self.source)
 
-    def _exec_select(self, op: ir.Select) -> None:
+    def _select_options(self, op: ir.Select) -> list[str]:
         options = self._eval(op.options)
         if (not isinstance(options, list | tuple) or not options
                 or not all(isinstance(o, str) and o for o in options)):
@@ -405,6 +512,17 @@ class Run:
         repeats = want_distinct(options)
         if repeats is not None:
             raise self._bad_arg(op.options, f"options must be {repeats}")
+        return list(options)
+
+    def _exec_select(self, op: ir.Select) -> None:
+        options = self._select_options(op)
+        known, value = self._known(op)
+        if known:
+            chosen = check_select_fill(op, value, options, self.source)
+            description = "options=" + json.dumps(options, ensure_ascii=False)
+            self._emit_filled(op, SelectRecord(op.name, chosen, chosen, finish="filled",
+                                               start=len(self.session.token_ids)), description)
+            return
         temperature = float(self._arg(op.temperature, "temperature", self.options.temperature))
         normalize = "sum"
         if op.normalize is not None:

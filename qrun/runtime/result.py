@@ -20,7 +20,8 @@ class HoleRecord:
     where the token was forced: no choice was made) and whether it was forced. `start` is the
     context position where the hole's tokens begin (its first model decision). `finish` is
     "stop", "eos", "max_tokens", "match" (constraint complete), "boundary" (the model began the
-    text after the hole) or "select"."""
+    text after the hole), "select", or "filled" (a known value given to the run:
+    runtime/fills.py)."""
 
     name: str
     value: Any
@@ -101,6 +102,9 @@ class Result:
     token_ids: list[int] = field(default_factory=list)
     recorder: Recorder | None = field(default=None, repr=False, compare=False)
     trace_header: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The typed result record of a template with `output:` (docs/language.md §4.2), checked
+    # against its schema; None without one.
+    output: dict[str, Any] | None = None
 
     def __getitem__(self, name: str) -> Any:
         return self.vars[name]

@@ -31,6 +31,8 @@ class Stats:
     branch_tokens: positions fed in contexts beside the run's own, which its final context
         does not hold: fork branches and fresh blocks (docs/language.md §23; a hidden block's
         are in rollback_tokens)
+    filled_holes: holes given their value (`fill`, docs/language.md §16.1): fixed text, not
+        generated
     seed: the run's seed (given, or drawn fresh): the same seed replays the run
     host_calls, host_s: host function calls (qrun.Functions) and the seconds they took
     """
@@ -50,6 +52,7 @@ class Stats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     branch_tokens: int = 0
+    filled_holes: int = 0
     seed: int = 0
     host_calls: int = 0
     host_s: float = 0.0

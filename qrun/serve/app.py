@@ -13,7 +13,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -60,6 +60,7 @@ from qrun.runtime.admission import QueueFull, RunCancelled, RunScheduler, Ticket
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.engines import Engines
 from qrun.runtime.executor import Run
+from qrun.runtime.fills import Fills
 from qrun.runtime.result import Result
 from qrun.serve.catalog import describe, served
 from qrun.serve.openapi import openapi
@@ -80,7 +81,7 @@ MAX_INPUT_DEPTH = 32
 qrun/cli/jsonio.py, for the body's own wrapping and the other inputs)."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
-BODY_KEYS = ("inputs", "options", "stream", "fields")
+BODY_KEYS = ("inputs", "options", "stream", "fields", "fill")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -279,6 +280,7 @@ class RunRequest:
     timeout: float | None
     stream: bool
     fields: tuple[str, ...]
+    fill: dict[str, Any] = field(default_factory=dict)  # known values (docs/language.md §16.1)
 
 
 def app(
@@ -543,12 +545,19 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     query = service.templates[name]
     checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
     check_input_sizes(checked, service.limits)
-    return RunRequest(name, query, checked, options, timeout, stream, fields)
+    fill = body.get("fill", {})
+    if not isinstance(fill, dict):
+        raise ApiError(400, "bad_request", '"fill" must be a JSON object')
+    check_input_sizes(fill, service.limits, "fill")
+    Fills(query.program, fill)  # a name that is no hole: 422, before the run is admitted
+    return RunRequest(name, query, checked, options, timeout, stream, fields, fill)
 
 
-def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits) -> None:
+def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
+                      what: str = "input") -> None:
     """Each input's strings at most `limits.max_input_chars` long and its lists and objects
-    nested at most `limits.max_input_depth` deep (inputs are plain data, checked already).
+    nested at most `limits.max_input_depth` deep (inputs are plain data, checked already;
+    `what`: "fill" for a request's known values, which the same limits bound).
 
     Raises:
         ApiError: 422 `input_too_large`, naming the input and the place in it.
@@ -558,7 +567,7 @@ def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits) -> None:
     while todo:
         place, value, depth = todo.pop()
         if isinstance(value, str) and len(value) > limits.max_input_chars:
-            raise ApiError(422, "input_too_large", f"input {place} is a string of {len(value)} "
+            raise ApiError(422, "input_too_large", f"{what} {place} is a string of {len(value)} "
                            f"characters; this server takes at most {limits.max_input_chars} "
                            "(--max-input-chars)")
         items: Iterable[tuple[str, Any]]
@@ -569,7 +578,7 @@ def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits) -> None:
         else:
             continue
         if depth >= limits.max_input_depth:
-            raise ApiError(422, "input_too_large", f"input {place} nests lists and objects "
+            raise ApiError(422, "input_too_large", f"{what} {place} nests lists and objects "
                            f"deeper than {limits.max_input_depth} levels (--max-input-depth)")
         todo.extend((where, item, depth + 1) for where, item in items)
 
@@ -729,7 +738,7 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
             on_hole: Callable[[str, Any], None] | None) -> Ticket:
     def work(engines: Engines) -> Result:
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
-                        service.constraints, engines, run.query.functions)
+                        service.constraints, engines, run.query.functions, run.fill)
         executing.on_hole = on_hole
         try:
             result = executing.execute()

@@ -53,13 +53,16 @@ def load_templates(paths: Iterable[str | os.PathLike[str]],
 
 
 def describe(name: str, query: Query) -> dict[str, Any]:
-    """What GET /v1/templates tells of a template: its inputs, its holes with their
-    constraints (the literal ones; a constraint built at run time is only named), and its
-    front matter's run options."""
+    """What GET /v1/templates tells of a template: its inputs (with their JSON Schema: the
+    declared types of a typed template, docs/language.md §4.1), its holes with their
+    constraints (the literal ones; a constraint built at run time is only named), the JSON
+    Schema of its typed result record (`output`, or null), and its front matter's run
+    options."""
     program = query.program
     options = {k: v for k, v in vars_of(program.options).items() if v is not None}
     return {"name": name, "inputs": list(program.inputs),
             "optional_inputs": list(program.optional_inputs),
+            "input_schema": query.input_schema, "output_schema": query.output_schema,
             "holes": [_hole(op) for op in ir.walk(program.ops)
                       if isinstance(op, ir.Gen | ir.Select)],
             "options": options}

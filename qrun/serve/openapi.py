@@ -1,6 +1,7 @@
 """GET /openapi.json (docs/serve.md §2.6): an OpenAPI 3.1 description of the server, with each
-template's run request (its inputs) and response (its holes' values, with a JSON Schema where
-the template's constraint gives one) as a path of its own."""
+template's run request (its inputs, typed as Query.input_schema declares them) and response
+(its holes' values, with a JSON Schema where the template's constraint gives one; its typed
+`output` record) as a path of its own."""
 
 from __future__ import annotations
 
@@ -65,13 +66,19 @@ def openapi(descriptions: list[dict[str, Any]], version: str) -> dict[str, Any]:
 
 
 def _request(description: Mapping[str, Any]) -> dict[str, Any]:
-    names = [*description["inputs"], *description["optional_inputs"]]
-    inputs = {"type": "object", "required": list(description["inputs"]),
-              "properties": {name: {} for name in names}}
+    """The run request: the template's inputs as its Query.input_schema describes them
+    (typed inputs with their declared JSON Schemas), options, fields, stream."""
+    inputs = dict(description["input_schema"])
     return {"type": "object", "additionalProperties": False, "properties": {
         "inputs": inputs, "options": {"$ref": "#/components/schemas/Options"},
         "fields": {"type": "array", "items": {"enum": list(FIELDS)}},
-        "stream": {"type": "boolean"}}}
+        "stream": {"type": "boolean"},
+        # Known values by hole name (docs/language.md §16.1).
+        "fill": {"type": "object", "propertyNames": {"enum": _fillable(description)}}}}
+
+
+def _fillable(description: Mapping[str, Any]) -> list[str]:
+    return list(dict.fromkeys(hole["name"] for hole in description["holes"]))
 
 
 def _response(description: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,10 +86,13 @@ def _response(description: Mapping[str, Any]) -> dict[str, Any]:
     for hole in description["holes"]:
         schema = _value_schema(hole)
         values[hole["name"]] = {"type": "array", "items": schema} if hole["in_loop"] else schema
+    output = description.get("output_schema")
     return {"type": "object", "properties": {
         "text": {"type": "string"},
         "vars": {"type": "object", "properties": values},
-        "stats": {"type": "object"}, "holes": {"type": "object"}}}
+        "stats": {"type": "object"}, "holes": {"type": "object"},
+        # A typed template's result record (docs/language.md §4.2), with fields=["output"].
+        "output": output if output is not None else {"type": "null"}}}
 
 
 def _value_schema(hole: Mapping[str, Any]) -> dict[str, Any]:

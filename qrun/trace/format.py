@@ -17,12 +17,13 @@ JSONValue: TypeAlias = (
 
 TokenKind = Literal["fixed", "sampled", "forced", "healed", "select"]
 DropReason = Literal["stop", "boundary", "heal", "select", "rollback"]
-Finish = Literal["stop", "eos", "max_tokens", "match", "boundary", "select"]
+Finish = Literal["stop", "eos", "max_tokens", "match", "boundary", "select", "filled"]
 HoleKind = Literal["gen", "select"]
 
 TOKEN_KINDS: tuple[TokenKind, ...] = ("fixed", "sampled", "forced", "healed", "select")
 DROP_REASONS: tuple[DropReason, ...] = ("stop", "boundary", "heal", "select", "rollback")
-FINISHES: tuple[Finish, ...] = ("stop", "eos", "max_tokens", "match", "boundary", "select")
+FINISHES: tuple[Finish, ...] = ("stop", "eos", "max_tokens", "match", "boundary", "select",
+                                "filled")
 HOLE_KINDS: tuple[HoleKind, ...] = ("gen", "select")
 
 # A log-probability is ≤ 0; rounding to 6 places (Stats.to_dict, HoleRecord.to_dict) can make

@@ -325,9 +325,9 @@ CASES = [
     ("fm-dtype", "---\ndtype: fp8\n---\n", Compile, 2, 8, "float32", ""),
     ("fm-model-empty", "---\nmodel:\n---\n", Compile, 2, 7, "model name", ""),
     ("fm-inputs-not-list", "---\ninputs: a, b\n---\n", Compile, 2, 9, "must be a list", ""),
-    ("fm-inputs-bad-name", "---\ninputs: [a-b]\n---\n", Compile, 2, 9, "not a valid name", ""),
-    ("fm-inputs-underscore", "---\ninputs: [_a]\n---\n", Compile, 2, 9, "may not start", ""),
-    ("fm-inputs-twice", "---\ninputs: [a, a]\n---\n", Compile, 2, 9, "declared twice", ""),
+    ("fm-inputs-bad-name", "---\ninputs: [a-b]\n---\n", Compile, 2, 10, "not a valid name", ""),
+    ("fm-inputs-underscore", "---\ninputs: [_a]\n---\n", Compile, 2, 10, "may not start", ""),
+    ("fm-inputs-twice", "---\ninputs: [a, a]\n---\n", Compile, 2, 13, "declared twice", ""),
 ]
 
 

@@ -138,6 +138,7 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
     with alarm(120), serving(asgi) as url:
         answers = [post(url, "person", {"inputs": {"name": name}})
                    for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]})]
+        filled = post(url, "person", {"inputs": {"name": "Ada"}, "fill": {"city": "X" * 11}})
         batch = httpx.post(f"{url}/v1/templates/person/batch?fields=vars",
                            content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120)
     assert [a.status_code for a in answers] == [200, 422, 200, 422, 422]
@@ -146,6 +147,8 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
     assert "input name is a string of 11 characters" in answers[1].json()["error"]["message"]
     assert "deeper than 2 levels" in answers[3].json()["error"]["message"]
     assert "input name[\"k\"][0] is a string" in answers[4].json()["error"]["message"]
+    assert filled.status_code == 422, filled.text
+    assert filled.json()["error"]["message"].startswith("fill city is a string of 11")
     rows = [json.loads(line) for line in batch.text.splitlines()]
     assert "vars" in rows[0] and rows[1]["line"] == 2
     assert "at most 10 (--max-input-chars)" in rows[1]["error"]

@@ -20,9 +20,15 @@ import json
 from typing import Any
 
 from qrun.constraint.grammar.negation import ANNOTATIONS
-from qrun.constraint.grammar.schema import pointed_below, ref_targets, resolve, schema_positions
+from qrun.constraint.grammar.schema import (
+    pointed_below,
+    ref_targets,
+    resolve,
+    schema_positions,
+    subschemas,
+)
 
-__all__ = ["document_validator", "filter_finite"]
+__all__ = ["FILTERED", "document_validator", "filter_finite"]
 
 # Keys kept beside the filtered enum: annotations and what `$ref`s elsewhere may point into.
 _KEPT = ANNOTATIONS | {"$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary"}
@@ -36,24 +42,34 @@ _REFUSED = frozenset({
 # Values judged per subschema at most (each is one validator run, ~20 µs): the bound on the
 # arrays `uniqueItems` over an enum is enumerated into (4 options: 65 arrays; 6: 1,957).
 _MAX_VALUES = 1_000
+FILTERED = _REFUSED
+"""The keywords that make a finite subschema worth filtering: a document with none of them
+anywhere is left alone (rewrite.py skips the walk)."""
 # An integer range at most this long is a finite list.
 _MAX_RANGE = 64
+# A subschema of only these keys is an enum already (or no finite one).
+_SIMPLE = _KEPT | {"enum", "const", "type"}
 _FINITE_TYPES = {"null": (None,), "boolean": (False, True)}
 _REF_DEPTH = 4
 
 
-def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int) -> bool:
+def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int,
+                  positions: list[dict[str, Any]] | None = None) -> bool:
     """Replace, in `out` (a copy of `original`, the document `draft` reads), each finite
-    subschema holding one of `_REFUSED` by the enum of its valid values; whether any was."""
+    subschema holding one of `_REFUSED` by the enum of its valid values; whether any was.
+    `positions`: the subschemas of `out`, where the caller has them."""
+    # Most documents have no such subschema: the walk with pointers (and the validator) is
+    # for those that do.
+    if not any(_filtered_values(sub, out) is not None
+               for sub in (subschemas(out) if positions is None else positions)):
+        return False
     originals: dict[str, dict[str, Any]] = {}
     targets: set[str] = set()
     validator: Any = None
     changed = False
     for pointer, sub in schema_positions(out):
-        if set(sub) <= _KEPT | {"enum", "const", "type"}:
-            continue
-        values = _finite_values(sub, out, 0)
-        if values is None or len(values) > _MAX_VALUES or not _refused_in(sub, out):
+        values = _filtered_values(sub, out)
+        if values is None:
             continue
         if validator is None:  # the first candidate: most schemas have none
             if _unknown_format(original):
@@ -74,6 +90,17 @@ def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int) -> 
         sub["enum"] = _unique(kept)
         changed = True
     return changed
+
+
+def _filtered_values(sub: dict[str, Any], root: Any) -> list[Any] | None:
+    """The values `sub` is drawn from when it is to be filtered (finite, not too many, and
+    holding a keyword of _REFUSED), else None."""
+    if set(sub) <= _SIMPLE:
+        return None
+    values = _finite_values(sub, root, 0)
+    if values is None or len(values) > _MAX_VALUES or not _refused_in(sub, root):
+        return None
+    return values
 
 
 def _typed(sub: dict[str, Any]) -> str | None:

@@ -27,14 +27,15 @@ _MAX_BRANCHES = 12
 _REF_DEPTH = 4
 
 
-def disjoint_one_of(sub: dict[str, Any], root: Any) -> None:
+def disjoint_one_of(sub: dict[str, Any], root: Any) -> bool:
     """Replace `sub`'s `oneOf` by the `anyOf` above where every complement it needs has a
-    form. `root` is the document `$ref`s resolve in (None: not followed)."""
+    form. `root` is the document `$ref`s resolve in (None: not followed). Whether it wrote a
+    complement (negate() may write a `pattern`: rewrite.py then fixes the patterns)."""
     branches = sub.get("oneOf")
     if not isinstance(branches, list) or not 2 <= len(branches) <= _MAX_BRANCHES:
-        return
+        return False
     if not isinstance(sub.get("allOf", []), list):
-        return
+        return False
     context = _types(sub, root, 0)
     shapes = [_deref(b, root) for b in branches]
     overlapping = [[j for j in range(len(branches)) if j != i
@@ -44,7 +45,7 @@ def disjoint_one_of(sub: dict[str, Any], root: Any) -> None:
     for i, branch in enumerate(branches):
         others = [_complement(shapes[j], shapes[i], root) for j in overlapping[i]]
         if any(other is None for other in others):
-            return
+            return False
         disjoint.append({"allOf": [branch, *others]} if others else branch)
     # In the `oneOf`'s place: llguidance lays out an object's properties in the order it
     # meets them, so the keyword order is kept (beside an `anyOf`, it joins the `allOf`).
@@ -58,6 +59,7 @@ def disjoint_one_of(sub: dict[str, Any], root: Any) -> None:
             items.append((key, value))
     sub.clear()
     sub.update(items)
+    return any(overlapping)
 
 
 def _complement(other: Any, mine: Any, root: Any) -> Any:

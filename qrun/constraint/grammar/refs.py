@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qrun.constraint.grammar.schema import pointed_below, ref_targets, resolve, schema_positions
+from qrun.constraint.grammar.schema import pinned_keys, ref_targets, resolve, subschemas
 
 __all__ = ["drop_implied_type", "drop_ref_siblings"]
 
@@ -33,20 +33,27 @@ _ANNOTATIONS = frozenset({"$comment", "title", "description", "default", "exampl
 _DEPTH = 3
 
 
-def drop_ref_siblings(schema: dict[str, Any], draft: int, root: Any) -> None:
+def drop_ref_siblings(schema: dict[str, Any], draft: int, root: Any,
+                      kept: dict[int, set[str]] | None = None,
+                      positions: list[dict[str, Any]] | None = None) -> bool:
     """Drop, in place, the keywords beside `$ref`s in `schema` that say nothing there (see
-    the module docstring). `root` is where local `$ref`s resolve, or None (not followed)."""
-    targets = ref_targets(schema)
-    for pointer, sub in schema_positions(schema):
+    the module docstring). `root` is where local `$ref`s resolve, or None (not followed);
+    `kept` and `positions` the document's pinned_keys and subschemas when the caller has
+    them. Whether a dropped value was an object or a list (it may have held subschemas and
+    `$ref`s)."""
+    if kept is None:
+        kept = pinned_keys(schema, ref_targets(schema))
+    dropped_container = False
+    for sub in subschemas(schema) if positions is None else positions:
         drop_implied_type(sub, root)
         if not isinstance(sub.get("$ref"), str) or not set(sub) - _KEPT:
             continue
-        for key in [k for k in sub if k not in _KEPT]:
-            if pointed_below(targets, pointer, [key]):
-                continue
+        pointed = kept.get(id(sub), ())
+        for key in [k for k in sub if k not in _KEPT and k not in pointed]:
             if draft in (4, 6, 7) or key in _ANNOTATIONS \
                     or (key == "type" and _implied(sub, root)):
-                del sub[key]
+                dropped_container |= isinstance(sub.pop(key), dict | list)
+    return dropped_container
 
 
 def _types(value: Any) -> set[str] | None:

@@ -54,7 +54,7 @@ from typing import Any
 
 from qrun.constraint.grammar.contains import contains_positions
 from qrun.constraint.grammar.counts import count_properties
-from qrun.constraint.grammar.finite import document_validator, filter_finite
+from qrun.constraint.grammar.finite import FILTERED, document_validator, filter_finite
 from qrun.constraint.grammar.formats import assertion
 from qrun.constraint.grammar.multiples import negative_multiples
 from qrun.constraint.grammar.negation import negate
@@ -65,10 +65,9 @@ from qrun.constraint.grammar.refs import drop_ref_siblings
 from qrun.constraint.grammar.schema import (
     copy_json,
     draft_of,
-    pinned_pointers,
+    pinned_keys,
     ref_targets,
     resolve,
-    schema_positions,
     subschemas,
 )
 
@@ -80,6 +79,18 @@ _ANNOTATIONS = frozenset({"$schema", "$id", "id", "$comment", "title", "descript
 # A document with `$id`s below its root changes the base of `$ref`s inside them: its refs
 # are not inlined (they would resolve against the wrong base).
 _IDS = ("$id", "id")
+# The keywords of _no_ops and of _dependencies.
+_NO_OPS = frozenset({"minProperties", "minItems", "minLength", "uniqueItems", "dependencies"})
+_DEPENDENCIES = frozenset({"dependencies", "dependentRequired", "dependentSchemas"})
+# A pattern to fix comes from the schema, or from the rewrites that write patterns: formats
+# (formats.py), complements (negation.py: `not`, `if`, and a `oneOf`'s complements, which
+# disjoint_one_of reports) and property_names.py.
+_PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "format", "not", "if",
+                              "propertyNames"})
+# Annotations that are text or examples, taken out before llguidance reads the schema
+# (_drop_prose): `$schema`, `$id` and `$anchor` stay, they change how `$ref`s resolve.
+_PROSE = frozenset({"title", "description", "$comment", "default", "examples", "example",
+                    "readOnly", "writeOnly", "deprecated", "markdownDescription"})
 # Inlining follows a chain of `$ref`s at most this far.
 _INLINE_DEPTH = 3
 # dependencies become one `anyOf` pair each inside one allOf; llguidance multiplies the pairs
@@ -90,56 +101,90 @@ _MAX_DEPENDENCIES = 6
 def rewrite(schema: Any, formats: str = "assert") -> Any:
     """A copy of `schema` that llguidance compiles more often and that accepts the same
     instances (or fewer where the module docstring says so); non-objects come back as they
-    are. `formats` is a formats.MODES value: how `format` keywords are read."""
+    are. `formats` is a formats.MODES value: how `format` keywords are read.
+
+    A rewrite whose keywords appear in no subschema is skipped: most schemas need few of
+    them, and the walks that found nothing were most of a large schema's rewrite time (a
+    Kubernetes schema of MaskBench: 9 ms; issue #24 item 4)."""
     if not isinstance(schema, dict):
         return schema
     out = copy_json(schema)
     draft = draft_of(out)
     positions = subschemas(out)
+    present: set[str] = set().union(*positions)
     inline = not any(key in sub for sub in positions[1:] for key in _IDS
-                     if isinstance(sub.get(key), str))
+                     if isinstance(sub.get(key), str)) if present & set(_IDS) else True
     root = out if inline else None  # where local `$ref`s may be followed
-    drop_ref_siblings(out, draft, root)  # refs.py
-    positions = subschemas(out)
-    if inline and filter_finite(out, schema, draft):
+    # Per subschema, its keys below which a `$ref` points (rewrites leave them in place).
+    kept = pinned_keys(out, ref_targets(out, positions)) if "$ref" in present else {}
+    changed = "$ref" in present and drop_ref_siblings(out, draft, root, kept, positions)
+    if inline and present & FILTERED and filter_finite(out, schema, draft, positions):
+        changed = True
+    if changed:  # subschemas (and the `$ref`s in them) were taken out
         positions = subschemas(out)
+        kept = pinned_keys(out, ref_targets(out, positions)) if "$ref" in present else {}
     # Subschemas whose `not` or `oneOf` a `$ref` points into keep them as written; those
     # whose names a `$ref` points into keep them (property_names.py moves them), and those
     # whose items it points into keep `contains` (contains.py moves them).
-    targets = ref_targets(out)
-    pinned = _pinned(out, targets, ("not", "oneOf", "if", "then", "else"))
-    names_pinned = _pinned(out, targets, ("propertyNames", "additionalProperties",
-                                          "patternProperties"))
-    items_pinned = _pinned(out, targets, ("contains", "items"))
+    pinned = _pinned(kept, ("not", "oneOf", "if", "then", "else"))
+    names_pinned = _pinned(kept, ("propertyNames", "additionalProperties",
+                                  "patternProperties"))
+    items_pinned = _pinned(kept, ("contains", "items"))
+    has = present.__contains__
+    no_ops = bool(present & _NO_OPS)
+    counts = has("minProperties") or has("maxProperties")
+    dependencies = bool(present & _DEPENDENCIES)
     for sub in positions:
-        _formats(sub, draft, formats)
-        _no_ops(sub)
-        _property_counts(sub)
+        if has("format"):
+            _formats(sub, draft, formats)
+        if no_ops:
+            _no_ops(sub)
+        if counts:
+            _property_counts(sub)
         if id(sub) not in pinned:
-            _negation(sub, root)
-            if draft >= 7:  # `if` is an unknown keyword before draft-07
+            if has("not"):
+                _negation(sub, root)
+            if draft >= 7 and has("if"):  # `if` is an unknown keyword before draft-07
                 _conditional(sub, root)
-        _dependencies(sub)
-        if id(sub) not in names_pinned:
+        if dependencies:
+            _dependencies(sub)
+        if has("propertyNames") and id(sub) not in names_pinned:
             property_names(sub, root, draft, formats)  # property_names.py
-        if id(sub) not in items_pinned:
+        if has("contains") and id(sub) not in items_pinned:
             _contains(sub, draft)
         if inline and "multipleOf" in sub:
             _multiples(sub, schema, draft)
-    for sub in positions:
-        _one_of(sub, out, inline)
-        if id(sub) not in pinned:
-            disjoint_one_of(sub, root)
-    # Last, over every subschema the rewrites above made too (pattern_escapes.py).
-    for sub in subschemas(out):
-        fix_patterns(sub)
+    complemented = False
+    if "oneOf" in present:
+        for sub in positions:
+            _one_of(sub, out, inline)
+            if id(sub) not in pinned:
+                complemented |= disjoint_one_of(sub, root)  # one_of.py
+    # Last, over every subschema the rewrites above made too (pattern_escapes.py), where
+    # there is a pattern, or a rewrite ran that may have written one.
+    if present & _PATTERN_WRITERS or complemented:
+        for sub in subschemas(out):
+            fix_patterns(sub)
+    if present & _PROSE:
+        _drop_prose(positions, kept)
     return out
 
 
-def _pinned(out: Any, targets: set[str], keys: tuple[str, ...]) -> set[int]:
-    """The ids of the subschemas below one of whose `keys` a `$ref` target lies."""
-    at = pinned_pointers(targets, keys) if targets else set()
-    return {id(sub) for pointer, sub in schema_positions(out) if pointer in at} if at else set()
+def _drop_prose(positions: list[dict[str, Any]], kept: dict[int, set[str]]) -> None:
+    """Take the prose out of the subschemas: keywords that never change which instances are
+    valid and that llguidance reads past (a Kubernetes schema of MaskBench is two thirds
+    descriptions: 137 of its grammar's KB). One a `$ref` points into stays."""
+    for sub in positions:
+        for key in _PROSE & sub.keys():
+            if key not in kept.get(id(sub), ()):
+                del sub[key]
+
+
+def _pinned(kept: dict[int, set[str]], keys: tuple[str, ...]) -> set[int]:
+    """The ids of the subschemas below one of whose `keys` a `$ref` target lies (`kept`:
+    schema.pinned_keys of the document)."""
+    wanted = set(keys)
+    return {node for node, pointed in kept.items() if pointed & wanted}
 
 
 def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:

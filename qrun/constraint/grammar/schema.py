@@ -9,6 +9,7 @@ import copy
 import math
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -16,15 +17,17 @@ __all__ = [
     "close_objects",
     "copy_json",
     "draft_of",
+    "Survey",
     "escape",
     "non_finite",
-    "pinned_pointers",
+    "pinned_keys",
     "pointed_below",
     "pointer_target",
     "ref_targets",
     "resolve",
     "schema_positions",
     "subschemas",
+    "survey",
 ]
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas (every
@@ -113,7 +116,7 @@ def resolve(root: Any, ref: str) -> Any:
     parts = ref[2:].split("/") if len(ref) > 1 else []
     return pointer_target(root, (re.sub(r"%([0-9A-Fa-f]{2})",
                                         lambda m: chr(int(m.group(1), 16)), part)
-                                 for part in parts))
+                                 if "%" in part else part for part in parts))
 
 
 def pointer_target(root: Any, parts: Iterable[str]) -> Any:
@@ -121,7 +124,8 @@ def pointer_target(root: Any, parts: Iterable[str]) -> Any:
     `root`, or None when one of them leads nowhere."""
     node = root
     for part in parts:
-        part = part.replace("~1", "/").replace("~0", "~")
+        if "~" in part:
+            part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict) and part in node:
@@ -131,10 +135,11 @@ def pointer_target(root: Any, parts: Iterable[str]) -> Any:
     return node
 
 
-def ref_targets(schema: Any) -> set[str]:
+def ref_targets(schema: Any, positions: list[dict[str, Any]] | None = None) -> set[str]:
     """The JSON pointers the document's local `$ref`s point at, %-decoded as resolve() reads
-    them."""
-    return {unquote(sub["$ref"][1:]) for sub in subschemas(schema)
+    them. `positions`: the document's subschemas, where the caller has them."""
+    return {unquote(sub["$ref"][1:])
+            for sub in (subschemas(schema) if positions is None else positions)
             if isinstance(sub.get("$ref"), str) and sub["$ref"].startswith("#")}
 
 
@@ -147,14 +152,21 @@ def pointed_below(targets: set[str], pointer: str, keys: Iterable[str]) -> bool:
                for t in targets)
 
 
-def pinned_pointers(targets: set[str], keys: Iterable[str]) -> set[str]:
-    """The pointers of the subschemas below one of whose `keys` one of `targets`
-    (ref_targets) lies: removing that key there would leave a `$ref` dangling."""
-    names = {escape(key) for key in keys}
-    found: set[str] = set()
+def pinned_keys(document: Any, targets: set[str]) -> dict[int, set[str]]:
+    """Per object of `document` (by id) its keys below which one of `targets` (ref_targets)
+    lies: what pointed_below finds at each subschema, without the walk's pointers."""
+    found: dict[int, set[str]] = {}
     for target in targets:
-        parts = target.split("/")
-        found.update("/".join(parts[:i]) for i in range(1, len(parts)) if parts[i] in names)
+        node = document
+        for part in target.split("/")[1:]:
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and key in node:
+                found.setdefault(id(node), set()).add(key)
+                node = node[key]
+            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            else:
+                break
     return found
 
 
@@ -185,6 +197,64 @@ def non_finite(value: Any, pointer: str = "") -> str | None:
         if found is not None:
             return found
     return None
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one walk over a whole JSON document finds, so that the checks and rewrites that
+    cannot apply to it are skipped (most of a large schema's time to its first mask was
+    walks that found nothing: issue #24 item 4).
+
+    `keys`: every object key anywhere in the document, so a superset of the keywords its
+    subschemas use (a property named "not" counts too: a superset only costs a walk).
+    `non_finite`: some float is Infinity or NaN. `optional_properties`: the optional
+    properties of every object that lists `properties`, summed over the document: no place
+    of a value can have more (schema_size.py counts each object once per place)."""
+
+    keys: frozenset[str]
+    non_finite: bool
+    optional_properties: int
+
+
+def survey(document: Any) -> Survey | None:
+    """One walk over every value of `document` (a stack: no recursion limit); None where it
+    is not plain JSON data (a container that comes twice, shared or inside itself; a type
+    other than dict, list, str, int, float, bool and None): the full checks then say what."""
+    if type(document) is not dict and type(document) is not list:
+        return None
+    keys: set[str] = set()
+    optional = 0
+    finite = True
+    seen: set[int] = set()
+    stack: list[Any] = [document]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            return None
+        seen.add(id(node))
+        if type(node) is dict:
+            keys.update(node)
+            properties = node.get("properties")
+            if type(properties) is dict:
+                required = node.get("required")
+                listed = {n for n in required if type(n) is str} \
+                    if type(required) is list else ()
+                optional += sum(1 for name in properties if name not in listed)
+            values: Any = node.values()
+        else:
+            values = node
+        for value in values:
+            kind = type(value)
+            if kind is dict or kind is list:
+                stack.append(value)
+            elif kind is float:
+                finite = finite and math.isfinite(value)
+            elif kind not in _SCALARS:
+                return None
+    return Survey(frozenset(keys), not finite, optional)
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
 
 
 def close_objects(schema: Any) -> Any:

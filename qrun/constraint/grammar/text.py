@@ -35,6 +35,7 @@ from qrun.constraint.grammar.schema import (
     non_finite,
     pointer_target,
     schema_positions,
+    survey,
 )
 from qrun.constraint.grammar.schema_size import crowded_place
 
@@ -214,14 +215,17 @@ def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
 
 def _early_error(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> GrammarError | None:
     """What is wrong with `schema` before llguidance reads it, or None. A check added here
-    holds for check_schema and schema_grammar alike."""
+    holds for check_schema and schema_grammar alike. One survey of the document (schema.py)
+    skips the checks that cannot find anything in it."""
     if not isinstance(schema, dict | bool):
         return GrammarError(f"a JSON Schema is an object or a boolean, not "
                             f"{type(schema).__name__}", pointer="")
-    bad = non_finite(schema)
+    found = survey(schema)
+    bad = non_finite(schema) if found is None or found.non_finite else None
     if bad is not None:
         return GrammarError("JSON has no Infinity or NaN: use a finite number", pointer=bad)
-    crowded = crowded_place(schema, limits.optional_properties)
+    crowded = crowded_place(schema, limits.optional_properties) \
+        if found is None or found.optional_properties > limits.optional_properties else None
     if crowded is not None:
         pointer, count = crowded
         return GrammarError(
@@ -229,10 +233,12 @@ def _early_error(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> Gram
             f"{limits.optional_properties:,} qrun accepts (llguidance's parser holds about 4 "
             "items per such property while it reads a key)", pointer=pointer,
             limit="optional_properties")
-    if fmt.formats == "assert":
+    if fmt.formats == "assert" and (found is None or "format" in found.keys):
         unknown = _unknown_format(schema)
         if unknown is not None:
             return unknown
+    if found is not None and "patternProperties" not in found.keys:
+        return None
     return _open_pattern_error(schema)
 
 

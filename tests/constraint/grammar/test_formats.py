@@ -153,8 +153,11 @@ def test_every_string_the_matcher_takes_passes_the_checker(model: Any, fmt: str,
 # hypothesis draws from idn-email's and regex's patterns only slowly (about a minute for 20
 # strings: their classes span all of Unicode, regex's nest 4 deep): the random walk above
 # and the tables cover them. Strings JSON text can hold that SmolLM2's tokens can spell (it
-# lacks the bytes 0xF1, 0xF2 and 0xF5-0xFF: no character past U+3FFFF).
-_ALPHABET = st.characters(max_codepoint=0x3FFFF, exclude_categories=["Cs"])
+# lacks the bytes 0xF1, 0xF2 and 0xF5-0xFF: no character past U+3FFFF). Not U+007F: llguidance
+# takes DEL in a JSON string only escaped (`\u007f`, which json.dumps with ensure_ascii=False
+# leaves raw), even for {"type": "string"}: fewer values, not a pattern of qrun's.
+_ALPHABET = st.characters(max_codepoint=0x3FFFF, exclude_categories=["Cs"],
+                          exclude_characters="\x7f")
 WRITTEN = {f: st.from_regex(re.compile(a.pattern), fullmatch=True, alphabet=_ALPHABET)
            for f, a in sorted(FORMATS.items()) if a.pattern and not a.llguidance
            and f not in ("idn-email", "regex")}

@@ -1,0 +1,152 @@
+"""`qrun test PATH...` (docs/testing.md): argument parsing, finding the templates and their case
+files, and the exit code; the cases, their checks and the report are qrun/testing/'s. Every
+template is compiled and every case file read and checked against its template before a model
+loads, so a mistake in either costs no model time (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qrun.errors import UsageError
+from qrun.options import BACKENDS, DTYPES, ModelOptions
+
+if TYPE_CHECKING:
+    from qrun.api import Query
+    from qrun.backends.base import Backend
+    from qrun.testing import Case
+
+EXIT_PASSED, EXIT_FAILED = 0, 1
+
+
+def build_test_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qrun test",
+        description="Run the test cases of templates: NAME.tests.yaml beside NAME.tmpl "
+                    "(docs/testing.md).",
+        epilog="Exit codes: 0 every case passed, 1 a case failed, 2 a template, case file "
+               "or usage error (nothing ran).")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="templates (.tmpl), case files (.tests.yaml), or folders of them")
+    parser.add_argument("-k", dest="keyword", metavar="EXPR",
+                        help="only the cases whose id TEMPLATE::CASE matches: words "
+                             "(substrings) with and, or, not, as pytest's -k")
+    parser.add_argument("--junit-xml", metavar="PATH", help="also write a JUnit XML report")
+    parser.add_argument("--model", help="as for qrun FILE.tmpl (default: the template's, "
+                                        "else smollm2)")
+    parser.add_argument("--backend", default=None, choices=BACKENDS)
+    parser.add_argument("--url", help="with --backend vllm: a `vllm serve` to run on")
+    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", choices=DTYPES)
+    parser.add_argument("--batch-size", type=int, default=8, metavar="N",
+                        help="greedy cases run together, N at a time (default 8)")
+    parser.add_argument("--functions", metavar="FILE.py",
+                        help="host functions the templates may call (as for qrun FILE.tmpl)")
+    return parser
+
+
+def run_tests(argv: Sequence[str]) -> int:
+    """`qrun test ARGS`: the exit code (QrunErrors propagate to qrun.cli's main, exit 2)."""
+    from qrun.api import Query
+    from qrun.cli.output import LoadingNotice
+    from qrun.testing import load_cases
+    from qrun.testing.report import Report, write_junit
+    from qrun.testing.runner import check_case_inputs, hole_places, run_cases
+    from qrun.testing.select import keyword_filter
+
+    args = build_test_parser().parse_args(list(argv))
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    chosen = keyword_filter(args.keyword) if args.keyword is not None else None
+    functions = None
+    if args.functions is not None:
+        from qrun.cli.functions_file import load_functions
+
+        functions = load_functions(args.functions)
+    given = {name: getattr(args, name, None) for name in ModelOptions.names()
+             if name not in ("weights", "timeout", "cache_mb")}
+    model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
+    # Everything that can be wrong without a model is found first.
+    suites: list[tuple[str, Query, list[Case]]] = []
+    deselected = 0
+    for template in _templates(args.paths):
+        query = Query.from_file(template, functions=functions)
+        cases = load_cases(_cases_file(template))
+        check_case_inputs(query, cases)
+        if chosen is not None:
+            kept = [c for c in cases if chosen(f"{template}::{c.name}")]
+            deselected += len(cases) - len(kept)
+            cases = kept
+        if cases:
+            suites.append((str(template), query, cases))
+    if not suites:
+        raise UsageError("no test case to run" + (f" matches -k {args.keyword!r}"
+                                                  if args.keyword is not None else ""))
+    report = Report(sys.stdout)
+    started = time.perf_counter()
+    backends: dict[ModelOptions, Backend] = {}
+    holes: dict[str, dict[str, str]] = {}
+    for name, query, cases in suites:
+        wanted = query.model_options(model)
+        if wanted not in backends:
+            from qrun.backends import load_model
+
+            with LoadingNotice(str(wanted.model or "the model")):
+                backends[wanted] = load_model(options=wanted)
+        holes[name] = hole_places(query)
+        report.start(name)
+        run_cases(query, name, cases, backends[wanted], args.batch_size, report.case)
+    seconds = time.perf_counter() - started
+    report.finish(seconds, holes, deselected)
+    if args.junit_xml:
+        try:
+            write_junit(Path(args.junit_xml), report.outcomes, seconds)
+        except OSError as exc:
+            raise UsageError(f"--junit-xml {args.junit_xml}: {exc}") from None
+    return EXIT_PASSED if all(o.passed for o in report.outcomes) else EXIT_FAILED
+
+
+def _templates(paths: Sequence[str]) -> list[Path]:
+    """The templates the paths name: a .tmpl file, the template of a .tests.yaml file, or the
+    templates of a folder that have a case file (in name order, each once).
+
+    Raises:
+        UsageError: a path that does not exist or is neither; a folder without cases.
+    """
+    from qrun.testing import cases_file_of
+
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            inside = [t for t in sorted(path.rglob("*.tmpl")) if cases_file_of(t).is_file()]
+            if not inside:
+                raise UsageError(f"{path}: no template here has a case file "
+                                 "(NAME.tests.yaml beside NAME.tmpl)")
+            found.extend(inside)
+        elif path.is_file() and path.name.endswith(".tests.yaml"):
+            found.append(path.with_name(path.name.removesuffix(".tests.yaml") + ".tmpl"))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"{path}: no such file or folder")
+    unique: list[Path] = []
+    for template in found:
+        if template.resolve() not in {t.resolve() for t in unique}:
+            unique.append(template)
+    return unique
+
+
+def _cases_file(template: Path) -> Path:
+    from qrun.testing import cases_file_of
+
+    cases = cases_file_of(template)
+    if not template.is_file():
+        raise UsageError(f"{cases}: its template {template} does not exist")
+    if not cases.is_file():
+        raise UsageError(f"{template}: no case file {cases.name} beside it (docs/testing.md)")
+    return cases

@@ -1,0 +1,270 @@
+"""Part of stage 3 (compile_template): the proof that a typed template's result fits its
+`output:` schema (docs/language.md §4.2). Each property is a capture; each hole that binds it
+gives values of a schema known from its constraint (INT: integers, options=[..]: those
+strings, json=S: S); that schema must be contained in the property's. The containment check is
+conservative: what it cannot prove is reported, at the hole, with the reason."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence, Set
+from typing import Any
+
+from qrun.constraint.spec import PATTERN_TYPES
+from qrun.errors import TemplateCompileError, TemplateError
+from qrun.lang import ir
+from qrun.lang.args import MISSING, literal
+from qrun.lang.declared import first_problem
+from qrun.source import Source, Span
+
+_VALUE_TYPES = {"int": "integer", "float": "number", "bool": "boolean"}
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema",
+                          "deprecated", "readOnly", "writeOnly"})
+_LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+_TOOL_CALL = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "arguments": {"type": "object"}},
+              "required": ["name", "arguments"]}
+
+
+def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequence[str],
+                 source: Source, span: Span | None, bound: Set[str]) -> list[TemplateError]:
+    """The errors for the properties of `schema` that are not captures, whose holes cannot
+    be proven to give values that fit, or that are required but captured only on some paths
+    (`bound`: the captures every path binds; a loop's list always exists)."""
+    errors: list[TemplateError] = []
+    where = span or source.span_at(0)
+    holes: dict[str, list[tuple[ir.Gen | ir.Select, Source]]] = {}
+    for op, inner in _top_level(ops, source):
+        if isinstance(op, ir.Gen | ir.Select):
+            holes.setdefault(op.name, []).append((op, inner))
+    for name, wanted in schema.get("properties", {}).items():
+        if name not in holes:
+            errors.append(TemplateCompileError(
+                f"output property '{name}' is not a capture of the template", where, source,
+                [f"captures: {', '.join(captures) or 'none'}; the output record's properties "
+                 "are the values of holes"]))
+            continue
+        first, first_source = holes[name][0]
+        if name in schema.get("required", ()) and name not in bound and not first.in_loop:
+            errors.append(TemplateCompileError(
+                f"output '{name}' is required, but a run may end without capturing it",
+                first.span, first_source,
+                ["its hole is not on every path of the template (inside an if, after a break)",
+                 f"make it optional: `{name}: TYPE?` (docs/language.md §4.2)"]))
+        for op, inner in holes[name]:
+            given, how = produced_schema(op)
+            reason = "its constraint is computed at run time" if given is None \
+                else contained(given, wanted)
+            if reason is not None:
+                errors.append(TemplateCompileError(
+                    f"output '{name}' is not proven to be {_show(wanted)}: {reason}", op.span,
+                    inner, [f"the hole gives {how}",
+                            "constrain the hole so that it can only give such a value "
+                            "(docs/language.md §4.2)"]))
+    return errors
+
+
+def _top_level(ops: Sequence[ir.Op], source: Source) -> list[tuple[ir.Op, Source]]:
+    """The ops whose holes bind the template's own captures (not a macro's)."""
+    found: list[tuple[ir.Op, Source]] = []
+    for op in ops:
+        if isinstance(op, ir.Macro):
+            continue
+        found.append((op, source))
+        inner = op.source if isinstance(op, ir.Include) else source
+        found.extend(_top_level(tuple(ir.children(op)), inner))
+    return found
+
+
+def produced_schema(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
+    """The JSON Schema of the values the hole can give (a list of them in a loop), and how it
+    gives them in words; None when its constraint is known only at run time."""
+    schema, how = _one_value(op)
+    if schema is not None and op.in_loop:
+        return {"type": "array", "items": schema}, f"a list (the hole is in a loop) of {how}"
+    return schema, how
+
+
+def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
+    if isinstance(op, ir.Select):
+        options = literal(op.options)
+        if options is MISSING or not isinstance(options, list):
+            return None, "options computed at run time"
+        return {"type": "string", "enum": options}, f"one of {json.dumps(options)}"
+    constraint = op.params.constraint
+    match constraint:
+        case None:
+            return {"type": "string"}, "any text (it has no constraint)"
+        case ir.Regex(stdlib_name=name) if name is not None:
+            kind = _VALUE_TYPES.get(PATTERN_TYPES.get(name, ""), "string")
+            given: dict[str, Any] = {"type": kind}
+            if kind == "string" and constraint.lowered is not None:
+                given["pattern"] = constraint.lowered.pattern
+            return given, f"{'text' if kind == 'string' else kind} values (regex={name})"
+        case ir.Regex(pattern=pattern):
+            value = literal(pattern)
+            if not isinstance(value, str):
+                return None, "a regex computed at run time"
+            return {"type": "string", "pattern": value}, f"text matching regex={json.dumps(value)}"
+        case ir.JsonSchema(schema=expr):
+            value = literal(expr)
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    return None, "JSON"
+            if not isinstance(value, dict | bool):
+                return None, "JSON of a schema computed at run time"
+            closed = constraint.lowered is not None and \
+                "closed=true" in constraint.lowered.description
+            shown = json.dumps(value)
+            return (_closed(value) if closed and isinstance(value, dict) else
+                    value if isinstance(value, dict) else {} if value else {"not": {}}), \
+                f"JSON valid under {shown[:80]}{'…' if len(shown) > 80 else ''}"
+        case ir.Grammar():
+            return {"type": "string"}, "text of a Lark grammar"
+        case ir.ToolCall():
+            return dict(_TOOL_CALL), "a tool call {name, arguments}"
+    return None, "values of an unknown kind"
+
+
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema as closed=true reads it: objects allow only the properties they list."""
+    schema = {key: _closed(value) if isinstance(value, dict) else value
+              for key, value in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def contained(given: Any, wanted: Any) -> str | None:
+    """Why a value valid under `given` may not be valid under `wanted`, or None when every
+    one is (a sufficient check: it only says None where it has proven it)."""
+    if wanted is True or wanted == {} or given == wanted:
+        return None
+    if wanted is False:
+        return "the output allows no value"
+    if given is False:
+        return None
+    if given is True:
+        given = {}
+    finite = _finite(given)
+    if finite is not None:
+        for value in finite:
+            problem = first_problem(wanted, value)
+            if problem is not None:
+                return f"it may give {json.dumps(value)}, which does not fit: {problem[1]}"
+        return None
+    if set(given) - _ANNOTATIONS == {"anyOf"}:
+        for branch in given["anyOf"]:
+            reason = contained(branch, wanted)
+            if reason is not None:
+                return reason
+        return None
+    for key, value in wanted.items():
+        reason = _keyword(given, key, value, wanted)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _finite(schema: dict[str, Any]) -> list[Any] | None:
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list):
+        return list(schema["enum"])
+    return None
+
+
+def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any]) -> str | None:
+    if key in _ANNOTATIONS:
+        return None
+    if key == "type":
+        return _type_reason(given, value)
+    if key == "properties":
+        return _properties_reason(given, value)
+    if key == "required":
+        missing = [name for name in value if name not in given.get("required", ())]
+        return f"it may leave out {', '.join(missing)}" if missing else None
+    if key == "additionalProperties":
+        return _additional_reason(given, value, wanted)
+    if key == "items":
+        reason = contained(given.get("items", {}), value)
+        return None if reason is None else f"an item: {reason}"
+    if key == "pattern" and given.get("pattern") in (value, value.removeprefix("^").removesuffix(
+            "$"), value.removeprefix("^(?:").removesuffix(")$")):
+        return None
+    if key == "anyOf":
+        if any(contained(given, branch) is None for branch in value):
+            return None
+        return "it fits none of the anyOf branches"
+    if key == "allOf":
+        reasons = [contained(given, branch) for branch in value]
+        return next((r for r in reasons if r is not None), None)
+    if key in _LOWER_BOUNDS or key in _UPPER_BOUNDS:
+        bound = given.get(key)
+        lower = key in _LOWER_BOUNDS
+        if isinstance(bound, int | float) and (bound >= value if lower else bound <= value):
+            return None
+        return f"it does not guarantee {key} {json.dumps(value)}"
+    if given.get(key) == value:
+        return None
+    return f"it does not guarantee {key}: {json.dumps(value)}"
+
+
+def _types(schema: dict[str, Any]) -> set[str] | None:
+    kind = schema.get("type")
+    if kind is None:
+        return None
+    return {kind} if isinstance(kind, str) else set(kind)
+
+
+def _type_reason(given: dict[str, Any], value: Any) -> str | None:
+    wanted = {value} if isinstance(value, str) else set(value)
+    if "number" in wanted:
+        wanted.add("integer")
+    have = _types(given)
+    if have is None:
+        return f"it may give any JSON value, not only {' or '.join(sorted(wanted))}"
+    extra = have - wanted
+    if extra:
+        return f"it gives {' or '.join(sorted(have))} values, not {' or '.join(sorted(wanted))}"
+    return None
+
+
+def _properties_reason(given: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    have = given.get("properties", {})
+    for name, schema in wanted.items():
+        if name in have:
+            inner = have[name]
+        elif given.get("additionalProperties") is False:
+            continue  # never present
+        else:
+            inner = given.get("additionalProperties", {})
+        reason = contained(inner, schema)
+        if reason is not None:
+            return f"property '{name}': {reason}"
+    return None
+
+
+def _additional_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]) -> str | None:
+    listed = set(wanted.get("properties", {}))
+    for name, schema in given.get("properties", {}).items():
+        if name not in listed:
+            reason = contained(schema, value)
+            if reason is not None:
+                return f"property '{name}' is not one the output lists"
+    extra = given.get("additionalProperties", True)
+    if extra is False:
+        return None
+    reason = contained(extra if isinstance(extra, dict) else {}, value)
+    return None if reason is None else \
+        "it may give properties the output does not list (give the hole closed=true)"
+
+
+def _show(schema: Any) -> str:
+    text = json.dumps(schema)
+    if isinstance(schema, dict) and set(schema) - _ANNOTATIONS == {"type"}:
+        text = str(schema["type"])
+    return text if len(text) <= 60 else text[:57] + "..."

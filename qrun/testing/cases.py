@@ -1,0 +1,184 @@
+"""Test cases of a template (docs/testing.md): read from `NAME.tests.yaml` beside `NAME.tmpl`,
+each with its inputs, optional seed and temperature, and its expectations. The file is YAML
+read by PyYAML's safe loader: plain data only, no tags that build objects, and no anchors or
+aliases (a few lines of aliases can expand into gigabytes). Every error names the file, line
+and column of the value at fault."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qrun.testing.expect import Expectation, parse_expectations
+from qrun.testing.where import CaseFileError, Where
+
+__all__ = ["MAX_CASE_FILE_BYTES", "Case", "CaseFileError", "Where", "cases_file_of",
+           "load_cases", "parse_cases"]
+
+MAX_CASE_FILE_BYTES = 1 << 20
+"""The largest case file read."""
+CASE_KEYS = ("name", "inputs", "seed", "temperature", "expect")
+_NAME = re.compile(r"[^\s:]([^\n:]{0,98}[^\s:])?")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test case: `inputs` for a run, its sampling (greedy unless `temperature` is
+    given; `seed` makes a sampled case repeatable), and what the result must show."""
+
+    name: str
+    inputs: dict[str, Any]
+    expectations: tuple[Expectation, ...]
+    where: Where
+    seed: int | None = None
+    temperature: float | None = None
+
+
+def cases_file_of(template: Path) -> Path:
+    """The case file beside `template`: `NAME.tests.yaml` for `NAME.tmpl`."""
+    return template.with_name(template.name.removesuffix(".tmpl") + ".tests.yaml")
+
+
+def load_cases(path: Path) -> list[Case]:
+    """The cases of the file at `path`.
+
+    Raises:
+        CaseFileError: the file cannot be read, is too large, is not YAML, uses anchors or
+            aliases, or a case is malformed (with its line and column).
+    """
+    try:
+        size = path.stat().st_size
+        if size > MAX_CASE_FILE_BYTES:
+            raise CaseFileError(f"{path}: {size:,} bytes, more than the "
+                                f"{MAX_CASE_FILE_BYTES:,} a case file may have")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaseFileError(f"{path}: cannot read it: {exc}") from None
+    return parse_cases(text, str(path))
+
+
+def parse_cases(text: str, file: str = "<cases>") -> list[Case]:
+    """The cases of a case file's text (`file`: the name errors give).
+
+    Raises:
+        CaseFileError: as load_cases.
+    """
+    node = _compose(text, file)
+    data = _data(text, file)
+    if data is None:
+        return []
+    if isinstance(data, dict) and set(data) == {"tests"}:
+        data, node = data["tests"], _child(node, "tests")
+    if not isinstance(data, list):
+        raise CaseFileError("a case file is a list of cases (or `tests:` and the list)",
+                            _where(node, file))
+    cases: list[Case] = []
+    names: set[str] = set()
+    for index, item in enumerate(data):
+        case = _case(item, _item(node, index), file, index)
+        if case.name in names:
+            raise CaseFileError(f"two cases are named {case.name!r}", case.where)
+        names.add(case.name)
+        cases.append(case)
+    return cases
+
+
+def _case(item: Any, node: yaml.Node | None, file: str, index: int) -> Case:
+    where = _where(node, file)
+    if not isinstance(item, dict):
+        raise CaseFileError("a case is a mapping (name, inputs, expect...)", where)
+    unknown = [key for key in item if key not in CASE_KEYS]
+    if unknown:
+        raise CaseFileError(f"unknown key {unknown[0]!r} in a case (a case takes "
+                            f"{', '.join(CASE_KEYS)})", _where(_child(node, unknown[0]), file))
+    name = item.get("name", f"case {index + 1}")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise CaseFileError("a case's name is a line of text without ':' (1-100 characters)",
+                            _where(_child(node, "name"), file))
+    inputs = item.get("inputs", {})
+    if not isinstance(inputs, dict) or not all(isinstance(k, str) for k in inputs):
+        raise CaseFileError("inputs is a mapping of input names to values",
+                            _where(_child(node, "inputs"), file))
+    seed = item.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise CaseFileError("seed is a whole number ≥ 0", _where(_child(node, "seed"), file))
+    temperature = item.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool)
+                                    or not isinstance(temperature, int | float)
+                                    or not 0 <= temperature <= 100):
+        raise CaseFileError("temperature is a number from 0 to 100",
+                            _where(_child(node, "temperature"), file))
+    if "expect" not in item:
+        raise CaseFileError(f"case {name!r} has no `expect`: what must its result show?",
+                            where)
+    expect_node = _child(node, "expect")
+    expectations = parse_expectations(
+        item["expect"], lambda *path: _where(_descend(expect_node, path), file),
+        _where(expect_node, file))
+    return Case(name, dict(inputs), tuple(expectations), where, seed,
+                None if temperature is None else float(temperature))
+
+
+def _compose(text: str, file: str) -> yaml.Node | None:
+    """The YAML node tree (for positions), after refusing anchors and aliases."""
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                mark = event.start_mark
+                raise CaseFileError("anchors and aliases (&name, *name) are not allowed in a "
+                                    "case file: write the value out",
+                                    Where(file, mark.line + 1, mark.column + 1))
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, file) from None
+
+
+def _data(text: str, file: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, file) from None
+
+
+def _yaml_error(exc: yaml.YAMLError, file: str) -> CaseFileError:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = Where(file, mark.line + 1, mark.column + 1) if mark is not None else None
+    return CaseFileError(f"not valid YAML: {problem}", where)
+
+
+def _where(node: yaml.Node | None, file: str) -> Where:
+    if node is None:
+        return Where(file, 1, 1)
+    return Where(file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def _child(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The value node of `key` in mapping `node` (None where there is none)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return value_node
+    return None
+
+
+def _item(node: yaml.Node | None, index: int) -> yaml.Node | None:
+    if isinstance(node, yaml.SequenceNode) and index < len(node.value):
+        item: yaml.Node = node.value[index]
+        return item
+    return None
+
+
+def _descend(node: yaml.Node | None, path: Sequence[str | int]) -> yaml.Node | None:
+    """The node at `path` (keys and indexes) below `node`, or the deepest one found."""
+    for step in path:
+        found = _item(node, step) if isinstance(step, int) else _child(node, step)
+        if found is None:
+            return node
+        node = found
+    return node

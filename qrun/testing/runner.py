@@ -1,0 +1,126 @@
+"""Running a template's test cases (docs/testing.md §3): every case's inputs checked before
+any model work, the greedy cases batched together through `Query.run_many`, a sampled case
+(one that gives a temperature) run on its own with its seed, as `qrun FILE --seed S
+--temperature T` would; then each expectation checked against the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from qrun.errors import InputError, QrunError
+from qrun.lang import ir
+from qrun.options import RunOptions
+from qrun.testing.cases import Case
+from qrun.testing.expect import Expectation
+from qrun.testing.where import CaseFileError
+
+if TYPE_CHECKING:
+    from qrun.api import Query
+    from qrun.backends.base import Backend
+    from qrun.runtime.result import Result
+
+__all__ = ["CaseOutcome", "check_case_inputs", "hole_places", "run_cases"]
+
+
+@dataclass
+class CaseOutcome:
+    """A case's result: the expectations it failed with what was found instead, or the
+    error that stopped its run; `text` and `values` what the run produced."""
+
+    template: str
+    case: Case
+    failures: list[tuple[Expectation, str]] = field(default_factory=list)
+    error: QrunError | None = None
+    text: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.failures
+
+    @property
+    def id(self) -> str:
+        """`TEMPLATE::CASE`, as -k matches it and the report prints it."""
+        return f"{self.template}::{self.case.name}"
+
+
+def check_case_inputs(query: Query, cases: list[Case]) -> list[dict[str, Any]]:
+    """Each case's inputs as the template takes them (Program.check_inputs), before any model
+    work.
+
+    Raises:
+        CaseFileError: a case's inputs do not fit the template (at the case).
+    """
+    checked = []
+    for case in cases:
+        try:
+            checked.append(query.program.check_inputs(case.inputs))
+        except InputError as exc:
+            raise CaseFileError(f"case {case.name!r}: {exc.message}", case.where) from None
+        except QrunError as exc:
+            raise CaseFileError(f"case {case.name!r}: {exc}", case.where) from None
+    return checked
+
+
+def run_cases(query: Query, template: str, cases: list[Case], backend: Backend,
+              batch_size: int = 8,
+              on_outcome: Callable[[CaseOutcome], None] | None = None) -> list[CaseOutcome]:
+    """Run `cases` of `query` (the template named `template` in reports) on `backend` and
+    check them; outcomes in case order, `on_outcome` called as each is known (greedy cases
+    when their batch ends).
+
+    Raises:
+        CaseFileError: a case's inputs do not fit the template (nothing has run).
+    """
+    inputs = check_case_inputs(query, cases)
+    outcomes: dict[int, CaseOutcome] = {}
+
+    def finish(index: int, result: Result | QrunError) -> None:
+        outcome = _judge(template, cases[index], inputs[index], result)
+        outcomes[index] = outcome
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    greedy = [i for i, case in enumerate(cases) if case.temperature is None]
+    if greedy:
+        results = query.run_many([inputs[i] for i in greedy], model=backend,
+                                 options=RunOptions(temperature=0.0), batch_size=batch_size)
+        for index, batched in zip(greedy, results, strict=True):
+            finish(index, batched)
+    for index, case in enumerate(cases):
+        if case.temperature is None:
+            continue
+        options = RunOptions(temperature=case.temperature, seed=case.seed)
+        result: Result | QrunError
+        try:
+            result = query.run(inputs[index], model=backend, options=options)
+        except QrunError as exc:
+            result = exc
+        finish(index, result)
+    return [outcomes[i] for i in range(len(cases))]
+
+
+def _judge(template: str, case: Case, inputs: dict[str, Any],
+           result: Result | QrunError) -> CaseOutcome:
+    if isinstance(result, QrunError):
+        return CaseOutcome(template, case, error=result)
+    values = {**inputs, **result.vars}
+    outcome = CaseOutcome(template, case, text=result.text, values=values)
+    for expectation in case.expectations:
+        failure = expectation.check(result.text, values)
+        if failure is not None:
+            outcome.failures.append((expectation, failure))
+    return outcome
+
+
+def hole_places(query: Query) -> dict[str, str]:
+    """`FILE:LINE:COL` of each capture's hole (its first, for one written twice), for the
+    report of a failed expectation about it."""
+    places: dict[str, str] = {}
+    for op, source in ir.walk_sources(query.program.ops, query.program.source):
+        if isinstance(op, ir.Gen | ir.Select) and op.name not in places:
+            places[op.name] = f"{source.name}:{op.span.line}:{op.span.column}"
+    return places
+

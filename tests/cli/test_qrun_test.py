@@ -1,0 +1,134 @@
+"""`qrun test` end to end (qrun/cli/test_command.py): the examples' cases on the tiny and the
+real model, failures reported with the expectation, what was found and the hole, exit codes
+0/1/2, -k and JUnit XML."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from qrun.cli import main
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TEMPLATE = """\
+---
+inputs: [topic]
+---
+Topic: {{ topic }}
+Label: {{ select label options=["alpha", "beta"] }}
+Count: {{ gen count regex="[0-9]" }}
+"""
+
+
+def _write(tmp_path: Path, cases: str, template: str = TEMPLATE) -> Path:
+    (tmp_path / "t.tmpl").write_text(template)
+    (tmp_path / "t.tests.yaml").write_text(cases)
+    return tmp_path / "t.tmpl"
+
+
+def test_the_examples_cases_pass_on_the_tiny_model(
+        tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["test", str(EXAMPLES), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "classify.tmpl ..." in out and " passed in " in out and "FAILURES" not in out
+
+
+@pytest.mark.real
+def test_the_examples_cases_pass_on_the_real_model(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["test", str(EXAMPLES)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+
+def test_a_failed_expectation_is_reported_with_its_place_and_the_hole(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(tmp_path, """\
+- name: holds
+  inputs: {topic: cats}
+  expect:
+    that: label in ["alpha", "beta"]
+    schema: {count: {type: string, pattern: '^[0-9]$'}}
+- name: wrong
+  inputs: {topic: dogs}
+  expect:
+    vars: {count: "not a digit"}
+    text: 'Topic: birds'
+""")
+    code = main(["test", str(template), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"{template} .F" in out
+    assert f"{tmp_path / 't.tests.yaml'}:9:19: expected vars.count: \"not a digit\"" in out
+    assert f"(the hole: {template}:6:8)" in out
+    assert f"{tmp_path / 't.tests.yaml'}:10:11: expected text: Topic: birds" in out
+    assert "1 passed, 1 failed in" in out
+
+
+def test_a_run_that_fails_is_an_error_of_its_case(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(tmp_path, """\
+- name: divides by zero
+  inputs: {topic: 0}
+  expect: {that: 'true'}
+""", "Topic: {{ 1 / topic }} {{ gen x max_tokens=2 }}\n")
+    code = main(["test", str(template), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"{template} E" in out and "division by zero" in out and "1 error in" in out
+
+
+@pytest.mark.parametrize("cases, message", [
+    ("- name: a\n  inputs: {subject: x}\n  expect: {that: 'true'}\n", "t.tests.yaml:1:3: case 'a'"),
+    ("- name: a\n  expect: {vars: [1]}\n", "t.tests.yaml:2:18: vars maps capture names"),
+])
+def test_case_file_mistakes_exit_2_before_any_model_work(
+        tmp_path: Path, cases: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(tmp_path, cases)
+    # No --model: were the model loaded, SmolLM2 would be; the error comes first.
+    code = main(["test", str(template)])
+    captured = capsys.readouterr()
+    assert code == 2 and message in captured.err and captured.out == ""
+
+
+def test_template_errors_and_missing_files_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(tmp_path, "- name: a\n  expect: {that: 'true'}\n",
+                      "{{ gen x regex='[' }}\n")
+    assert main(["test", str(template)]) == 2
+    assert "t.tmpl:1:" in capsys.readouterr().err
+    (tmp_path / "lonely.tmpl").write_text("hello\n")
+    assert main(["test", str(tmp_path / "lonely.tmpl")]) == 2
+    assert "no case file lonely.tests.yaml" in capsys.readouterr().err
+    assert main(["test", str(tmp_path / "nowhere")]) == 2
+    assert main(["test", str(EXAMPLES), "-k", "no-such-case"]) == 2
+    assert "no test case to run matches -k" in capsys.readouterr().err
+
+
+def test_keyword_selection_and_junit_xml(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "report.xml"
+    code = main(["test", str(EXAMPLES / "classify.tests.yaml"), "--model", tiny_folder,
+                 "-k", "not sampled", "--junit-xml", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0 and "1 deselected" in out
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
+    names = [case.get("name") for case in suite.iter("testcase")]
+    assert names == ["broken on arrival", "praise"]
+
+
+def test_the_example_of_docs_testing_runs(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The example of docs/testing.md §1.
+    doc = (EXAMPLES.parent / "docs/testing.md").read_text()
+    template = doc.split("```tmpl\n", 1)[1].split("```", 1)[0]
+    cases = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "label.tmpl").write_text(template)
+    (tmp_path / "label.tests.yaml").write_text(cases)
+    code = main(["test", str(tmp_path), "--model", tiny_folder])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "label.tmpl .." in out

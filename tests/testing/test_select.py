@@ -1,0 +1,29 @@
+"""`qrun test -k` (qrun/testing/select.py): pytest's keyword expressions, parsed, not eval'd."""
+
+from __future__ import annotations
+
+import pytest
+
+from qrun.errors import UsageError
+from qrun.testing.select import keyword_filter
+
+IDS = ["ex/classify.tmpl::praise", "ex/classify.tmpl::sampled", "ex/extract.tmpl::invoice"]
+
+
+@pytest.mark.parametrize("expression, chosen", [
+    ("classify", [0, 1]),
+    ("CLASSIFY and not sampled", [0]),
+    ("invoice or praise", [0, 2]),
+    ("not (classify or invoice)", []),
+    ("extract.tmpl::", [2]),
+])
+def test_keyword_expressions_choose_cases(expression: str, chosen: list[int]) -> None:
+    match = keyword_filter(expression)
+    assert [i for i, name in enumerate(IDS) if match(name)] == chosen
+
+
+@pytest.mark.parametrize("expression", ["", "a and", "(a", "a )", "and a", "a b",
+                                        "__import__('os')"])
+def test_malformed_expressions_are_usage_errors(expression: str) -> None:
+    with pytest.raises(UsageError, match="-k"):
+        keyword_filter(expression)
