@@ -145,6 +145,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         help="runs waiting for a slot; beyond, 429 (default 64)")
     parser.add_argument("--max-body-kb", type=int, default=1024, metavar="KB",
                         help="the largest request body (default 1024 KiB; beyond, 413)")
+    parser.add_argument("--max-input-chars", type=int, default=100_000, metavar="N",
+                        help="the longest string an input may hold (default 100000; beyond, "
+                             "422 input_too_large)")
+    parser.add_argument("--max-input-depth", type=int, default=32, metavar="N",
+                        help="how deep an input's lists and objects may nest (default 32; "
+                             "beyond, 422 input_too_large)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="requests must send `Authorization: Bearer KEY` (default: the "
                              "environment variable QRUN_API_KEY)")
@@ -276,14 +282,18 @@ def _serve(args: argparse.Namespace) -> int:
              if name not in ("weights", "timeout")}
     model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
     api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
-    for flag, value in (("--max-running", args.max_running), ("--max-queue", args.max_queue)):
-        if value < (1 if flag == "--max-running" else 0):
-            raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-running' else 0}, "
-                             f"got {value}")
+    for flag, value, least in (("--max-running", args.max_running, 1),
+                               ("--max-queue", args.max_queue, 0),
+                               ("--max-input-chars", args.max_input_chars, 1),
+                               ("--max-input-depth", args.max_input_depth, 1)):
+        if value < least:
+            raise UsageError(f"{flag} must be ≥ {least}, got {value}")
     with LoadingNotice(str(model.model or "the model")):
         asgi = app(args.paths, model=model, functions=functions,
                    max_running=args.max_running, max_queue=args.max_queue,
-                   max_body_bytes=args.max_body_kb * 1024, api_key=api_key)
+                   max_body_bytes=args.max_body_kb * 1024,
+                   max_input_chars=args.max_input_chars, max_input_depth=args.max_input_depth,
+                   api_key=api_key)
     run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
     return EXIT_OK
 

@@ -5,7 +5,7 @@ run in one ForwardScheduler (qrun/runtime/scheduler.py) whose serve loop owns th
 scheduler's life. A run joins
 the batch at its first forward and leaves it when it ends; nothing waits for a batch to fill.
 A backend that batches itself (vLLM) gets the runs' calls concurrently, as run_batched does
-(qrun/runtime/batch.py)."""
+(qrun/runtime/batch.py), through wrappers that stop a cancelled run at its next call."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.base import Backend, KVCache
+from qrun.backends.base import Backend, Completion, HoleSampler, KVCache, StepModel
+from qrun.backends.prefix_cache import PrefixCache
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
 
@@ -81,6 +82,51 @@ class _CancellableModel(ScheduledModel):
         return super().forward_tree(token_ids, parents, cache)
 
 
+class _CheckedModel:
+    """The step model of a backend that batches itself (vLLM), as one server run sees it:
+    a cancelled run's next forward raises RunCancelled (its engine schedules the forwards,
+    so no ForwardScheduler sees them)."""
+
+    def __init__(self, model: StepModel, cancelled: threading.Event) -> None:
+        self.model = model
+        self.cancelled = cancelled
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.model.prefix_cache
+
+    def new_cache(self) -> KVCache:
+        return self.model.new_cache()
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache,
+                logits_for: int = 1) -> npt.NDArray[np.float32]:
+        if self.cancelled.is_set():
+            raise RunCancelled
+        return self.model.forward(token_ids, cache, logits_for)
+
+
+class _CheckedSampler:
+    """A backend's hole sampler (a vLLM server), as one server run sees it: a cancelled
+    run's next hole raises RunCancelled instead of asking the server."""
+
+    def __init__(self, sampler: HoleSampler, cancelled: threading.Event) -> None:
+        self.sampler = sampler
+        self.cancelled = cancelled
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
+                 top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
+                 regex: str | None = None, grammar: str | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> Completion:
+        if self.cancelled.is_set():
+            raise RunCancelled
+        return self.sampler.complete(prompt, max_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop, regex=regex,
+                                     grammar=grammar, stop_token_ids=stop_token_ids)
+
+    def reads_llguidance(self) -> bool:
+        return self.sampler.reads_llguidance()
+
+
 class RunScheduler:
     """Admission and the worker threads of a server's runs on one backend. `start()` starts
     the forward loop's thread; `close()` takes back what is queued, cancels what runs and
@@ -100,8 +146,9 @@ class RunScheduler:
         self.queue: deque[Ticket] = deque()
         self.running: set[Ticket] = set()
         self.orders = 0
+        self.refusing = False  # set by cancel_all: a submit raises RunCancelled
         self.stopped = threading.Event()
-        self.idle = threading.Condition(self.lock)  # notified when a run ends
+        self.ended = threading.Condition(self.lock)  # notified when a run ends
         self.loop: threading.Thread | None = None
 
     @classmethod
@@ -132,6 +179,8 @@ class RunScheduler:
         with self.lock:
             if self.stopped.is_set():
                 raise QueueFull("the server is shutting down")
+            if self.refusing:
+                raise RunCancelled("the server is shutting down: it takes no more runs")
             self.start()  # an ASGI server that runs no lifespan never called it
             ticket = Ticket(work, self.orders)
             self.orders += 1
@@ -152,14 +201,29 @@ class RunScheduler:
     def active(self) -> int:
         return len(self.running)
 
-    def close(self, wait_s: float = 5.0) -> None:
-        """Cancel every queued and running run, wait up to `wait_s` for the running ones to
-        end, then end the forward loop."""
+    @property
+    def idle(self) -> bool:
+        """No run is running or waiting."""
         with self.lock:
+            return not self.running and not self.queue
+
+    def cancel_all(self) -> None:
+        """Cancel every queued and running run (a running one ends at its next forward), and
+        refuse the runs submitted after (RunCancelled): the end of a server's drain
+        (qrun/serve/server.py), where a request of a batch would otherwise submit its next
+        line."""
+        with self.lock:
+            self.refusing = True
             for ticket in [*self.queue, *self.running]:
                 ticket.cancel()
             self.queue.clear()
-            self.idle.wait_for(lambda: not self.running, timeout=wait_s)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Cancel every queued and running run, wait up to `wait_s` for the running ones to
+        end, then end the forward loop."""
+        self.cancel_all()
+        with self.lock:
+            self.ended.wait_for(lambda: not self.running, timeout=wait_s)
             self.stopped.set()
         if self.loop is not None:
             self.loop.join(timeout=wait_s)
@@ -190,11 +254,16 @@ class RunScheduler:
                     if not queued.future.cancelled():
                         self._start(queued)
                         break
-                self.idle.notify_all()
+                self.ended.notify_all()
 
     def _engines(self, ticket: Ticket) -> Engines:
         if self.forwards is None:
-            return choose_engines(self.backend)
+            own = self.backend.step_model()
+            sampler = self.backend.hole_sampler() if own is None else None
+            return choose_engines(
+                self.backend, _CheckedModel(own, ticket.cancelled) if own is not None else None,
+                sampler=(_CheckedSampler(sampler, ticket.cancelled) if sampler is not None
+                         else None))
         model = _CancellableModel(self.forwards, ticket.order, ticket.cancelled)
         tree = model if self.forwards.tree_scorer is not None else None
         return choose_engines(self.backend, model, tree)

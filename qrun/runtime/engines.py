@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qrun.backends.base import Backend, StepModel, TreeScorer
+from qrun.backends.base import Backend, HoleSampler, StepModel, TreeScorer
 from qrun.runtime.generate import LocalFiller
 from qrun.runtime.hole import HoleFiller
 from qrun.runtime.remote import ServerFiller
@@ -28,10 +28,12 @@ class Engines:
 
 
 def choose_engines(
-    backend: Backend, model: StepModel | None = None, tree_scorer: TreeScorer | None = None
+    backend: Backend, model: StepModel | None = None, tree_scorer: TreeScorer | None = None,
+    sampler: HoleSampler | None = None,
 ) -> Engines:
-    """The engines of a run on `backend`; `model` and `tree_scorer` replace the backend's own
-    (batched runs route them through their scheduler). A backend with neither token-level
+    """The engines of a run on `backend`; `model`, `tree_scorer` and `sampler` replace the
+    backend's own (batched runs route them through their scheduler; a server's runs check
+    their cancellation in them, runtime/admission.py). A backend with neither token-level
     forwards nor hole sampling (a tokenizer only) gets no filler: templates without holes
     still run on it."""
     model = model or backend.step_model()
@@ -39,7 +41,7 @@ def choose_engines(
     if model is not None:
         filler = LocalFiller()
     else:
-        sampler = backend.hole_sampler()
+        sampler = sampler or backend.hole_sampler()
         if sampler is not None:
             filler = ServerFiller(sampler)
     scoring: Scoring | None = None

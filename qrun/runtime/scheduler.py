@@ -82,10 +82,16 @@ class ForwardScheduler:
                     return
                 requests, self.pending = self.pending, []
             self._run(requests)
-            with self.cond:
-                for request in requests:
-                    request.done = True
-                self.cond.notify_all()
+            self._finish(requests)
+            # Not kept while the loop waits for the next batch: the requests hold their runs'
+            # caches (a served model idle for hours would keep the last batch's KV cells).
+            del requests
+
+    def _finish(self, requests: list[_Request]) -> None:
+        with self.cond:
+            for request in requests:
+                request.done = True
+            self.cond.notify_all()
 
     def _run(self, requests: list[_Request]) -> None:
         # Requests arrive in whatever order the worker threads got to them; the rows of a

@@ -1,8 +1,9 @@
 """`qrun serve` (docs/serve.md): templates as an HTTP service. `qrun.serve.app(...)` is the
-ASGI app, for embedding in an existing service; `run_server` serves it with uvicorn. Imports
-Starlette and uvicorn, so `import qrun` does not load this package."""
+ASGI app, for embedding in an existing service; `run_server` serves it with uvicorn, on a
+DrainingServer (SIGTERM drains it). Imports Starlette and uvicorn, so `import qrun` does not
+load this package."""
 
 from qrun.serve.app import app
-from qrun.serve.server import run_server
+from qrun.serve.server import DrainingServer, run_server
 
-__all__ = ["app", "run_server"]
+__all__ = ["DrainingServer", "app", "run_server"]

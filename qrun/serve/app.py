@@ -27,9 +27,11 @@ from prometheus_client import (
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qrun.api import HostFunctions, Query
 from qrun.backends.base import Backend
@@ -68,7 +70,15 @@ log = logging.getLogger("qrun.serve")
 MAX_BODY_BYTES = 1 << 20
 """The largest request body read (413 beyond it)."""
 RETRY_AFTER_S = 1
-"""What a 429 answers in Retry-After: runs of small templates end within about a second."""
+"""What a 429 or a draining 503 answers in Retry-After: runs of small templates end within
+about a second (and a server draining is usually being replaced)."""
+MAX_INPUT_CHARS = 100_000
+"""The longest string an input may hold, at any depth (422 `input_too_large` beyond): a few
+times the context of the models served here; the body's limit alone would let one string
+fill it."""
+MAX_INPUT_DEPTH = 32
+"""How deep an input's lists and objects may nest (the body's JSON may nest 100 levels,
+qrun/cli/jsonio.py, for the body's own wrapping and the other inputs)."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 BODY_KEYS = ("inputs", "options", "stream", "fields", "fill")
@@ -135,6 +145,8 @@ class ServerLimits:
     max_running: int = 8
     max_queue: int = 64
     max_body_bytes: int = MAX_BODY_BYTES
+    max_input_chars: int = MAX_INPUT_CHARS
+    max_input_depth: int = MAX_INPUT_DEPTH
 
 
 class Metrics:
@@ -155,6 +167,9 @@ class Metrics:
         self.model_s = Counter("qrun_model_seconds", "Time inside model forwards, summed over "
                                "runs (a batched forward counts for each of its runs)",
                                registry=self.registry)
+        self.cancelled = Counter("qrun_runs_cancelled", "Runs stopped at a forward because "
+                                 "their request went away, timed out or was abandoned by a "
+                                 "drain", registry=self.registry)
         self.batch_rows = Histogram("qrun_forward_batch_size", "Rows of each batched forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=self.registry)
@@ -187,6 +202,71 @@ class Service:
         # One for every template: compiled token indexes are shared by all their runs.
         self.constraints = ConstraintCompiler(backend)
         self.descriptions = [describe(name, query) for name, query in self.templates.items()]
+        # Shutdown (docs/serve.md §5, qrun/serve/server.py). Read and written on the event
+        # loop's thread only.
+        self.draining = False  # new requests are answered 503 `draining`
+        self.abandoned = False  # the drain timed out: the runs left were cancelled
+        self.in_flight = 0  # requests accepted (not answered 503) and not yet answered
+        # Set by abandon: a request waiting on a run answers now, even where the run cannot end
+        # at once (a host function it is in holds it up to its call_timeout_s).
+        self.abandoning = asyncio.Event()
+
+    def drain(self) -> None:
+        """Stop accepting requests: from now on each new one is answered 503 `draining`
+        (/metrics excepted), and those accepted go on."""
+        self.draining = True
+
+    def abandon(self) -> None:
+        """The drain's time is up: cancel every run left (queued, running, and a batch's
+        lines not yet started); their requests are answered 503 `draining`."""
+        self.draining = self.abandoned = True
+        self.runs.cancel_all()
+        self.abandoning.set()
+
+    @property
+    def drained(self) -> bool:
+        """Every accepted request has been answered."""
+        return self.in_flight == 0 and self.runs.idle
+
+    def failure(self, exc: BaseException) -> ApiError:
+        """The answer to a run's failure: a run cancelled by `abandon` is 503 `draining`,
+        not the 504 of a request's own deadline."""
+        if self.abandoned and isinstance(exc, RunCancelled | asyncio.CancelledError):
+            return ApiError(503, "draining", "the server shut down before this run ended "
+                            "(its --drain-timeout passed)",
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+        return api_error(exc)
+
+
+class DrainGate:
+    """ASGI middleware: while the service drains, a new request is answered 503 `draining`
+    with Retry-After and `Connection: close` (a client's next request opens a connection,
+    which the server refuses once it has stopped listening); /healthz says so too, so a load
+    balancer stops sending. It counts the requests it lets through until their responses are
+    sent (streams included): the drain waits for them."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.service.draining and scope["path"] != "/metrics":
+            request = Request(scope)
+            error = ApiError(503, "draining", "the server is shutting down: it takes no new "
+                             "requests", headers={"Retry-After": str(RETRY_AFTER_S),
+                                                  "Connection": "close"})
+            extra = {"status": "draining"} if scope["path"] == "/healthz" else {}
+            response = _error_response(error, _request_id(request), self.service, **extra)
+            await response(scope, receive, send)
+            return
+        self.service.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.service.in_flight -= 1
 
 
 @dataclass
@@ -211,11 +291,14 @@ def app(
     max_running: int = 8,
     max_queue: int = 64,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_input_chars: int = MAX_INPUT_CHARS,
+    max_input_depth: int = MAX_INPUT_DEPTH,
     api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app serving `templates` (name -> Query, or `.tmpl` files and folders, compiled
     with `functions`) on `model` (a loaded backend, or what `load_model` takes: loaded now).
-    `api_key`: requests must carry `Authorization: Bearer KEY`.
+    `api_key`: requests must carry `Authorization: Bearer KEY`. `max_input_chars`,
+    `max_input_depth`: the largest input a request may give (check_input_sizes).
 
     Raises:
         UsageError: a bad limit, a missing template file or two templates with one name.
@@ -223,14 +306,18 @@ def app(
         ModelLoadError: the model cannot be loaded.
     """
     for flag, value, least in (("max_running", max_running, 1), ("max_queue", max_queue, 0),
-                               ("max_body_bytes", max_body_bytes, 1)):
+                               ("max_body_bytes", max_body_bytes, 1),
+                               ("max_input_chars", max_input_chars, 1),
+                               ("max_input_depth", max_input_depth, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise UsageError(f"{flag} must be an integer ≥ {least}, got {value!r}")
     queries = served(templates, functions)
     if not queries:
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
-    service = Service(queries, backend, ServerLimits(max_running, max_queue, max_body_bytes),
+    limits = ServerLimits(max_running, max_queue, max_body_bytes, max_input_chars,
+                          max_input_depth)
+    service = Service(queries, backend, limits,
                       api_key or None)
 
     @asynccontextmanager
@@ -258,6 +345,7 @@ def app(
         Route("/v1/templates/{name}/batch", _handler(service, _batch), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
+                          middleware=[Middleware(DrainGate, service=service)],
                           exception_handlers={HTTPException: not_found})
     starlette.state.qrun = service
     return starlette
@@ -291,7 +379,7 @@ def _handler(service: Service, handler: Handler,
                 _authorize(service, request)
             response = await handler(service, request, request_id)
         except Exception as exc:
-            error = api_error(exc)
+            error = service.failure(exc)
             if error.code == "internal_error":
                 log.exception("[%s] internal error", request_id)
             return _error_response(error, request_id, service)
@@ -307,10 +395,11 @@ def _request_id(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
 
 
-def _error_response(error: ApiError, request_id: str, service: Service) -> Response:
+def _error_response(error: ApiError, request_id: str, service: Service,
+                    **extra: Any) -> Response:
     log.info("[%s] %d %s: %s", request_id, error.status, error.code, error.message)
     service.metrics.requests.labels(str(error.status)).inc()
-    return JSONResponse(error.body(request_id), status_code=error.status,
+    return JSONResponse({**extra, **error.body(request_id)}, status_code=error.status,
                         headers={**error.headers, "X-Request-ID": request_id})
 
 
@@ -372,22 +461,28 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
     # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
     outcome.add_done_callback(lambda f: None if f.cancelled() else f.exception())
     gone = asyncio.ensure_future(_disconnected(request))
+    stop = asyncio.ensure_future(service.abandoning.wait())
     try:
-        done, _ = await asyncio.wait({outcome, gone}, timeout=run.timeout,
+        done, _ = await asyncio.wait({outcome, gone, stop}, timeout=run.timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        stop.cancel()
     if outcome not in done:
         ticket.cancel()
+        if stop in done:
+            raise service.failure(RunCancelled())
         if gone in done:  # nobody to answer: the run stops at its next forward
             log.info("[%s] the client went away: run cancelled", request_id)
             raise ApiError(499, "client_closed", "the client closed the connection")
         raise ApiError(504, "timeout", f"the run took longer than its timeout "
                        f"({run.timeout} s)")
+    if outcome.cancelled():  # taken out of the queue by the drain's end
+        raise service.failure(asyncio.CancelledError())
     try:
         result = outcome.result()
     except Exception as exc:
-        error = api_error(exc)
+        error = service.failure(exc)
         if error.code == "internal_error":
             log.error("[%s] internal error", request_id, exc_info=exc)
         raise error from None
@@ -449,11 +544,43 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     stream = stream or "text/event-stream" in request.headers.get("accept", "")
     query = service.templates[name]
     checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
+    check_input_sizes(checked, service.limits)
     fill = body.get("fill", {})
     if not isinstance(fill, dict):
         raise ApiError(400, "bad_request", '"fill" must be a JSON object')
+    check_input_sizes(fill, service.limits, "fill")
     Fills(query.program, fill)  # a name that is no hole: 422, before the run is admitted
     return RunRequest(name, query, checked, options, timeout, stream, fields, fill)
+
+
+def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
+                      what: str = "input") -> None:
+    """Each input's strings at most `limits.max_input_chars` long and its lists and objects
+    nested at most `limits.max_input_depth` deep (inputs are plain data, checked already;
+    `what`: "fill" for a request's known values, which the same limits bound).
+
+    Raises:
+        ApiError: 422 `input_too_large`, naming the input and the place in it.
+    """
+    # (place, value, depth): iterative, as deep inputs are what this refuses.
+    todo: list[tuple[str, Any, int]] = [(name, value, 0) for name, value in inputs.items()]
+    while todo:
+        place, value, depth = todo.pop()
+        if isinstance(value, str) and len(value) > limits.max_input_chars:
+            raise ApiError(422, "input_too_large", f"{what} {place} is a string of {len(value)} "
+                           f"characters; this server takes at most {limits.max_input_chars} "
+                           "(--max-input-chars)")
+        items: Iterable[tuple[str, Any]]
+        if isinstance(value, Mapping):
+            items = ((f"{place}[{json.dumps(key)}]", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            items = ((f"{place}[{index}]", item) for index, item in enumerate(value))
+        else:
+            continue
+        if depth >= limits.max_input_depth:
+            raise ApiError(422, "input_too_large", f"{what} {place} nests lists and objects "
+                           f"deeper than {limits.max_input_depth} levels (--max-input-depth)")
+        todo.extend((where, item, depth + 1) for where, item in items)
 
 
 def _run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:
@@ -506,7 +633,11 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
         parsed: dict[str, Any] | None = None
         try:
             parsed = parse_line(line)
-            lines.append((number, parsed, dict(query.program.check_inputs(parsed))))
+            checked = query.program.check_inputs(parsed)
+            check_input_sizes(checked, service.limits)
+            lines.append((number, parsed, dict(checked)))
+        except ApiError as exc:
+            lines.append((number, parsed, exc.message))
         except BadInput as exc:
             lines.append((number, parsed, str(exc)))
         except QrunError as exc:
@@ -535,23 +666,31 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
                 while next_line < len(lines) and len(pending) < service.limits.max_running:
                     inputs = lines[next_line][2]
                     if isinstance(inputs, dict):
-                        ticket = await _admit(service, RunRequest(
-                            name, query, inputs, base.for_item(items[next_line]), None, False,
-                            fields), pending)
-                        tickets.append(ticket)
-                        pending[next_line] = asyncio.wrap_future(ticket.future)
+                        try:
+                            ticket = await _admit(service, RunRequest(
+                                name, query, inputs, base.for_item(items[next_line]), None,
+                                False, fields), pending)
+                        except RunCancelled as exc:  # the drain's end: no more runs
+                            pending[next_line] = loop.create_future()
+                            pending[next_line].set_exception(exc)
+                        else:
+                            tickets.append(ticket)
+                            pending[next_line] = asyncio.wrap_future(ticket.future)
                     next_line += 1
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    result = await asyncio.wait_for(asyncio.shield(pending[index]), left)
+                    result = await _unless_abandoned(service, pending[index], left)
                     line: dict[str, Any] = {**start, **result_row(result, fields)}
                 except TimeoutError:
                     error = ApiError(504, "timeout", f"the batch took longer than its "
                                      f"timeout ({timeout} s)")
                     line = {**start, "error": error.message, "line": number}
-                except Exception as exc:
-                    line = {**start, "error": f"line {number}: {api_error(exc).message}",
-                            "line": number, "code": api_error(exc).code}
+                except (Exception, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError) and not pending[index].cancelled():
+                        raise  # this stream's own task is cancelled: its client went away
+                    failure = service.failure(exc)
+                    line = {**start, "error": f"line {number}: {failure.message}",
+                            "line": number, "code": failure.code}
                 pending.pop(index, None)
                 yield dumps_line(line) + "\n"
         finally:
@@ -559,6 +698,26 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
                 ticket.cancel()
 
     return StreamingResponse(produce(), media_type="application/x-ndjson")
+
+
+async def _unless_abandoned(service: Service, future: asyncio.Future[Any],
+                            timeout: float | None) -> Any:
+    """`future`'s result, waited for up to `timeout` seconds (then TimeoutError) and until
+    the service abandons its runs (then RunCancelled). A task of this request's own (a
+    stream's next event) is cancelled when it is not done; a run's future is left to it."""
+    stop = asyncio.ensure_future(service.abandoning.wait())
+    try:
+        done, _ = await asyncio.wait({future, stop}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if isinstance(future, asyncio.Task) and not future.done():
+            future.cancel()  # also when this request's own task is cancelled (client gone)
+    if future in done:
+        return future.result()
+    if stop in done:
+        raise RunCancelled
+    raise TimeoutError
 
 
 async def _admit(service: Service, run: RunRequest,
@@ -581,7 +740,11 @@ def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | 
         executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
                         service.constraints, engines, run.query.functions, run.fill)
         executing.on_hole = on_hole
-        result = executing.execute()
+        try:
+            result = executing.execute()
+        except RunCancelled:
+            service.metrics.cancelled.inc()
+            raise
         service.metrics.count(result)
         return result
 
@@ -611,8 +774,13 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
         try:
             while True:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
+                event = asyncio.ensure_future(events.get())
                 try:
-                    kind, data = await asyncio.wait_for(events.get(), left)
+                    kind, data = await _unless_abandoned(service, event, left)
+                except RunCancelled as exc:
+                    error = service.failure(exc)
+                    yield {"event": "error", "data": dumps_line(error.body(request_id))}
+                    return
                 except TimeoutError:
                     ticket.cancel()
                     error = ApiError(504, "timeout", f"the run took longer than its timeout "
@@ -623,9 +791,10 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
                     yield {"event": kind, "data": dumps_line(data)}
                     continue
                 if data.cancelled():
-                    error = ApiError(503, "cancelled", "the run was cancelled")
+                    error = (service.failure(asyncio.CancelledError()) if service.abandoned
+                             else ApiError(503, "cancelled", "the run was cancelled"))
                 elif data.exception() is not None:
-                    error = api_error(data.exception())
+                    error = service.failure(data.exception())
                     if error.code == "internal_error":
                         log.error("[%s] internal error", request_id, exc_info=data.exception())
                 else:

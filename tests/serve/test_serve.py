@@ -4,6 +4,7 @@ requests batched together with the results an in-process run gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
+from tests.doubles import ScriptedServer
 from tests.hang import alarm
 from tests.serve.serving import Gate, serving, sse_events, wait_until
 
@@ -128,6 +130,28 @@ def test_bad_json_and_a_body_too_large(server: tuple[str, Service]) -> None:
     assert chunked.status_code == 413
     assert httpx.get(f"{url}/nowhere").json()["error"]["code"] == "not_found"
 
+
+def test_an_input_too_long_or_too_deep_is_422_input_too_large(
+        tiny: TransformersBackend) -> None:
+    asgi = app({"person": qrun.Query(PERSON)}, model=tiny, max_input_chars=10,
+               max_input_depth=2)
+    with alarm(120), serving(asgi) as url:
+        answers = [post(url, "person", {"inputs": {"name": name}})
+                   for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]})]
+        filled = post(url, "person", {"inputs": {"name": "Ada"}, "fill": {"city": "X" * 11}})
+        batch = httpx.post(f"{url}/v1/templates/person/batch?fields=vars",
+                           content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120)
+    assert [a.status_code for a in answers] == [200, 422, 200, 422, 422]
+    for answer in answers[1:4:2] + answers[4:]:
+        assert answer.json()["error"]["code"] == "input_too_large"
+    assert "input name is a string of 11 characters" in answers[1].json()["error"]["message"]
+    assert "deeper than 2 levels" in answers[3].json()["error"]["message"]
+    assert "input name[\"k\"][0] is a string" in answers[4].json()["error"]["message"]
+    assert filled.status_code == 422, filled.text
+    assert filled.json()["error"]["message"].startswith("fill city is a string of 11")
+    rows = [json.loads(line) for line in batch.text.splitlines()]
+    assert "vars" in rows[0] and rows[1]["line"] == 2
+    assert "at most 10 (--max-input-chars)" in rows[1]["error"]
 
 def test_an_api_key_is_required_when_set(tiny: TransformersBackend) -> None:
     asgi = app({"person": qrun.Query(PERSON)}, model=tiny, api_key="s3cret")
@@ -328,6 +352,80 @@ def test_a_client_that_goes_away_cancels_its_run(
         running.future.result()
 
 
+
+class SelfBatching(TransformersBackend):
+    """The tiny model declared as a backend that batches itself (as vLLM is): the server's
+    runs call it directly, with no ForwardScheduler between."""
+
+    capabilities = dataclasses.replace(TransformersBackend.capabilities, batches_itself=True)
+
+
+@pytest.mark.parametrize("kind", ["step model", "hole sampler"])
+def test_a_run_on_a_backend_that_batches_itself_is_cancelled_at_its_next_call(
+        tiny: TransformersBackend, gate: Gate, kind: str) -> None:
+    # vLLM in process (its own step model) and a vLLM server (a hole sampler): no
+    # ForwardScheduler sees their calls, so the run checks its cancellation at each one.
+    template = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" heal=false }}\n'
+    backend: Any = (SelfBatching(tiny.model, tiny.tokenizer, "tiny-self-batching")
+                    if kind == "step model" else ScriptedServer(tiny, ["ab", "cd"]))
+    asgi = app({"gated": qrun.Query(template, functions={"wait": gate.wait})}, model=backend)
+    service = asgi.state.qrun
+    assert service.runs.forwards is None
+    with alarm(120), serving(asgi) as url:
+        late = post(url, "gated", {"inputs": {"q": "slow"}, "options": {"timeout": 0.2}})
+        assert (late.status_code, late.json()["error"]["code"]) == (504, "timeout")
+        ticket = next(iter(service.runs.running))
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)
+        with pytest.raises(RunCancelled):  # not run to its end
+            ticket.future.result()
+        answer = post(url, "gated", {"inputs": {"q": "next"}})
+    assert answer.status_code == 200, answer.text
+    if kind == "hole sampler":  # the cancelled run never asked the server
+        assert len(backend.requests) == 1 and answer.json()["vars"]["a"] == "ab"
+
+def _send_and_leave(url: str, path: str, body: bytes, gate: Gate, runs: int,
+                    service: Service) -> list[Any]:
+    """POST `body` to `path` on a raw connection, close it once `runs` runs wait at the gate,
+    and return those runs' tickets once the server has cancelled them all."""
+    host, port = url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    client.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+    wait_until(lambda: gate.arrived == runs)
+    tickets = list(service.runs.running)
+    assert len(tickets) == runs
+    client.close()
+    wait_until(lambda: all(ticket.cancelled.is_set() for ticket in tickets))
+    return tickets
+
+
+def _counter(url: str, name: str) -> float:
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+
+
+@pytest.mark.parametrize("path", ["/v1/templates/gated/run", "/v1/templates/gated/batch"])
+def test_a_stream_or_a_batch_whose_client_goes_away_cancels_its_runs(
+        server: tuple[str, Service], gate: Gate, path: str) -> None:
+    url, service = server
+    if path.endswith("/run"):
+        body, runs = json.dumps({"inputs": {"q": "never read"}, "stream": True}).encode(), 1
+    else:  # three lines: the server's three slots
+        body, runs = b'{"q": "a"}\n{"q": "b"}\n{"q": "c"}\n{"q": "d"}\n', 3
+    cancelled = _counter(url, "qrun_runs_cancelled_total")
+    with alarm(120):
+        tickets = _send_and_leave(url, path, body, gate, runs, service)
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0 and service.runs.queued == 0)
+        for ticket in tickets:  # each ended at its next forward, not with a result
+            with pytest.raises(RunCancelled):
+                ticket.future.result()
+        assert _counter(url, "qrun_runs_cancelled_total") == cancelled + runs
+        assert gate.arrived == runs  # the batch's fourth line never started
+        answer = post(url, "person", {"inputs": {"name": "Ada"}})  # the server goes on
+    assert answer.status_code == 200, answer.text
+
 WAIT_FOR_FILE = """
 import os
 import time
@@ -341,51 +439,119 @@ functions = {"wait": wait}
 """
 
 
-def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(
-        tmp_path: Path, tiny_folder: str) -> None:
-    (tmp_path / "gated.tmpl").write_text(GATED)
-    (tmp_path / "wait.py").write_text(WAIT_FOR_FILE)
-    flag = tmp_path / "go"
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
-         "--functions", str(tmp_path / "wait.py"), "--model", tiny_folder,
-         "--port", str(port), "--log-level", "warning"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "QRUN_TEST_FLAG": str(flag)})
-    url = f"http://127.0.0.1:{port}"
+class ServeProcess:
+    """`qrun serve` in a subprocess on a free port, with the gated template whose host
+    function waits for the file `flag` (the test decides when its runs go on)."""
 
-    def metric(name: str) -> str:
+    def __init__(self, tmp_path: Path, model: str, *flags: str) -> None:
+        (tmp_path / "gated.tmpl").write_text(GATED)
+        (tmp_path / "wait.py").write_text(WAIT_FOR_FILE)
+        self.flag = tmp_path / "go"
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
+             "--functions", str(tmp_path / "wait.py"), "--model", model,
+             "--port", str(port), "--log-level", "warning", *flags],
+            stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "QRUN_TEST_FLAG": str(self.flag)})
+        self.url = f"http://127.0.0.1:{port}"
+
+    def metric(self, name: str) -> str:
         try:
-            lines = httpx.get(f"{url}/metrics").text.splitlines()
+            lines = httpx.get(f"{self.url}/metrics").text.splitlines()
         except httpx.TransportError:
-            assert proc.poll() is None, proc.communicate()[1]
+            assert self.proc.poll() is None, self.proc.communicate()[1]
             return ""
         return next((line.split()[1] for line in lines if line.startswith(name + " ")), "")
 
+    def health(self) -> int:
+        return httpx.get(f"{self.url}/healthz").status_code
+
+    def close(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.communicate(timeout=60)[1]
+
+
+def stream(url: str, name: str, body: Any) -> list[tuple[str, Any]]:
+    with httpx.stream("POST", f"{url}/v1/templates/{name}/run", json={**body, "stream": True},
+                      timeout=120) as response:
+        assert response.status_code == 200
+        return sse_events(response.iter_lines())
+
+
+def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_0(
+        tmp_path: Path, tiny_folder: str) -> None:
+    server = ServeProcess(tmp_path, tiny_folder, "--max-running", "1")
     try:
-        with alarm(300), ThreadPoolExecutor(1) as pool:
-            wait_until(lambda: metric("qrun_running_runs") == "0.0")
-            answer = pool.submit(post, url, "gated", {"inputs": {"q": "in flight"}})
-            wait_until(lambda: metric("qrun_running_runs") == "1.0")
-            proc.send_signal(signal.SIGTERM)
-            wait_until(lambda: _refused(url))  # no longer accepting
-            flag.write_text("")
-            response = answer.result()
+        with alarm(300), ThreadPoolExecutor(3) as pool:
+            wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
+            running = pool.submit(post, server.url, "gated", {"inputs": {"q": "running"}})
+            wait_until(lambda: server.metric("qrun_running_runs") == "1.0")
+            queued = pool.submit(stream, server.url, "gated", {"inputs": {"q": "queued"}})
+            wait_until(lambda: server.metric("qrun_queue_depth") == "1.0")
+            # A batch's second line is submitted only after its first ends: during the drain.
+            batch = pool.submit(httpx.post, f"{server.url}/v1/templates/gated/batch",
+                                content=b'{"q": "b1"}\n{"q": "b2"}\n', timeout=120)
+            wait_until(lambda: server.metric("qrun_queue_depth") == "2.0")
+            server.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: server.health() == 503)  # still listening: a load balancer sees
+            health = httpx.get(f"{server.url}/healthz").json()
+            assert health["status"] == "draining" and health["error"]["code"] == "draining"
+            refused = post(server.url, "gated", {"inputs": {"q": "too late"}})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "draining"
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.headers["Connection"] == "close"
+            assert server.metric("qrun_queue_depth") == "2.0"  # still held, not dropped
+            server.flag.write_text("")
+            response = running.result()
             assert response.status_code == 200, response.text
-            assert response.json()["text"].startswith("Q: in flight\nA: ")
-            assert proc.wait() == 0
+            assert response.json()["text"].startswith("Q: running\nA: ")
+            events = queued.result()
+            assert events[-1][0] == "done", events
+            assert events[-1][1]["text"].startswith("Q: queued\nA: ")
+            rows = [json.loads(line) for line in batch.result().text.splitlines()]
+            assert [row["text"][:6] for row in rows] == ["Q: b1\n", "Q: b2\n"]
+            assert server.proc.wait() == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=60)
+        stderr = server.close()
+    assert "Traceback" not in stderr, stderr
 
 
-def _refused(url: str) -> bool:
+def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
+        tmp_path: Path, tiny_folder: str) -> None:
+    server = ServeProcess(tmp_path, tiny_folder, "--drain-timeout", "1")
     try:
-        httpx.get(f"{url}/healthz")
-    except httpx.TransportError:
-        return True
-    return False
+        with alarm(300), ThreadPoolExecutor(2) as pool:
+            wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
+            held = pool.submit(post, server.url, "gated", {"inputs": {"q": "held"}})
+            streamed = pool.submit(stream, server.url, "gated", {"inputs": {"q": "held too"}})
+            wait_until(lambda: server.metric("qrun_running_runs") == "2.0")
+            server.proc.send_signal(signal.SIGTERM)
+            response = held.result()  # answered although its run is still in the host function
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "draining"
+            kind, data = streamed.result()[-1]
+            assert kind == "error" and data["error"]["code"] == "draining"
+            server.flag.write_text("")
+            assert server.proc.wait() == 0
+    finally:
+        stderr = server.close()
+    assert "Traceback" not in stderr, stderr
+
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-input-chars", "0"),
+                                             ("--max-input-depth", "-1"),
+                                             ("--max-queue", "-1")])
+def test_a_bad_limit_flag_is_a_usage_error_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    from qrun.cli import main
+
+    (tmp_path / "person.tmpl").write_text(PERSON)
+    assert main(["serve", str(tmp_path), "--model", "no-such-model", flag, value]) == 2
+    assert f"{flag} must be ≥" in capsys.readouterr().err

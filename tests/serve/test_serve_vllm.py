@@ -1,0 +1,95 @@
+"""qrun serve on vLLM's in-process engine (tests marked `vllm`; `make test` runs them in a
+pytest process of their own after `make vllm`): a real uvicorn on a free port, driven with
+httpx. vLLM's engine batches the runs' calls itself (no ForwardScheduler), so these check that
+concurrent requests are each answered under their constraint and that a client that goes away
+still cancels its run at its next forward, while the server goes on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+import qrun
+from qrun.runtime.admission import RunCancelled
+from qrun.serve import app
+from qrun.serve.app import Service
+from tests.hang import alarm
+from tests.serve.serving import Gate, serving, wait_until
+
+pytestmark = pytest.mark.vllm
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+EXTRACT = ("{% user %}Give the person as JSON.\n{{ bio }}{{ wait() }}{% enduser %}\n"
+           "{% assistant %}{{ gen person json=" + json.dumps(SCHEMA)
+           + " max_tokens=40 }}{% endassistant %}\n")
+BIOS = ["Kofi is a 25-year-old baker from Lagos.", "Mei, 31, is a nurse in Taipei.",
+        "Lars is 47 and builds boats in Bergen."]
+
+GATE = Gate()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, Service]]:
+    backend = qrun.load_model("smollm2", backend="vllm")
+    asgi = app({"extract": qrun.Query(EXTRACT, functions={"wait": GATE.wait})}, model=backend,
+               max_running=3)
+    try:
+        with serving(asgi) as url:
+            yield url, asgi.state.qrun
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    GATE.reset()
+    try:
+        yield GATE
+    finally:
+        GATE.open.set()
+
+
+def post(url: str, body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/templates/extract/run", json=body, timeout=300)
+
+
+def test_concurrent_requests_on_vllm_are_each_answered_under_their_schema(
+        server: tuple[str, Service], gate: Gate) -> None:
+    url, service = server
+    assert service.runs.forwards is None  # vLLM's engine batches the runs' calls
+    with alarm(300), ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(post, url, {"inputs": {"bio": bio}}) for bio in BIOS]
+        wait_until(lambda: gate.arrived == 3)
+        gate.open.set()
+        answers = [future.result() for future in futures]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        jsonschema.validate(answer.json()["vars"]["person"], SCHEMA)
+
+
+def test_a_client_gone_cancels_its_vllm_run_and_the_server_goes_on(
+        server: tuple[str, Service], gate: Gate) -> None:
+    url, service = server
+    body = {"inputs": {"bio": BIOS[1]}, "stream": True}
+    with alarm(300):
+        with httpx.stream("POST", f"{url}/v1/templates/extract/run", json=body,
+                          timeout=300) as response:
+            assert response.status_code == 200
+            wait_until(lambda: gate.arrived == 1)
+            ticket = next(iter(service.runs.running))
+        wait_until(ticket.cancelled.is_set)
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)
+        with pytest.raises(RunCancelled):
+            ticket.future.result()
+        answer = post(url, {"inputs": {"bio": BIOS[2]}})
+    assert answer.status_code == 200, answer.text
+    jsonschema.validate(answer.json()["vars"]["person"], SCHEMA)
