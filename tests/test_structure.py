@@ -236,3 +236,12 @@ def test_public_names_resolve(name: str) -> None:
 
     assert getattr(qrun, name).__name__ == name
     assert name in qrun.__all__
+
+
+def test_test_modules_have_unique_names() -> None:
+    # pytest imports test files by their base name (rootdir-relative, no __init__.py): two
+    # tests/*/test_x.py stop collection with "import file mismatch" in a clean checkout.
+    names: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in names, f"{path} and {names[path.name]} share a name"
+        names[path.name] = path
