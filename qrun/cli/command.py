@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from qrun.backends.base import Backend
     from qrun.runtime.result import Result
 
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_FIELDS_TEXT = ",".join(DEFAULT_FIELDS)
 MAX_INPUT_BYTES = 256 << 20
 """The most bytes `--vars` and `--inputs` read (a file or stdin)."""
@@ -196,7 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"qrun: internal error: {type(exc).__name__}: {exc}\n"
               "(set QRUN_DEBUG=1 for a traceback, and please report it)", file=sys.stderr)
-        return EXIT_RUNTIME
+        # qrun test's 1 means "a case failed": a CI job must tell a crash from that (3, as
+        # pytest's internal error).
+        return EXIT_INTERNAL if testing else EXIT_RUNTIME
 
 
 def _run(args: argparse.Namespace) -> int:

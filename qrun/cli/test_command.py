@@ -29,7 +29,7 @@ def build_test_parser() -> argparse.ArgumentParser:
         description="Run the test cases of templates: NAME.tests.yaml beside NAME.tmpl "
                     "(docs/testing.md).",
         epilog="Exit codes: 0 every case passed, 1 a case failed, 2 a template, case file "
-               "or usage error (nothing ran).")
+               "or usage error (nothing ran), 3 an internal error of qrun.")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="templates (.tmpl), case files (.tests.yaml), or folders of them")
     parser.add_argument("-k", dest="keyword", metavar="EXPR",

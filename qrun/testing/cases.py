@@ -25,8 +25,13 @@ __all__ = ["MAX_CASE_FILE_BYTES", "Case", "CaseFileError", "Where", "cases_file_
 
 MAX_CASE_FILE_BYTES = 1 << 20
 """The largest case file read."""
+MAX_DEPTH = 32
+"""How deep lists and mappings may nest in a case file (as in front matter)."""
 CASE_KEYS = ("name", "inputs", "fill", "seed", "temperature", "expect")
-_NAME = re.compile(r"[^\s:]([^\n:]{0,98}[^\s:])?")
+# A case's name: one line without ':' or control characters (they would reach the terminal
+# and the JUnit XML as they are), no blank at either end.
+_CONTROL = r"\x00-\x1f\x7f-\x9f"
+_NAME = re.compile(rf"[^\s:{_CONTROL}]([^:{_CONTROL}]{{0,98}}[^\s:{_CONTROL}])?")
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,9 @@ def _case(item: Any, where_of: Callable[..., Where], index: int) -> Case:
                                     or not isinstance(temperature, int | float)
                                     or not 0 <= temperature <= 100):
         raise CaseFileError("temperature is a number from 0 to 100", where_of("temperature"))
+    if seed is not None and temperature is None:
+        raise CaseFileError("seed goes with temperature: a case without one runs greedily, "
+                            "whatever the seed", where_of("seed"))
     if "expect" not in item:
         raise CaseFileError(f"case {name!r} has no `expect`: what must its result show?",
                             where)
@@ -154,13 +162,23 @@ def _case(item: Any, where_of: Callable[..., Where], index: int) -> Case:
 
 def _compose(text: str, file: str) -> yaml.Node | None:
     """The YAML node tree (for positions), after refusing anchors and aliases."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            mark = event.start_mark
+            where = Where(file, mark.line + 1, mark.column + 1)
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                mark = event.start_mark
                 raise CaseFileError("anchors and aliases (&name, *name) are not allowed in a "
-                                    "case file: write the value out",
-                                    Where(file, mark.line + 1, mark.column + 1))
+                                    "case file: write the value out", where)
+            if getattr(event, "tag", None) is not None:
+                raise CaseFileError(f"YAML tags ({event.tag}) are not allowed in a case file: "
+                                    "values are JSON's types", where)
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise CaseFileError(f"a case file nests at most {MAX_DEPTH} levels", where)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None

@@ -14,12 +14,14 @@ in the case file."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import regex
 
+from qrun.constraint.grammar.schema import resolve, schema_positions
 from qrun.errors import PositionedError, QrunError
 from qrun.lang import expr as ex
 from qrun.source import Source
@@ -29,7 +31,13 @@ __all__ = ["EXPECT_KEYS", "Expectation", "parse_expectations"]
 
 EXPECT_KEYS = ("vars", "schema", "that", "text")
 REGEX_TIMEOUT_S = 1.0
-"""How long one `text:` regex may search (a catastrophic pattern fails the case)."""
+"""How long one `text:` regex (or a schema's pattern) may search: a catastrophic pattern fails
+the case instead of hanging the run."""
+MAX_PATTERN_CHARS = 1000
+MAX_REPEAT_PRODUCT = 100_000
+"""Bounds on a `text:` regex before it is compiled: its length, and the product of its counted
+repeats' counts (an upper bound on how they nest)."""
+_COUNTED = regex.compile(r"\{(?:\d*,)?(\d+)\}")
 _SHOWN = 300
 
 
@@ -124,6 +132,11 @@ def _check_schema(schema: Any, where: Where) -> None:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
         raise CaseFileError(f"not a valid JSON Schema: {exc.message}", where) from None
+    for _, sub in schema_positions(schema):
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and (not ref.startswith("#") or resolve(schema, ref) is None):
+            raise CaseFileError(f"$ref {ref!r} points nowhere in this schema (a case's schema "
+                                "is one document: no other file or URL is read)", where)
 
 
 def _expression(text: str, where: Where) -> ex.Expr:
@@ -147,21 +160,67 @@ def _expression(text: str, where: Where) -> ex.Expr:
 
 
 def _pattern(text: str, where: Where) -> Any:
+    """The compiled `text:` regex, bounded first: compiling `((a{1000}){1000}){1000}` takes
+    gigabytes, and the search's time limit does not cover it."""
+    if len(text) > MAX_PATTERN_CHARS:
+        raise CaseFileError(f"text: a regex of at most {MAX_PATTERN_CHARS:,} characters", where)
+    counts = [int(n) for n in _COUNTED.findall(text)]
+    if math.prod(max(1, n) for n in counts) > MAX_REPEAT_PRODUCT:
+        raise CaseFileError(f"text: the counted repeats ({{n}}, {{m,n}}) of a regex multiply "
+                            f"to at most {MAX_REPEAT_PRODUCT:,}", where)
     try:
         return regex.compile(text)
-    except regex.error as exc:
+    except (regex.error, OverflowError, MemoryError, RecursionError) as exc:
         raise CaseFileError(f"text: not a valid regex: {exc}", where) from None
 
 
 def _schema_failure(schema: Any, value: Any) -> str | None:
-    from jsonschema.validators import validator_for
-
-    errors = sorted(validator_for(schema)(schema).iter_errors(value), key=lambda e: e.path)
+    errors = sorted(_validator(schema).iter_errors(value), key=lambda e: e.path)
     if not errors:
         return None
     first = errors[0]
     at = "".join(f"[{json.dumps(p)}]" for p in first.absolute_path)
     return f"{_shown(value)} is not valid: {first.message}" + (f" (at {at})" if at else "")
+
+
+def _validator(schema: Any) -> Any:
+    """The `jsonschema` validator of `schema`'s draft, its `pattern` and `patternProperties`
+    searched with the `regex` module under REGEX_TIMEOUT_S (Python's `re`, which jsonschema
+    uses, has no time limit: a case file's `^(a+)+$` could hang the run)."""
+    from jsonschema import ValidationError
+    from jsonschema.validators import extend, validator_for
+
+    def search(pattern: str, text: str) -> bool | None:
+        """Whether `pattern` is found in `text`; None when it takes too long."""
+        try:
+            return regex.search(pattern, text, timeout=REGEX_TIMEOUT_S) is not None
+        except TimeoutError:
+            return None
+
+    def pattern(validator: Any, wanted: str, instance: Any, _: Any) -> Any:
+        if validator.is_type(instance, "string"):
+            found = search(wanted, instance)
+            if found is None:
+                yield ValidationError(f"the pattern {wanted!r} took longer than "
+                                      f"{REGEX_TIMEOUT_S:g} s")
+            elif not found:
+                yield ValidationError(f"{instance!r} does not match {wanted!r}")
+
+    def pattern_properties(validator: Any, patterns: Any, instance: Any, _: Any) -> Any:
+        if not validator.is_type(instance, "object"):
+            return
+        for wanted, subschema in patterns.items():
+            for key, item in instance.items():
+                found = search(wanted, key)
+                if found is None:
+                    yield ValidationError(f"the pattern {wanted!r} took longer than "
+                                          f"{REGEX_TIMEOUT_S:g} s")
+                elif found:
+                    yield from validator.descend(item, subschema, path=key, schema_path=wanted)
+
+    cls = extend(validator_for(schema), {"pattern": pattern,
+                                         "patternProperties": pattern_properties})
+    return cls(schema)
 
 
 def _expression_failure(parsed: ex.Expr, text: str, values: Mapping[str, Any]) -> str | None:

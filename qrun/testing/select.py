@@ -12,6 +12,8 @@ from qrun.errors import UsageError
 __all__ = ["keyword_filter"]
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+MAX_DEPTH = 32
+"""How deep parentheses and `not`s may nest in -k."""
 Match = Callable[[str], bool]
 
 
@@ -36,6 +38,7 @@ class _Parser:
         self.tokens = tokens
         self.expression = expression
         self.at = 0
+        self.depth = 0
 
     def _peek(self) -> str | None:
         return self.tokens[self.at] if self.at < len(self.tokens) else None
@@ -64,6 +67,15 @@ class _Parser:
         return left
 
     def negated(self) -> Match:
+        self.depth += 1
+        try:
+            return self._negated()
+        finally:
+            self.depth -= 1
+
+    def _negated(self) -> Match:
+        if self.depth > MAX_DEPTH:
+            raise UsageError(f"-k: parentheses and `not` nest at most {MAX_DEPTH} deep")
         if self._peek() == "not":
             self._take()
             inner = self.negated()

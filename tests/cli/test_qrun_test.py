@@ -187,3 +187,18 @@ def test_the_front_matter_example_of_docs_testing_runs(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "front.tmpl ." in out
+
+
+def test_control_characters_are_escaped_in_the_report_and_the_xml(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(tmp_path, """\
+- name: escapes
+  inputs: {topic: "\\e[31mred"}
+  expect:
+    text: "\\e\\\\[32m"
+""")
+    report = tmp_path / "r.xml"
+    code = main(["test", str(template), "--model", tiny_folder, "--junit-xml", str(report)])
+    out = capsys.readouterr().out
+    assert code == 1 and "\x1b" not in out and "\\x1b" in out
+    ElementTree.parse(report)  # well-formed: no raw control character in it

@@ -63,8 +63,12 @@ def test_tests_key_and_empty_file() -> None:
     ("name: a\n", "tests are a list of cases", "1:1"),
     ("- name: a\n  expect: [1\n", "not valid YAML", "3:1"),
     ("- &x {name: a, expect: {that: 'true'}}\n- *x\n", "anchors and aliases", "1:3"),
-    ("- name: a\n  expect: {that: !!python/object:os.system 'echo'}\n", "not valid YAML",
-     "2:18"),
+    ("- name: a\n  expect: {that: !!python/object:os.system 'echo'}\n", "YAML tags", "2:18"),
+    ("- name: a\n  seed: 3\n  expect: {that: 'true'}\n", "seed goes with temperature",
+     "2:9"),
+    ('- name: "a\\x01b"\n  expect: {that: "true"}\n', "a case's name", "1:9"),
+    ("- name: a\n  inputs: {x: " + "[" * 40 + "]" * 40 + "}\n  expect: {that: 'true'}\n",
+     "nests at most 32 levels", "2:44"),
     ("- name: a\n  expect:\n    that: 'x.__class__'\n", "starting with '_'", "3:11"),
 ])
 def test_mistakes_are_reported_where_they_are(text: str, message: str, place: str) -> None:

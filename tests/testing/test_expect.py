@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hang import alarm
 
-from qrun.testing import parse_cases
+from qrun.testing import CaseFileError, parse_cases
 
 
 def _check(expect: str, text: str, values: dict[str, Any]) -> list[str | None]:
@@ -52,3 +53,34 @@ def test_a_catastrophic_pattern_fails_the_case_instead_of_hanging() -> None:
     with alarm(30):
         (failure,) = _check("    text: '(a|aa)+b'\n", "a" * 40, {})
     assert failure is not None and "longer than" in failure
+
+
+def test_a_catastrophic_schema_pattern_fails_the_case_instead_of_hanging() -> None:
+    with alarm(30):
+        (failure,) = _check("    schema: {v: {type: string, pattern: '^(a|aa)+b'}}\n", "",
+                            {"v": "a" * 40})
+    assert failure is not None and "took longer than" in failure
+    # patternProperties too, and a plain pattern still judges
+    with alarm(30):
+        (failure,) = _check("    schema: {v: {patternProperties: {'(a|aa)+b': {}}}}\n", "",
+                            {"v": {"a" * 40: 1}})
+    assert failure is not None and "took longer than" in failure
+    assert _check("    schema: {v: {pattern: '^[0-9]+$'}}\n", "", {"v": "12"}) == [None]
+    (failure,) = _check("    schema: {v: {pattern: '^[0-9]+$'}}\n", "", {"v": "1x"})
+    assert failure is not None and "does not match" in failure
+
+
+@pytest.mark.parametrize("schema", ["{$ref: '#/definitions/nope'}",
+                                    "{$ref: 'http://example.com/s.json'}"])
+def test_a_schema_ref_must_point_inside_it(schema: str) -> None:
+    with pytest.raises(CaseFileError, match="points nowhere in this schema"):
+        parse_cases(f"- expect:\n    schema: {{v: {schema}}}\n")
+
+
+@pytest.mark.parametrize("pattern, message", [
+    ("(?:(?:(?:a{1000}){1000}){1000}){1000}", "multiply to at most"),
+    ("a" * 1001, "at most 1,000 characters"),
+])
+def test_a_text_regex_too_costly_to_compile_is_refused(pattern: str, message: str) -> None:
+    with alarm(30), pytest.raises(CaseFileError, match=message):
+        parse_cases(f"- expect:\n    text: '{pattern}'\n")

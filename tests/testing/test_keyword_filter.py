@@ -27,3 +27,10 @@ def test_keyword_expressions_choose_cases(expression: str, chosen: list[int]) ->
 def test_malformed_expressions_are_usage_errors(expression: str) -> None:
     with pytest.raises(UsageError, match="-k"):
         keyword_filter(expression)
+
+
+def test_deep_nesting_is_a_usage_error_not_a_crash() -> None:
+    with pytest.raises(UsageError, match="nest at most"):
+        keyword_filter("(" * 3000 + "a" + ")" * 3000)
+    with pytest.raises(UsageError, match="nest at most"):
+        keyword_filter("not " * 3000 + "a")
