@@ -543,8 +543,10 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
         raise ApiError(400, "bad_request", '"stream" must be true or false')
     stream = stream or "text/event-stream" in request.headers.get("accept", "")
     query = service.templates[name]
+    # Sizes first, on the request's own values: the template's checks (its patterns) never
+    # scan an oversized string, and a long default of the template is not the client's.
+    check_input_sizes(inputs, service.limits)
     checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
-    check_input_sizes(checked, service.limits)
     fill = body.get("fill", {})
     if not isinstance(fill, dict):
         raise ApiError(400, "bad_request", '"fill" must be a JSON object')
@@ -556,7 +558,7 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
 def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
                       what: str = "input") -> None:
     """Each input's strings at most `limits.max_input_chars` long and its lists and objects
-    nested at most `limits.max_input_depth` deep (inputs are plain data, checked already;
+    nested at most `limits.max_input_depth` deep (inputs are JSON data, as a body reads;
     `what`: "fill" for a request's known values, which the same limits bound).
 
     Raises:
@@ -633,8 +635,8 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
         parsed: dict[str, Any] | None = None
         try:
             parsed = parse_line(line)
+            check_input_sizes(parsed, service.limits)
             checked = query.program.check_inputs(parsed)
-            check_input_sizes(checked, service.limits)
             lines.append((number, parsed, dict(checked)))
         except ApiError as exc:
             lines.append((number, parsed, exc.message))

@@ -153,6 +153,20 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
     assert "vars" in rows[0] and rows[1]["line"] == 2
     assert "at most 10 (--max-input-chars)" in rows[1]["error"]
 
+
+def test_the_size_limits_are_on_the_request_not_on_the_template_defaults(
+        tiny: TransformersBackend) -> None:
+    # A default longer than the limit is the template's, not the client's: a request that
+    # leaves the input out is answered.
+    template = ("---\ninputs:\n  name: string = " + "N" * 20 + "\n---\n"
+                "Name: {{ name }}\nCity: {{ gen city max_tokens=3 }}\n")
+    asgi = app({"person": qrun.Query(template)}, model=tiny, max_input_chars=10)
+    with alarm(120), serving(asgi) as url:
+        defaulted = post(url, "person", {"inputs": {}})
+        given = post(url, "person", {"inputs": {"name": "x" * 11}})
+    assert defaulted.status_code == 200, defaulted.text
+    assert given.status_code == 422 and given.json()["error"]["code"] == "input_too_large"
+
 def test_an_api_key_is_required_when_set(tiny: TransformersBackend) -> None:
     asgi = app({"person": qrun.Query(PERSON)}, model=tiny, api_key="s3cret")
     with serving(asgi) as url:
