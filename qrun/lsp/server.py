@@ -89,8 +89,9 @@ class QrunLanguageServer(LanguageServer):
     def publish(self, uri: str, analysis: Analysis, text: str) -> None:
         found: list[diagnosing.Diagnostic] = _guard(
             lambda: diagnosing.diagnostics_of(analysis), [])
+        lines = _lines(text)
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
-            uri=uri, diagnostics=[self.diagnostic(text, d) for d in found]))
+            uri=uri, diagnostics=[self.diagnostic(lines, d) for d in found]))
 
     async def current(self, uri: str) -> Analysis:
         """The analysis of the document's current text (waiting for its compile)."""
@@ -124,13 +125,13 @@ class QrunLanguageServer(LanguageServer):
             count += self.units(line_text[index], 1)
         return len(line_text)
 
-    def range(self, text: str | None, where: Range) -> types.Range:
-        """`where` in the client's units; in a document whose text the server does not hold
-        (`text` None: an included file) characters are taken for units."""
-        lines = _lines(text) if text is not None else []
+    def range(self, lines: list[str] | None, where: Range) -> types.Range:
+        """`where` in the client's units, given the document's lines (_lines); in a document
+        whose text the server does not hold (None: an included file) characters are taken
+        for units."""
 
         def position(line: int, character: int) -> types.Position:
-            if text is None:
+            if lines is None:
                 return types.Position(line, character)
             line_text = lines[line] if 0 <= line < len(lines) else ""
             return types.Position(line, self.units(line_text, character))
@@ -139,24 +140,24 @@ class QrunLanguageServer(LanguageServer):
                            position(where.end_line, where.end_character))
 
     def position(self, text: str, position: types.Position) -> tuple[int, int]:
-        lines = _lines(text)
+        lines = _lines(text, position.line + 1)
         line_text = lines[position.line] if 0 <= position.line < len(lines) else ""
         return position.line, self.characters(line_text, position.character)
 
-    def diagnostic(self, text: str, found: diagnosing.Diagnostic) -> types.Diagnostic:
+    def diagnostic(self, lines: list[str], found: diagnosing.Diagnostic) -> types.Diagnostic:
         severity = (types.DiagnosticSeverity.Error if found.severity == diagnosing.ERROR
                     else types.DiagnosticSeverity.Warning)
         related = [types.DiagnosticRelatedInformation(
             types.Location(_uri(other.path), self.range(None, other.range)), other.message)
             for other in found.related]
-        return types.Diagnostic(self.range(text, found.range), found.message, severity,
+        return types.Diagnostic(self.range(lines, found.range), found.message, severity,
                                 source="qrun", related_information=related or None)
 
 
-def _lines(text: str) -> list[str]:
-    """The document's lines as qrun and LSP count them: split at "\\n", "\\r\\n" and "\\r"
-    (not at the other characters str.splitlines() takes for line ends)."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+def _lines(text: str, most: int = -1) -> list[str]:
+    """The document's lines (the first `most`) as qrun and LSP count them: split at "\\n",
+    "\\r\\n" and "\\r" (not at the other characters str.splitlines() takes for line ends)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n", most)
 
 
 def _analyze(text: str, path: str) -> Analysis:
@@ -205,6 +206,7 @@ def build_server() -> QrunLanguageServer:
         state = ls.documents.pop(params.text_document.uri, None)
         if state is not None and state.pending is not None:
             state.pending.cancel()
+            state.done.set()  # a hover waiting for its compile answers from what there is
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
             uri=params.text_document.uri, diagnostics=[]))
 
@@ -218,7 +220,7 @@ def build_server() -> QrunLanguageServer:
         if found is None:
             return None
         return types.Hover(types.MarkupContent(types.MarkupKind.Markdown, found.markdown),
-                           ls.range(text, found.range))
+                           ls.range(_lines(text), found.range))
 
     kinds = {completing.INPUT: types.CompletionItemKind.Variable,
              completing.CAPTURE: types.CompletionItemKind.Field,
@@ -254,9 +256,9 @@ def build_server() -> QrunLanguageServer:
         found = _guard(lambda: defining.definition_at(analysis, line, character), None)
         if found is None:
             return None
-        target_text = text if found.path == analysis.source.name else None
-        return types.Location(_uri(found.path) if found.path != path_of(uri) else uri,
-                              ls.range(target_text, found.range))
+        here = found.path == analysis.source.name
+        return types.Location(uri if here else _uri(found.path),
+                              ls.range(_lines(text) if here else None, found.range))
 
     symbol_kinds = {outlining.INPUT: types.SymbolKind.Variable,
                     outlining.HOLE: types.SymbolKind.Field}
@@ -268,8 +270,9 @@ def build_server() -> QrunLanguageServer:
         analysis = await ls.current(uri)
         text = ls.text(uri)
         found: list[outlining.Symbol] = _guard(lambda: outlining.symbols_of(analysis), [])
-        return [types.DocumentSymbol(s.name, symbol_kinds[s.kind], ls.range(text, s.range),
-                                     ls.range(text, s.selection), detail=s.detail)
+        lines = _lines(text)
+        return [types.DocumentSymbol(s.name, symbol_kinds[s.kind], ls.range(lines, s.range),
+                                     ls.range(lines, s.selection), detail=s.detail)
                 for s in found]
 
     return server
