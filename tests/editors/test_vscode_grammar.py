@@ -39,3 +39,14 @@ def test_the_grammar_gives_the_samples_their_scopes() -> None:
     assert done.returncode == 0, done.stderr + done.stdout
     expected = len(json.loads((EXTENSION / "test/samples/expectations.json").read_text()))
     assert f"{expected} of {expected} expectations hold" in done.stdout
+
+
+def test_the_grammar_knows_every_hole_argument() -> None:
+    """The grammar's list of argument names stays in step with the compiler's
+    (qrun/lang/args.py): a new argument is highlighted as one."""
+    from qrun.lang.args import GEN_ARGS, SELECT_ARGS
+
+    syntax = json.loads((EXTENSION / "syntaxes" / "qrun.tmLanguage.json").read_text())
+    pattern = syntax["repository"]["argument-name"]["match"]
+    listed = set(pattern.split("(", 1)[1].split(")", 1)[0].split("|"))
+    assert set(GEN_ARGS) | set(SELECT_ARGS) <= listed

@@ -6,6 +6,7 @@ as test properties, never asserted: timings depend on the machine."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities  
 from tests.lsp.samples import long_template  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 60
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
@@ -45,9 +47,11 @@ async def _open(client: LanguageClient, path: Path, text: str) -> str:
 
 
 async def _diagnostics(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
-    """The next diagnostics published for `uri`."""
+    """The next diagnostics published for `uri` (a hang guard, not a timing: a server that
+    never publishes fails the test after a minute)."""
     while True:
-        params = await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        params = await asyncio.wait_for(
+            client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS), HANG_S)
         if params.uri == uri:
             return list(params.diagnostics)
 
@@ -185,3 +189,15 @@ async def test_latency_of_a_1000_line_template(client: LanguageClient, tmp_path:
     print("\nqrun lsp on a 1,000-line template: " + ", ".join(
         f"{name} median {sorted(values)[len(values) // 2]:.1f} (max {max(values):.1f})"
         for name, values in figures.items()))
+
+
+@pytest.mark.asyncio
+async def test_a_hover_right_after_a_change_answers_for_the_changed_text(
+        client: LanguageClient, tmp_path: Path) -> None:
+    uri = await _open(client, tmp_path / "t.tmpl", "{{ gen a regex=INT }}\n")
+    for version in range(2, 6):  # a burst of changes: the last one's text is what counts
+        _change(client, uri, version, "\n" * version + "{{ gen b regex=DATE }}\n")
+    hover = await client.text_document_hover_async(types.HoverParams(
+        types.TextDocumentIdentifier(uri), types.Position(5, 17)))
+    assert hover is not None and isinstance(hover.contents, types.MarkupContent)
+    assert hover.contents.value.startswith("**pattern** `DATE`")
