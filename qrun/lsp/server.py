@@ -75,16 +75,20 @@ class QrunLanguageServer(LanguageServer):
         state = self.documents[uri]
         if delay:
             await asyncio.sleep(delay)
-        text = self.text(uri)
-        loop = asyncio.get_running_loop()
-        analysis = await loop.run_in_executor(self.compiler, _analyze, text, path_of(uri))
-        if self.documents.get(uri) is not state or self.text(uri) != text:
-            return  # changed or closed meanwhile: its own compile is coming
-        state.latest, state.latest_text = analysis, text
-        if analysis.template is not None:
-            state.parsed = analysis
-        state.done.set()
-        self.publish(uri, analysis, text)
+        try:
+            text = self.text(uri)
+            loop = asyncio.get_running_loop()
+            analysis = await loop.run_in_executor(self.compiler, _analyze, text, path_of(uri))
+            if self.documents.get(uri) is not state or self.text(uri) != text:
+                return  # changed or closed meanwhile: its own compile is coming
+            state.latest, state.latest_text = analysis, text
+            if analysis.template is not None:
+                state.parsed = analysis
+            state.done.set()
+            self.publish(uri, analysis, text)
+        except Exception:  # a bug: logged, and no request waits for this compile forever
+            log.exception("qrun lsp: internal error compiling %s", uri)
+            state.done.set()
 
     def publish(self, uri: str, analysis: Analysis, text: str) -> None:
         found: list[diagnosing.Diagnostic] = _guard(
