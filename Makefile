@@ -9,7 +9,7 @@ BROWSER_STAMP := $(VENV)/.qrun-browser-installed
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup vllm llamacpp chromium browser trace-screenshot demo test check bench clean
+.PHONY: setup vllm llamacpp chromium browser trace-screenshot editors demo test check bench clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,17 @@ $(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh
 	scripts/install-llamacpp.sh $(PY)
 	touch $(LLAMACPP_STAMP)
 
+# The VS Code extension's grammar test (tests/editors/): vscode-textmate and vscode-oniguruma
+# from npm, pinned by editors/vscode/package-lock.json (`npm ci`, a few seconds; reinstalled
+# only when the lock changes). Without npm it says so, and the grammar test skips.
+EDITOR_MODULES := editors/vscode/node_modules/.package-lock.json
+editors: $(EDITOR_MODULES)
+
+$(EDITOR_MODULES): editors/vscode/package-lock.json
+	@if command -v npm > /dev/null; then \
+	  cd editors/vscode && npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: the VS Code grammar test (tests/editors/) will skip"; fi
+
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
 
@@ -75,7 +86,7 @@ demo: setup
 # llamacpp tier too (llama.cpp's OpenMP threads; QRUN_REQUIRE_LLAMACPP=1: a missing build fails
 # instead of skipping). The browser tier comes last (`make browser`: it installs chromium with
 # apt-get where it is missing).
-test: setup vllm llamacpp
+test: setup vllm llamacpp editors
 	$(MAKE) --no-print-directory check
 	$(PY) -m pytest -q -m "not vllm and not llamacpp and not browser"
 	$(PY) -m pytest -q -m vllm

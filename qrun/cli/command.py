@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a qrun template: fixed text plus constrained holes filled by a model.",
         epilog="Exit codes: 0 success, 2 template or usage error, 1 run-time failure, "
                "130 interrupted. `qrun serve PATH...` serves templates over HTTP (qrun serve "
-               "--help); `qrun test PATH...` runs their test cases (qrun test --help).",
+               "--help); `qrun test PATH...` runs their test cases (qrun test --help); "
+               "`qrun lsp` is the language server editors start (docs/editor.md).",
     )
     parser.add_argument("file", help="the template (.tmpl)")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
@@ -164,10 +165,20 @@ def build_serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_lsp_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="qrun lsp",
+        description="Run the qrun language server on stdin and stdout (the Language Server "
+                    "Protocol): an editor starts it for .tmpl files (docs/editor.md).")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     serving = bool(given) and given[0] == "serve"
     testing = bool(given) and given[0] == "test"
+    if given and given[0] == "lsp":
+        build_lsp_parser().parse_args(given[1:])
+        return _lsp()
     if serving:
         args = build_serve_parser().parse_args(given[1:])
     elif not testing:
@@ -199,6 +210,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # qrun test's 1 means "a case failed": a CI job must tell a crash from that (3, as
         # pytest's internal error).
         return EXIT_INTERNAL if testing else EXIT_RUNTIME
+
+
+def _lsp() -> int:
+    try:
+        from qrun.lsp.server import serve
+    except ImportError as err:  # pygls is the `lsp` extra's
+        print(f"qrun lsp needs pygls and lsprotocol ({err}): pip install 'qrun[lsp]'",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return serve()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ _EXPR_START = frozenset({"NAME", "NUMBER", "STRING", "STRING_LIST", "(", "[", "{
 # What continues an expression: only listed when nothing structural is expected.
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
-_BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "while", "endwhile",
+BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "while", "endwhile",
                    "break", "continue", "set", "include", "macro", "endmacro", "return", "try",
                    "except", "endtry", "fork", "endfork", "hidden", "endhidden", "fresh",
                    "endfresh", "system", "endsystem", "user", "enduser", "assistant",
@@ -195,8 +195,8 @@ def _bad_block_tag(pos: int, tag_start: int, source: Source) -> TemplateSyntaxEr
     if word == "endraw":
         return TemplateSyntaxError("'{% endraw %}' without a matching '{% raw %}'", span,
                                    source)
-    notes = ["expected one of: " + ", ".join(f"'{k}'" for k in _BLOCK_KEYWORDS)]
-    close = difflib.get_close_matches(word, _BLOCK_KEYWORDS, n=1)
+    notes = ["expected one of: " + ", ".join(f"'{k}'" for k in BLOCK_KEYWORDS)]
+    close = difflib.get_close_matches(word, BLOCK_KEYWORDS, n=1)
     if word in TAG_HINTS:
         notes.insert(0, TAG_HINTS[word])
     elif close:
