@@ -299,6 +299,31 @@ def object_schema(types: Mapping[str, dict[str, Any]], required: list[str]) -> d
     return schema
 
 
+_RECORD_KEYS = frozenset({"type", "properties", "required", "title", "description", "$comment",
+                          "$schema", "examples", "default", "deprecated", "readOnly",
+                          "writeOnly"})
+"""The keywords a written-out `output:` may have at its top: lang/output.py proves each
+property from its holes, and nothing more (a `minProperties` or `additionalProperties` there
+is not proven)."""
+
+
+def _record_is_plain(schema: dict[str, Any], entry: ast.FrontMatterEntry, fail: Fail) -> bool:
+    plain = True
+    for key in schema:
+        if key not in _RECORD_KEYS:
+            fail(f"output: '{key}' is not proven at the top of the record (a property's "
+                 "schema may have it)", entry.span_of((key,), key=True),
+                 ("the record's top takes type, properties and required "
+                  "(docs/language.md §4.2)",))
+            plain = False
+    for index, name in enumerate(schema.get("required", ())):
+        if name not in schema["properties"]:
+            fail(f"output: required '{name}' is not one of its properties",
+                 entry.span_of(("required", index)), ())
+            plain = False
+    return plain
+
+
 def read_output(entry: ast.FrontMatterEntry, fail: Fail) -> dict[str, Any] | None:
     """`output:` as the JSON Schema of the result record: a JSON Schema of type object, or a
     mapping of capture names to types as `inputs:` has them (`?`: not required)."""
@@ -313,7 +338,9 @@ def read_output(entry: ast.FrontMatterEntry, fail: Fail) -> dict[str, Any] | Non
             fail("front matter 'output' must be a JSON Schema of type object with "
                  "properties (one per capture)", entry.value_span, ())
             return None
-        return schema if schema_is_valid(schema, entry, (), fail, "output") else None
+        if not schema_is_valid(schema, entry, (), fail, "output"):
+            return None
+        return schema if _record_is_plain(schema, entry, fail) else None
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, spelled in data.items():

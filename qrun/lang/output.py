@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
+from qrun.constraint.grammar.schema import close_objects
 from qrun.constraint.spec import PATTERN_TYPES
 from qrun.errors import TemplateCompileError, TemplateError
 from qrun.lang import ir
@@ -22,6 +23,10 @@ _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comme
                           "deprecated", "readOnly", "writeOnly"})
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+_FULL_MATCH = ("^(?:", ")$")
+"""How a regex= hole's pattern (it must match the whole value) is written as a JSON Schema
+`pattern` (which is searched for in the value): anchored, so the two agree."""
+_REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 _TOOL_CALL = {"type": "object", "properties": {"name": {"type": "string"},
                                                "arguments": {"type": "object"}},
               "required": ["name", "arguments"]}
@@ -100,13 +105,14 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
             kind = _VALUE_TYPES.get(PATTERN_TYPES.get(name, ""), "string")
             given: dict[str, Any] = {"type": kind}
             if kind == "string" and constraint.lowered is not None:
-                given["pattern"] = constraint.lowered.pattern
+                given["pattern"] = _anchored(constraint.lowered.pattern)
             return given, f"{'text' if kind == 'string' else kind} values (regex={name})"
         case ir.Regex(pattern=pattern):
             value = literal(pattern)
             if not isinstance(value, str):
                 return None, "a regex computed at run time"
-            return {"type": "string", "pattern": value}, f"text matching regex={json.dumps(value)}"
+            return {"type": "string", "pattern": _anchored(value)}, \
+                f"text matching regex={json.dumps(value)}"
         case ir.JsonSchema(schema=expr):
             value = literal(expr)
             if isinstance(value, str):
@@ -116,10 +122,11 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
                     return None, "JSON"
             if not isinstance(value, dict | bool):
                 return None, "JSON of a schema computed at run time"
-            closed = constraint.lowered is not None and \
-                "closed=true" in constraint.lowered.description
+            # The hole's closed= option as written (lang/args.py); one computed at run time
+            # may be false, and an open schema allows more, so reading it as open is safe.
+            closed = constraint.closed is not None and literal(constraint.closed) is True
             shown = json.dumps(value)
-            return (_closed(value) if closed and isinstance(value, dict) else
+            return (close_objects(value) if closed and isinstance(value, dict) else
                     value if isinstance(value, dict) else {} if value else {"not": {}}), \
                 f"JSON valid under {shown[:80]}{'…' if len(shown) > 80 else ''}"
         case ir.Grammar():
@@ -129,19 +136,28 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
     return None, "values of an unknown kind"
 
 
-def _closed(schema: dict[str, Any]) -> dict[str, Any]:
-    """A schema as closed=true reads it: objects allow only the properties they list."""
-    schema = {key: _closed(value) if isinstance(value, dict) else value
-              for key, value in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema:
-        schema["additionalProperties"] = False
-    return schema
+def _anchored(pattern: str) -> str:
+    return _FULL_MATCH[0] + pattern + _FULL_MATCH[1]
+
+
+def _uses_refs(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return any(key in _REFS or _uses_refs(value) for key, value in schema.items())
+    if isinstance(schema, list):
+        return any(_uses_refs(item) for item in schema)
+    return False
 
 
 def contained(given: Any, wanted: Any) -> str | None:
     """Why a value valid under `given` may not be valid under `wanted`, or None when every
     one is (a sufficient check: it only says None where it has proven it)."""
-    if wanted is True or wanted == {} or given == wanted:
+    if not isinstance(given, dict | bool) or not isinstance(wanted, dict | bool):
+        return "a schema here is neither a mapping nor true/false"
+    # A $ref resolves against its own document's root: the hole's schema and the output's
+    # are different documents, so equal refs may mean different schemas.
+    if _uses_refs(given) or _uses_refs(wanted):
+        return "it uses $ref, which the proof does not follow (write the schema out)"
+    if wanted is True or wanted == {} or _same(given, wanted):
         return None
     if wanted is False:
         return "the output allows no value"
@@ -190,10 +206,8 @@ def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any]
     if key == "additionalProperties":
         return _additional_reason(given, value, wanted)
     if key == "items":
-        reason = contained(given.get("items", {}), value)
-        return None if reason is None else f"an item: {reason}"
-    if key == "pattern" and given.get("pattern") in (value, value.removeprefix("^").removesuffix(
-            "$"), value.removeprefix("^(?:").removesuffix(")$")):
+        return _items_reason(given, value, wanted)
+    if key == "pattern" and isinstance(value, str) and _pattern_holds(given.get("pattern"), value):
         return None
     if key == "anyOf":
         if any(contained(given, branch) is None for branch in value):
@@ -205,12 +219,51 @@ def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any]
     if key in _LOWER_BOUNDS or key in _UPPER_BOUNDS:
         bound = given.get(key)
         lower = key in _LOWER_BOUNDS
-        if isinstance(bound, int | float) and (bound >= value if lower else bound <= value):
+        # draft-04's exclusiveMaximum: true is a flag, not a bound (bool is an int in Python)
+        if _number(bound) and _number(value) and (bound >= value if lower else bound <= value):
             return None
         return f"it does not guarantee {key} {json.dumps(value)}"
-    if given.get(key) == value:
+    if key in given and _same(given[key], value):
         return None
     return f"it does not guarantee {key}: {json.dumps(value)}"
+
+
+def _same(one: Any, other: Any) -> bool:
+    """Equal as JSON: Python's 1 == True and 1 == 1.0 are not JSON Schema's."""
+    return json.dumps(one, sort_keys=True) == json.dumps(other, sort_keys=True)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _pattern_holds(given: Any, wanted: str) -> bool:
+    """Whether every string the `given` pattern (searched for, JSON Schema's reading) accepts
+    contains a match of `wanted`. The same pattern does; so does a regex= hole's pattern P
+    (anchored by _anchored) for `P`, `^P$` and `^(?:P)$`, since a match of the whole value
+    satisfies both anchors. A json= hole's pattern is a search: `a` does not give `^a$`."""
+    if not isinstance(given, str):
+        return False
+    if given == wanted:
+        return True
+    start, end = _FULL_MATCH
+    if not (given.startswith(start) and given.endswith(end)):
+        return False
+    inner = given[len(start):-len(end)]
+    return wanted in (inner, f"^{inner}$", _anchored(inner))
+
+
+def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]) -> str | None:
+    # prefixItems and the array forms of items give the first items schemas of their own,
+    # which `items` alone does not say (draft 2020-12 and draft 2019-09 readings differ).
+    for key in ("prefixItems", "additionalItems"):
+        if key in given or key in wanted:
+            return f"it uses {key}, which the proof does not follow"
+    items = given.get("items", {})
+    if not isinstance(items, dict | bool) or not isinstance(value, dict | bool):
+        return "items as a list of schemas is not proven (use prefixItems-free items)"
+    reason = contained(items, value)
+    return None if reason is None else f"an item: {reason}"
 
 
 def _types(schema: dict[str, Any]) -> set[str] | None:
@@ -233,9 +286,22 @@ def _type_reason(given: dict[str, Any], value: Any) -> str | None:
     return None
 
 
+def _patterns_reason(given: dict[str, Any], wanted: Any, what: str) -> str | None:
+    """Why a property matching one of the hole's patternProperties may not fit `wanted`."""
+    for pattern, schema in given.get("patternProperties", {}).items():
+        reason = contained(schema, wanted)
+        if reason is not None:
+            return f"{what} matching patternProperties {json.dumps(pattern)}: {reason}"
+    return None
+
+
 def _properties_reason(given: dict[str, Any], wanted: dict[str, Any]) -> str | None:
     have = given.get("properties", {})
     for name, schema in wanted.items():
+        if name not in have:
+            reason = _patterns_reason(given, schema, f"property '{name}'")
+            if reason is not None:
+                return reason
         if name in have:
             inner = have[name]
         elif given.get("additionalProperties") is False:
@@ -255,6 +321,9 @@ def _additional_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]
             reason = contained(schema, value)
             if reason is not None:
                 return f"property '{name}' is not one the output lists"
+    reason = _patterns_reason(given, value, "a property")
+    if reason is not None:
+        return reason
     extra = given.get("additionalProperties", True)
     if extra is False:
         return None

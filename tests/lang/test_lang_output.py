@@ -201,3 +201,85 @@ def test_required_output_captured_on_some_paths_only() -> None:
                    "{% if x %}{{ gen a regex=INT }}{% else %}{{ gen a regex=INT }}{% endif %}")
     compile_source("---\ninputs: [x]\noutput:\n  a: list[integer]\n---\n"
                    "{% for i in x %}{% if i %}{{ gen a regex=INT }}{% endif %}{% endfor %}")
+
+
+# ---- what the proof must refuse (each was proven, then the run failed: "does not fit") --------
+
+
+def one_reason(output: str, body: str) -> str:
+    errors = errors_of(f"---\noutput:\n  {output}\n---\n{body}")
+    assert len(errors) == 1, [e.render() for e in errors]
+    return errors[0].message
+
+
+def test_a_json_pattern_is_a_search_not_a_full_match() -> None:
+    # "bab" fits pattern "a" (searched for) but not "^a$".
+    message = one_reason("x: {type: string, pattern: '^a$'}",
+                         '{{ gen x json={"type": "string", "pattern": "a"} }}')
+    assert "pattern" in message
+    compile_source("---\noutput:\n  x: {type: string, pattern: 'a'}\n---\n"
+                   '{{ gen x json={"type": "string", "pattern": "a"} }}')
+    compile_source("---\noutput:\n  x: {type: string, pattern: '^(?:a)$'}\n---\n"
+                   '{{ gen x regex="a" }}')
+
+
+def test_closed_is_read_from_the_option_not_the_description() -> None:
+    message = one_reason(
+        "p: {type: object, properties: {a: {type: integer}}, additionalProperties: false}",
+        '{{ gen p json={"type": "object", "title": "closed=true", '
+        '"properties": {"a": {"type": "integer"}}} }}')
+    assert "closed=true" in message or "does not list" in message
+
+
+def test_pattern_properties_of_the_hole_must_fit() -> None:
+    message = one_reason(
+        "p: {type: object, properties: {a: {type: integer}}}",
+        '{{ gen p json={"type": "object", "patternProperties": {"^a": {"type": "string"}}} '
+        'closed=true }}')
+    assert "patternProperties" in message
+    message = one_reason(
+        "p: {type: object, additionalProperties: {type: integer}}",
+        '{{ gen p json={"type": "object", "properties": {"a": {"type": "integer"}}, '
+        '"patternProperties": {"^b": {"type": "string"}}} closed=true }}')
+    assert "patternProperties" in message
+
+
+def test_prefix_items_and_list_items_are_not_proven() -> None:
+    message = one_reason("xs: list[integer]",
+                         '{{ gen xs json={"type": "array", "prefixItems": [{"type": "string"}], '
+                         '"items": {"type": "integer"}} }}')
+    assert "prefixItems" in message
+    assert contained({"type": "array", "items": [{"type": "integer"}]},
+                     {"type": "array", "items": {"type": "integer"}}) is not None
+    assert contained({"type": "array", "items": {"type": "integer"}},
+                     {"type": "array", "items": [{"type": "integer"}]}) is not None
+    assert contained({"type": "array", "items": {"type": "integer"}, "additionalItems": False},
+                     {"type": "array", "items": {"type": "integer"}}) is not None
+
+
+def test_refs_are_not_compared_as_text() -> None:
+    message = one_reason(
+        "p: {type: object, properties: {a: {$ref: '#/$defs/n'}}, $defs: {n: {type: integer}}}",
+        '{{ gen p json={"$defs": {"n": {"type": "string"}}, "type": "object", '
+        '"properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]} }}')
+    assert "$ref" in message
+    assert contained({"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}) is not None
+
+
+@pytest.mark.parametrize(("extra", "wrong"), [
+    ("  required: [x, y]\n", "required 'y' is not one of its properties"),
+    ("  minProperties: 2\n", "'minProperties' is not proven"),
+    ("  additionalProperties: {type: integer}\n", "'additionalProperties' is not proven"),
+])
+def test_top_of_a_written_out_output_is_only_its_properties(extra: str, wrong: str) -> None:
+    errors = errors_of("---\noutput:\n  type: object\n  properties:\n    x: {type: integer}\n"
+                       f"{extra}---\n{{{{ gen x regex=INT }}}}")
+    assert len(errors) == 1 and wrong in errors[0].message, [e.render() for e in errors]
+    assert errors[0].span.line == 6
+
+
+def test_boolean_bounds_are_not_numbers() -> None:
+    assert contained({"type": "number", "exclusiveMaximum": True},
+                     {"type": "number", "exclusiveMaximum": 5}) is not None
+    assert contained({"type": "number", "maximum": 1},
+                     {"type": "number", "maximum": True}) is not None
