@@ -226,9 +226,14 @@ class Run:
 
     def _check_fills(self) -> None:
         """Before any model work: each known value whose hole's arguments are known now
-        (not built from captures) fits its hole (its first value, for a loop's hole)."""
-        for op in holes_outside_macros(self.program.ops):
-            if op.name not in self.fills.values:
+        (not built from captures) fits its hole (its first value, for a loop's hole). A name
+        with holes both in and out of loops is checked at each hole when the run reaches it:
+        its list fits only the loop's, and a branch may never run."""
+        holes = list(holes_outside_macros(self.program.ops))
+        mixed = {op.name for op in holes if op.in_loop} & \
+            {op.name for op in holes if not op.in_loop}
+        for op in holes:
+            if op.name not in self.fills.values or op.name in mixed:
                 continue
             value = self.fills.values[op.name]
             if op.in_loop:

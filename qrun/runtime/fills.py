@@ -48,6 +48,9 @@ class Fills:
         value = self.values[op.name]
         if not op.in_loop:
             return True, value
+        if not isinstance(value, list):  # __init__ asks a list of any name with a loop hole
+            raise UsageError(f"hole '{op.name}' is inside a loop: fill it with a list, one "
+                             "value per iteration")
         index = self.used.get(op.name, 0)
         if index >= len(value):
             return False, None
@@ -55,17 +58,27 @@ class Fills:
         return True, value[index]
 
 
+_RANK = {"": 0, "loop": 1, "fork": 2}
+
+
 def _fillable(ops: Sequence[ir.Op], inside: str = "") -> dict[str, str]:
-    """Hole name -> "" (plain), "loop" or "fork", for the holes outside macros."""
+    """Hole name -> "" (plain), "loop" or "fork", for the holes outside macros. A name with
+    holes of several kinds takes the strictest: "fork" when any is in a fork, else "loop" when
+    any is in a loop (its value is a list whichever branch runs)."""
     found: dict[str, str] = {}
+
+    def note(name: str, where: str) -> None:
+        if _RANK[where] >= _RANK[found.get(name, "")]:
+            found[name] = where
+
     for op in ops:
         if isinstance(op, ir.Macro):
             continue
         if isinstance(op, ir.Gen | ir.Select):
-            found.setdefault(op.name, inside or ("loop" if op.in_loop else ""))
+            note(op.name, inside or ("loop" if op.in_loop else ""))
         inner = "fork" if isinstance(op, ir.Fork) else inside
         for name, where in _fillable(tuple(ir.children(op)), inner).items():
-            found.setdefault(name, where)
+            note(name, where)
     return found
 
 

@@ -179,3 +179,25 @@ def test_fill_text_is_never_control_tokens(tiny: TransformersBackend) -> None:
     result = qrun.Query("{{ gen a max_tokens=50 }}").run(model=tiny, fill={"a": marker})
     assert result.token_ids == tiny.encode(marker)  # encoded as text
     assert tiny.control_tokens[marker] not in result.token_ids
+
+
+MIXED = ('{% if a %}{{ gen x regex="[0-9]+" }}{% else %}{% for i in [1, 2] %}'
+         '{{ gen x regex="[0-9]+" }};{% endfor %}{% endif %}')
+
+
+@pytest.mark.parametrize("value", [5, "57"])
+def test_a_name_with_a_loop_hole_takes_a_list_on_every_path(tiny: TransformersBackend,
+                                                             value: Any) -> None:
+    with pytest.raises(UsageError, match="inside a loop: fill it with a list"):
+        qrun.Query(MIXED).run({"a": False}, model=tiny, fill={"x": value})
+
+
+def test_a_name_in_and_out_of_loops_is_checked_where_the_run_goes(
+        tiny: TransformersBackend) -> None:
+    # The list fits the loop's hole; the if's hole, never reached, is not checked with it.
+    result = qrun.Query(MIXED).run({"a": False}, model=tiny, fill={"x": [5, 7]})
+    assert result.text == "5;7;"
+    assert result.vars["x"] == ["5", "7"]  # a regex that is no named pattern gives text
+    with pytest.raises(InputError, match="hole 'x'") as info:
+        qrun.Query(MIXED).run({"a": True}, model=tiny, fill={"x": [5, 7]})
+    assert info.value.span.column == MIXED.index("{{ gen x") + 1
