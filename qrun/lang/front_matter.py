@@ -1,11 +1,13 @@
 """Part of stage 2 (build_ast): the front matter's YAML -> ast.FrontMatter entries, each value
-as plain data with the position of every part of it. The only module that imports PyYAML.
+as plain data with the position of every part of it. The only module of qrun.lang that imports
+PyYAML.
 
-Read with PyYAML's SafeLoader (never its full loader), after an event pass that refuses what a
-template's settings never need and what makes YAML hostile: anchors and aliases (the "billion
-laughs" expansion), explicit tags (`!!python/...`, `!!binary`, `!!set`), nesting deeper than
-MAX_FRONT_MATTER_DEPTH; and front matter over MAX_FRONT_MATTER_SIZE characters. Dates and
-YAML 1.1's `=` and `<<` keys stay strings: values are JSON's types only."""
+Read with qrun/yaml_data.py's DataLoader (a SafeLoader, never PyYAML's full loader, whose plain
+scalars are YAML 1.2's JSON-like types: `yes` and `0123` stay strings, `1e3` is a number),
+after an event pass that refuses what a template's settings never need and what makes YAML
+hostile: anchors and aliases (the "billion laughs" expansion), explicit tags (`!!python/...`,
+`!!binary`, `!!set`), nesting deeper than MAX_FRONT_MATTER_DEPTH; and front matter over
+MAX_FRONT_MATTER_SIZE characters. Values are JSON's types only."""
 
 from __future__ import annotations
 
@@ -17,27 +19,18 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 
 from qrun.lang import ast
 from qrun.source import Source, Span
+from qrun.yaml_data import DataLoader
 
 MAX_FRONT_MATTER_SIZE = 65_536
 """Characters between the two `---` lines at most (a typed template's is a few hundred)."""
 MAX_FRONT_MATTER_DEPTH = 32
 """Mappings and lists nest at most this deep in front matter (JSON Schemas included)."""
 
-_DROPPED = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value",
-            "tag:yaml.org,2002:merge")
 _YAML_NOTE = ("front matter is YAML: quote a value that contains ': ' or ' #', or begins "
               "with one of [ ] { } , & * ! | > ' \" % @ `")
 
 
-class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
-    """SafeLoader without the implicit types that are not JSON's (dates) or that only make
-    sense with aliases (`<<` merge keys)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _DROPPED]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
+_Loader = DataLoader
 
 Fail = Callable[[str, Span, tuple[str, ...]], None]
 

@@ -1,8 +1,9 @@
 """Test cases of a template (docs/testing.md): read from `NAME.tests.yaml` beside `NAME.tmpl`,
 each with its inputs, optional seed and temperature, and its expectations. The file is YAML
-read by PyYAML's safe loader: plain data only, no tags that build objects, and no anchors or
-aliases (a few lines of aliases can expand into gigabytes). Every error names the file, line
-and column of the value at fault."""
+read by qrun/yaml_data.py's DataLoader (PyYAML's safe loader with YAML 1.2's JSON-like
+scalars: `yes` and `0123` stay strings, `1e3` is a number): plain data only, no tags that
+build objects, and no anchors or aliases (a few lines of aliases can expand into gigabytes).
+Every error names the file, line and column of the value at fault."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 
 from qrun.testing.expect import Expectation, parse_expectations
 from qrun.testing.where import CaseFileError, Where
+from qrun.yaml_data import DataLoader, load_data
 
 if TYPE_CHECKING:
     from qrun.lang.ir import Program
@@ -164,7 +166,7 @@ def _compose(text: str, file: str) -> yaml.Node | None:
     """The YAML node tree (for positions), after refusing anchors and aliases."""
     depth = 0
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=DataLoader):
             mark = event.start_mark
             where = Where(file, mark.line + 1, mark.column + 1)
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
@@ -179,14 +181,14 @@ def _compose(text: str, file: str) -> yaml.Node | None:
                     raise CaseFileError(f"a case file nests at most {MAX_DEPTH} levels", where)
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=DataLoader)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
 
 
 def _data(text: str, file: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_data(text)  # YAML 1.2's JSON-like scalars, as front matter reads them
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
 

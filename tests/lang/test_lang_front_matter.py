@@ -27,7 +27,7 @@ def errors_of(text: str) -> tuple[TemplateError, ...]:
 # Front matter as the `key: value` lines before YAML read it, and what it meant then.
 OLD_STYLE = [
     ("model: smollm2\ntemperature: 0.7\n", {"model": "smollm2"}, {"temperature": 0.7}),
-    ("temperature: 1e-3\n", {}, {"temperature": 0.001}),  # YAML 1.1 reads 1e-3 as text
+    ("temperature: 1e-3\n", {}, {"temperature": 0.001}),  # a float (qrun/yaml_data.py)
     ('seed: "12"\nmax_tokens: \'40\'\n', {}, {"seed": 12, "max_tokens": 40}),
     ("top_p: 0.9\ntop_k: 5\n", {}, {"top_p": 0.9, "top_k": 5}),
     ("model: HuggingFaceTB/SmolLM2-135M-Instruct\ndevice: cuda:0\ndtype: float16\n",
@@ -125,3 +125,23 @@ def test_list_value_for_a_setting_is_refused() -> None:
     errors = errors_of("---\ntemperature: [1]\n---\n")
     assert "'temperature' must be" in errors[0].message
     assert (errors[0].span.line, errors[0].span.column) == (2, 14)
+
+
+def test_plain_values_are_yaml_1_2_json_types_not_yaml_1_1() -> None:
+    template = build("---\ninputs:\n  a: {enum: [yes, no, on, off, true, FALSE], default: yes}\n"
+                     "  b: {type: string, examples: [0123, '1:30', 1:30, .nan, .inf, 0x1F]}\n"
+                     "  c: {type: number, maximum: 1e3, minimum: -1.5e-2, default: 0}\n"
+                     "  d: {enum: [~, null, 12, -3, .5]}\n---\n")
+    assert template.front_matter is not None
+    data = template.front_matter.entries[0].data
+    assert data["a"] == {"enum": ["yes", "no", "on", "off", True, False], "default": "yes"}
+    assert data["b"]["examples"] == ["0123", "1:30", "1:30", ".nan", ".inf", "0x1F"]
+    assert data["c"]["maximum"] == 1000 and isinstance(data["c"]["maximum"], float)
+    assert data["c"]["minimum"] == -0.015 and data["c"]["default"] == 0
+    assert data["d"] == {"enum": [None, None, 12, -3, 0.5]}
+
+
+def test_an_enum_of_yes_and_no_is_two_strings() -> None:
+    program = compile_source("---\ninputs:\n  answer: enum[yes, no]\n  also: {enum: [yes, no]}\n"
+                             "---\n{{ answer }}{{ also }}")
+    assert program.input_schema["properties"]["also"]["enum"] == ["yes", "no"]

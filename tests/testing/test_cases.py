@@ -93,3 +93,15 @@ def test_a_file_too_large_is_refused_unread(tmp_path: Path) -> None:
         load_cases(path)
     with pytest.raises(CaseFileError, match="cannot read it"):
         load_cases(tmp_path / "missing.tests.yaml")
+
+
+def test_case_values_are_yaml_1_2_json_types() -> None:
+    case, = parse_cases("- inputs: {a: yes, b: 0123, c: '1:30', d: 1:30, e: .nan, f: 1e3, "
+                        "g: true}\n  expect: {text: x}\n")
+    assert case.inputs == {"a": "yes", "b": "0123", "c": "1:30", "d": "1:30", "e": ".nan",
+                           "f": 1000.0, "g": True}
+
+
+def test_aliases_stay_refused_with_the_json_loader() -> None:
+    with pytest.raises(CaseFileError, match="anchors and aliases"):
+        parse_cases("- inputs: &a {x: 1}\n- inputs: *a\n")
