@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qrun.constraint.grammar.schema import schema_positions
 from qrun.errors import suggest
 from qrun.lang import ast
 from qrun.lang.simple_schema import Problem, is_simple, schema_problem, value_problem
@@ -269,6 +270,28 @@ def schema_is_valid(schema: Any, entry: ast.FrontMatterEntry, path: tuple[str | 
         inner = tuple(err.path)
         fail(f"{what}: not a JSON Schema: {err.message}", entry.span_of((*path, *inner)), ())
         return False
+    return _refs_refused(schema, entry, path, fail, what)
+
+
+_REFS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _refs_refused(schema: Any, entry: ast.FrontMatterEntry, path: tuple[str | int, ...],
+                  fail: Fail, what: str) -> bool:
+    """Whether `schema` has no reference, after reporting the first. A declared type is one
+    property of the record's schema (Program.input_schema, output_schema), so a `$ref` in it
+    resolves against that record, not against the type as written: `#/$defs/a` would point
+    at nothing (an internal error at the run) or at another part of the record."""
+    for pointer, sub in schema_positions(schema):
+        key = next((k for k in _REFS if k in sub), None)
+        if key is not None:
+            inner = tuple(int(step) if step.isdigit() else
+                          step.replace("~1", "/").replace("~0", "~")
+                          for step in pointer.split("/")[1:])
+            fail(f"{what}: {key} is not allowed in a declared type",
+                 entry.span_of((*path, *inner, key), key=True),
+                 ("write the referenced schema out where it is used (docs/language.md §4.1)",))
+            return False
     return True
 
 

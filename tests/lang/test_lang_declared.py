@@ -160,3 +160,21 @@ def test_dump_shows_declared_types() -> None:
     assert 'type n: {"type": "integer", "default": 3}\n' in dump
     assert 'output: {"type": "object", "properties": {"a": {"type": "integer"}}, ' \
         '"required": ["a"]}\n' in dump
+
+
+@pytest.mark.parametrize(("front", "line", "column"), [
+    ('inputs:\n  x: {$ref: "#/nope"}\n', 3, 7),
+    ('inputs:\n  x:\n    $defs: {a: {type: integer}}\n    $ref: "#/$defs/a"\n', 5, 5),
+    ('inputs:\n  x: {type: array, items: {anyOf: [{type: string}, {$ref: "#"}]}}\n', 3, 53),
+    ('output:\n  x:\n    $defs: {a: {type: integer}}\n    $ref: "#/$defs/a"\n', 5, 5),
+])
+def test_a_reference_in_a_declared_type_is_refused_where_it_is(front: str, line: int,
+                                                                column: int) -> None:
+    # A declared type sits under the record's properties (Program.input_schema), where its
+    # $ref would resolve against the record: "#/$defs/a" points at nothing there.
+    with pytest.raises(TemplateErrors) as info:
+        body = "{{ x }}" if front.startswith("inputs") else "{{ gen x regex=INT }}"
+        compile_source(f"---\n{front}---\n{body}", "t.tmpl")
+    err, = info.value.errors[:1]
+    assert "$ref is not allowed in a declared type" in err.message, err.render()
+    assert (err.span.line, err.span.column) == (line, column), err.render()
