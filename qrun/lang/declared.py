@@ -36,6 +36,9 @@ _ALIASES = {"str": "string", "int": "integer", "float": "number", "bool": "boole
 _SCHEMA_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NO_DEFAULT: Any = object()
+MAX_TYPE_DEPTH = 32
+"""A compact type nests at most this deep (`list[list[...]]`), as front matter does
+(lang/front_matter.py MAX_FRONT_MATTER_DEPTH): reading it recurses once a level."""
 
 
 class TypeSpellingError(ValueError):
@@ -70,7 +73,9 @@ def read_compact(text: str) -> Compact:
     return Compact(schema, optional, default)
 
 
-def _type(text: str) -> dict[str, Any]:
+def _type(text: str, depth: int = 0) -> dict[str, Any]:
+    if depth > MAX_TYPE_DEPTH:
+        raise TypeSpellingError(f"the type nests more than {MAX_TYPE_DEPTH} levels deep")
     name_match = _NAME.match(text)
     if name_match is None:
         raise TypeSpellingError(f"'{text}' is not a type")
@@ -87,9 +92,9 @@ def _type(text: str) -> dict[str, Any]:
         raise TypeSpellingError(f"unexpected '{rest}' after '{name}'")
     inner = rest[1:-1].strip()
     if name in ("list", "array") or _ALIASES.get(name) == "list":
-        return {"type": "array", "items": _type(inner)}
+        return {"type": "array", "items": _type(inner, depth + 1)}
     if name == "dict":
-        return {"type": "object", "additionalProperties": _type(inner)}
+        return {"type": "object", "additionalProperties": _type(inner, depth + 1)}
     if name == "enum":
         values = [_enum_item(item) for item in _split(inner)]
         if not values or len(set(map(json.dumps, values))) != len(values):

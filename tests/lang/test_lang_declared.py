@@ -10,7 +10,7 @@ import pytest
 
 from qrun.errors import InputError, TemplateError, TemplateErrors
 from qrun.lang import compile_source
-from qrun.lang.declared import NO_DEFAULT, TypeSpellingError, read_compact
+from qrun.lang.declared import MAX_TYPE_DEPTH, NO_DEFAULT, TypeSpellingError, read_compact
 
 # The table of docs/language.md §4.1: spelling -> (JSON Schema, optional, default).
 COMPACT: list[tuple[str, dict[str, Any], bool, Any]] = [
@@ -178,3 +178,15 @@ def test_a_reference_in_a_declared_type_is_refused_where_it_is(front: str, line:
     err, = info.value.errors[:1]
     assert "$ref is not allowed in a declared type" in err.message, err.render()
     assert (err.span.line, err.span.column) == (line, column), err.render()
+
+
+def test_a_compact_type_nests_at_most_max_type_depth() -> None:
+    assert read_compact("list[" * MAX_TYPE_DEPTH + "integer" + "]" * MAX_TYPE_DEPTH)
+    with pytest.raises(TypeSpellingError, match="nests more than 32 levels"):
+        read_compact("list[" * (MAX_TYPE_DEPTH + 1) + "integer" + "]" * (MAX_TYPE_DEPTH + 1))
+    deep = "list[" * 3000 + "integer" + "]" * 3000
+    with pytest.raises(TemplateErrors) as info:
+        compile_source(f'---\ninputs:\n  x: "{deep}"\n---\n{{{{ x }}}}', "t.tmpl")
+    err = info.value.errors[0]  # (then 'x' is unknown: its declaration is refused)
+    assert "nests more than 32 levels deep" in err.message
+    assert (err.span.line, err.span.column) == (3, 6)
