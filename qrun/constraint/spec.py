@@ -11,6 +11,7 @@ template computes (runtime/constraints.py), Matcher its own (matcher.py)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -98,18 +99,30 @@ def typed_value(text: str, value_type: str) -> Any:
 
     Raises:
         ValueError: the text cannot be read so (the constraint guarantees it can, but Python
-            refuses integers of more than 4,300 digits).
+            refuses integers of more than 4,300 digits, and a number past a float's range,
+            `1e400`, would be infinity, which JSON cannot carry: the result would give null).
     """
     match value_type:
         case "json":
-            return json.loads(text)
+            return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
         case "int":
             return int(text)
         case "float":
-            return float(text)
+            return _finite(text)
         case "bool":
             return text == "true"
     return text
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is beyond a float's range (JSON has no infinity)")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
 
 
 class LoweringError(ValueError):

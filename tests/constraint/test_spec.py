@@ -14,7 +14,7 @@ import qrun
 import qrun.constraint.spec as spec_module
 from qrun.backends.transformers import TransformersBackend
 from qrun.constraint.patterns import PATTERNS
-from qrun.constraint.spec import DFA, LLGUIDANCE, LoweringError, lower
+from qrun.constraint.spec import DFA, LLGUIDANCE, LoweringError, lower, typed_value
 
 
 def fresh(text: str) -> str:
@@ -239,3 +239,13 @@ def test_annotation_formats_leave_property_names_alone_too(tiny: TransformersBac
 def test_matcher_checks_closed(tiny: TransformersBackend, closed: Any) -> None:
     with pytest.raises(qrun.UsageError, match="closed must be True or False"):
         qrun.Matcher(tiny, json={"type": "object"}, closed=closed)
+
+
+@pytest.mark.parametrize(("text", "value_type"), [
+    ("1e400", "float"), ("-1e400", "float"), ('{"a": 1e400}', "json"), ("[NaN]", "json"),
+    ("Infinity", "json")])
+def test_typed_value_refuses_numbers_json_cannot_carry(text: str, value_type: str) -> None:
+    with pytest.raises(ValueError, match="range|not a JSON number"):
+        typed_value(text, value_type)
+    assert typed_value("1e300", "float") == 1e300
+    assert typed_value('{"a": 1.5e3, "b": 2}', "json") == {"a": 1500.0, "b": 2}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from doubles import SteeredModel, script
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -201,3 +202,23 @@ def test_a_name_in_and_out_of_loops_is_checked_where_the_run_goes(
     with pytest.raises(InputError, match="hole 'x'") as info:
         qrun.Query(MIXED).run({"a": True}, model=tiny, fill={"x": [5, 7]})
     assert info.value.span.column == MIXED.index("{{ gen x") + 1
+
+
+def test_a_float_past_a_floats_range_is_refused_at_the_hole(tiny: TransformersBackend) -> None:
+    # float("1e400") is inf, which the output record (JSON) would give as null.
+    template = "x = {{ gen x regex=FLOAT max_tokens=8 }}"
+    with pytest.raises(InputError, match="beyond a float's range") as info:
+        qrun.Query(template).run(model=tiny, fill={"x": "1e400"})
+    assert info.value.span.column == template.index("{{") + 1
+    assert qrun.Query(template).run(model=tiny, fill={"x": "1e300"}).vars["x"] == 1e300
+
+
+def test_a_generated_float_past_a_floats_range_is_a_generation_error(
+        tiny: TransformersBackend) -> None:
+    template = "x = {{ gen x regex=FLOAT max_tokens=%d }}"
+    # Token healing takes back the prompt's last space: the model writes " 1e400..." after "x =".
+    tokens = tiny.encode(" 1e400")
+    model = SteeredModel(tiny, script(len(tiny.encode("x =")), tokens), "scripted")
+    with pytest.raises(qrun.GenerationError, match="beyond a float's range") as info:
+        qrun.Query(template % len(tokens)).run(model=model)
+    assert info.value.span.column == template.index("{{") + 1
