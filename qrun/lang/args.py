@@ -250,7 +250,7 @@ class ArgChecker:
                 self.output_span = key_span
             elif entry.key == "tests":
                 seen[entry.key] = key_span
-                self.tests = entry
+                self.tests = entry if self.tests_are_cases(entry) else None
             else:
                 seen[entry.key] = key_span
                 value = self.front_value(entry)
@@ -258,6 +258,21 @@ class ArgChecker:
                     values[entry.key] = value
         model = {k: values.pop(k) for k in ("model", "device", "dtype") if k in values}
         return RunOptions(**values), ModelOptions(**model), declared
+
+    def tests_are_cases(self, entry: ast.FrontMatterEntry) -> bool:
+        """Whether `tests:` is a list of mappings, after reporting where it is not. Only its
+        shape: each case's keys and expectations are qrun/testing/cases.py's to check (lang
+        sits below it), when `qrun test` reads them."""
+        if not isinstance(entry.data, list):
+            self.fail("front matter 'tests' must be a list of cases (name, inputs, expect...)",
+                      entry.value_span, "docs/testing.md §1")
+            return False
+        for index, case in enumerate(entry.data):
+            if not isinstance(case, dict):
+                self.fail("a case in front matter 'tests' is a mapping (name, inputs, "
+                          "expect...)", entry.span_of((index,)), "docs/testing.md §1")
+                return False
+        return True
 
     def front_value(self, entry: ast.FrontMatterEntry) -> Any:
         # A scalar is typed from its text as the `key: value` lines before YAML were (so

@@ -145,3 +145,18 @@ def test_an_enum_of_yes_and_no_is_two_strings() -> None:
     program = compile_source("---\ninputs:\n  answer: enum[yes, no]\n  also: {enum: [yes, no]}\n"
                              "---\n{{ answer }}{{ also }}")
     assert program.input_schema["properties"]["also"]["enum"] == ["yes", "no"]
+
+
+@pytest.mark.parametrize(("front", "line", "column", "message"), [
+    ("tests: 5\n", 2, 8, "'tests' must be a list of cases"),
+    ("tests: {inputs: {}}\n", 2, 8, "'tests' must be a list of cases"),
+    ("tests:\n  - expect: {text: a}\n  - just text\n", 4, 5, "a case in front matter 'tests' "
+     "is a mapping"),
+])
+def test_tests_block_that_is_no_list_of_cases_is_a_compile_error(
+        front: str, line: int, column: int, message: str) -> None:
+    err, = errors_of(f"---\n{front}---\nhi")
+    assert message in err.message, err.render()
+    assert (err.span.line, err.span.column) == (line, column)
+    program = compile_source("---\ntests:\n  - expect: {text: hi}\n---\nhi")
+    assert program.tests is not None
