@@ -204,10 +204,30 @@ class Run:
         problem = first_problem(schema, record)
         if problem is not None:
             path, message = problem
+            missing = [n for n in schema.get("required", ()) if n not in record]
+            name = path[0] if path else missing[0] if missing else None
+            span, source = self._hole_of(name) if isinstance(name, str) else (None, None)
             raise GenerationError(f"the result does not fit the template's output schema"
-                                  f"{where(path)}: {message}", self.program.source.span_at(0),
-                                  self.program.source)
+                                  f"{where(path)}: {message}",
+                                  span or self.program.source.span_at(0),
+                                  source or self.program.source)
         return record
+
+    def _hole_of(self, name: str) -> tuple[Span | None, Source | None]:
+        """The span (and its file) of the first hole of the template that captures `name`;
+        (None, None) when there is none."""
+        def holes(ops: Sequence[ir.Op], source: Source) -> Iterator[tuple[ir.Op, Source]]:
+            for op in ops:
+                if isinstance(op, ir.Macro):
+                    continue  # a macro's captures are its own
+                yield op, source
+                inner = op.source if isinstance(op, ir.Include) else source
+                yield from holes(tuple(ir.children(op)), inner)
+
+        for op, source in holes(self.program.ops, self.program.source):
+            if isinstance(op, ir.Gen | ir.Select) and op.name == name:
+                return op.span, source
+        return None, None
 
     def _check_constraints(self) -> None:
         """Before any model work: every constraint that can be known now (not built from

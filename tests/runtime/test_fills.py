@@ -5,6 +5,7 @@ generated. And Result.output, the typed record of a template with `output:`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -222,3 +223,20 @@ def test_a_generated_float_past_a_floats_range_is_a_generation_error(
     with pytest.raises(qrun.GenerationError, match="beyond a float's range") as info:
         qrun.Query(template % len(tokens)).run(model=model)
     assert info.value.span.column == template.index("{{") + 1
+
+
+def test_an_output_that_does_not_fit_is_an_error_at_its_hole(tiny: TransformersBackend) -> None:
+    # The compiler's proof makes this rare; a program whose output schema was changed after
+    # it (dataclasses.replace) stands in for what it may miss.
+    template = "---\noutput:\n  a: integer\n---\nA: {{ gen a regex=INT max_tokens=3 }}"
+    program = qrun.compile_source(template)
+    for schema, wrong, place in [
+            ({"type": "object", "properties": {"a": {"type": "string"}}}, "at ['a']", (5, 4)),
+            # no hole captures 'b': the error is at the template's start
+            ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {}},
+              "required": ["b"]}, "'b' is a required property", (1, 1))]:
+        changed = dataclasses.replace(program, output_schema=schema)
+        with pytest.raises(qrun.GenerationError, match="does not fit") as info:
+            qrun.Query(changed).run(model=tiny, fill={"a": 3})
+        assert wrong in info.value.message
+        assert (info.value.span.line, info.value.span.column) == place
