@@ -95,7 +95,8 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
     if isinstance(op, ir.Select):
         options = literal(op.options)
         if options is MISSING or not isinstance(options, list):
-            return None, "options computed at run time"
+            # The run takes only a list of strings (docs/language.md §8): some string.
+            return {"type": "string"}, "one of options computed at run time (text)"
         return {"type": "string", "enum": options}, f"one of {json.dumps(options)}"
     constraint = op.params.constraint
     match constraint:
@@ -110,7 +111,7 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
         case ir.Regex(pattern=pattern):
             value = literal(pattern)
             if not isinstance(value, str):
-                return None, "a regex computed at run time"
+                return {"type": "string"}, "text matching a regex computed at run time"
             return {"type": "string", "pattern": _anchored(value)}, \
                 f"text matching regex={json.dumps(value)}"
         case ir.JsonSchema(schema=expr):

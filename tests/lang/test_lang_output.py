@@ -43,6 +43,9 @@ PROVEN = [
      '{{ gen c tools=[{"type": "function", "function": {"name": "f", "parameters": '
      '{"type": "object"}}}] }}'),
     ("w: {type: string, pattern: '^[0-9]+$'}", '{{ gen w regex="[0-9]+" }}'),
+    # options and a regex computed at run time: still text (select takes only strings)
+    ("pick: string", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}'),
+    ("code: string", '{% set rx = "[0-9]+" %}{{ gen code regex=rx }}'),
 ]
 
 
@@ -69,6 +72,10 @@ UNPROVEN = [
     ("xs: integer", "{% for i in range(2) %}{{ gen xs regex=INT }}{% endfor %}",
      "it gives array values", "a list"),
     ("r: string", "{% set s = {} %}{{ gen r json=s }}", "computed at run time", ""),
+    ("pick: enum[a, b]", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}',
+     "does not guarantee", ""),
+    ("code: integer", '{% set rx = "[0-9]+" %}{{ gen code regex=rx }}',
+     "it gives string values, not integer", ""),
 ]
 
 
