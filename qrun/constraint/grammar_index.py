@@ -32,6 +32,7 @@ from qrun.constraint.grammar import (
     schema_grammar,
 )
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
+from qrun.constraint.grammar.text import collector_paused
 from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import Vocabulary
 
@@ -488,18 +489,20 @@ class LlgCache:
         Raises:
             GrammarError: the schema is refused (with its JSON pointer where found).
         """
+        with collector_paused():  # text.py: the rewrite's allocations, and the compile
+            try:
+                key: tuple[str, JsonFormat, ConstraintLimits] | None = (
+                    json.dumps(schema, ensure_ascii=False), fmt, limits)
+            except (TypeError, ValueError, RecursionError):
+                key = None  # not JSON data: schema_grammar says where
+            grammar = self._texts.get(key) if key is not None else None
+            if grammar is None:
+                grammar = schema_grammar(schema, fmt, limits)
+                if key is not None:
+                    self._texts.put(key, grammar)
         try:
-            key: tuple[str, JsonFormat, ConstraintLimits] | None = (
-                json.dumps(schema, ensure_ascii=False), fmt, limits)
-        except (TypeError, ValueError, RecursionError):
-            key = None  # not JSON data: schema_grammar says where
-        grammar = self._texts.get(key) if key is not None else None
-        if grammar is None:
-            grammar = schema_grammar(schema, fmt, limits)
-            if key is not None:
-                self._texts.put(key, grammar)
-        try:
-            return self.get(grammar, vocab, limits)
+            with collector_paused():
+                return self.get(grammar, vocab, limits)
         except GrammarError as exc:
             if not locate:
                 raise

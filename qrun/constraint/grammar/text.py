@@ -14,9 +14,11 @@ llguidance backend (runtime/remote.py)."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,7 @@ __all__ = [
     "check_lark",
     "check_schema",
     "clean_reason",
+    "collector_paused",
     "json_grammar",
     "lark_grammar",
     "schema_grammar",
@@ -199,18 +202,35 @@ def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
     Raises:
         GrammarError: one of those checks failed (located as check_schema locates it).
     """
-    try:
-        early = _early_error(schema, fmt, limits)
-    except RecursionError:  # nested too deeply, or a list inside itself
-        early = _not_json(schema)
-    if early is None:
+    with collector_paused():
         try:
-            return json_grammar(schema, fmt)
-        except RecursionError:
-            early = GrammarError("the schema is nested too deeply", pointer="")
-        except (TypeError, ValueError):  # json.dumps: a set, a date, a list inside itself
+            early = _early_error(schema, fmt, limits)
+        except RecursionError:  # nested too deeply, or a list inside itself
             early = _not_json(schema)
+        if early is None:
+            try:
+                return json_grammar(schema, fmt)
+            except RecursionError:
+                early = GrammarError("the schema is nested too deeply", pointer="")
+            except (TypeError, ValueError):  # json.dumps: a set, a date, a list inside itself
+                early = _not_json(schema)
     raise early
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector held off while the rewrite builds its copy of a schema (tens
+    of thousands of dicts and lists for a large one, and no cycle: the copy is a tree). The
+    collections those allocations set off walk the whole heap, a loaded model's vocabulary
+    and tokenizer included: about a millisecond at MaskBench's p99 time to first mask (issue
+    #24 item 4). Restored as it was, whatever happens."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _early_error(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> GrammarError | None:
