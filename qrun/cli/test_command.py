@@ -18,6 +18,7 @@ from qrun.options import BACKENDS, DTYPES, ModelOptions
 if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
+    from qrun.functions import Functions
     from qrun.testing import Case
 
 EXIT_PASSED, EXIT_FAILED = 0, 1
@@ -44,8 +45,10 @@ def build_test_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=DTYPES)
     parser.add_argument("--batch-size", type=int, default=8, metavar="N",
                         help="greedy cases run together, N at a time (default 8)")
-    parser.add_argument("--functions", metavar="FILE.py",
-                        help="host functions the templates may call (as for qrun FILE.tmpl)")
+    parser.add_argument("--functions", metavar="FILE.py", action="append", default=[],
+                        help="host functions the templates may call (as for qrun FILE.tmpl); "
+                             "repeatable: the files' functions together, a name in two of "
+                             "them is an error")
     return parser
 
 
@@ -63,11 +66,7 @@ def run_tests(argv: Sequence[str]) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     chosen = keyword_filter(args.keyword) if args.keyword is not None else None
-    functions = None
-    if args.functions is not None:
-        from qrun.cli.functions_file import load_functions
-
-        functions = load_functions(args.functions)
+    functions = _functions(args.functions) if args.functions else None
     given = {name: getattr(args, name, None) for name in ModelOptions.names()
              if name not in ("weights", "timeout", "cache_mb")}
     model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
@@ -117,6 +116,25 @@ def run_tests(argv: Sequence[str]) -> int:
         except OSError as exc:
             raise UsageError(f"--junit-xml {args.junit_xml}: {exc}") from None
     return EXIT_PASSED if all(o.passed for o in report.outcomes) else EXIT_FAILED
+
+
+def _functions(paths: Sequence[str]) -> Functions:
+    """The host functions of every `--functions` file, together.
+
+    Raises:
+        UsageError: a file cannot be loaded, or two of them register the same name.
+    """
+    from qrun.cli.functions_file import load_functions
+    from qrun.functions import Functions
+
+    together = Functions()
+    for path in paths:
+        for name, function in load_functions(path).items():
+            if name in together:
+                raise UsageError(f"--functions {path}: '{name}' is registered by an earlier "
+                                 "--functions file too")
+            together.register(function.function, name=name)
+    return together
 
 
 def _templates(paths: Sequence[str]) -> list[Path]:

@@ -12,6 +12,9 @@ import pytest
 from qrun.cli import main
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+# The examples' host functions, for the two that call some (calculator.tmpl, agent.tmpl).
+FUNCTIONS = ["--functions", str(EXAMPLES / "calculator.py"),
+             "--functions", str(EXAMPLES / "agent.py")]
 TEMPLATE = """\
 ---
 inputs: [topic]
@@ -30,15 +33,18 @@ def _write(tmp_path: Path, cases: str, template: str = TEMPLATE) -> Path:
 
 def test_the_examples_cases_pass_on_the_tiny_model(
         tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["test", str(EXAMPLES), "--model", tiny_folder])
+    code = main(["test", str(EXAMPLES), "--model", tiny_folder, *FUNCTIONS])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "classify.tmpl ..." in out and " passed in " in out and "FAILURES" not in out
+    # Every example has cases.
+    tested = {line.split()[0] for line in out.splitlines() if line.endswith((".", "F", "E"))}
+    assert tested == {str(t) for t in EXAMPLES.glob("*.tmpl")}
 
 
 @pytest.mark.real
 def test_the_examples_cases_pass_on_the_real_model(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["test", str(EXAMPLES)])
+    code = main(["test", str(EXAMPLES), *FUNCTIONS])
     out = capsys.readouterr().out
     assert code == 0, out
 
@@ -103,8 +109,15 @@ def test_template_errors_and_missing_files_exit_2(
     assert main(["test", str(tmp_path / "lonely.tmpl")]) == 2
     assert "no case file lonely.tests.yaml" in capsys.readouterr().err
     assert main(["test", str(tmp_path / "nowhere")]) == 2
-    assert main(["test", str(EXAMPLES), "-k", "no-such-case"]) == 2
+    assert main(["test", str(EXAMPLES), "-k", "no-such-case", *FUNCTIONS]) == 2
     assert "no test case to run matches -k" in capsys.readouterr().err
+    # Host functions the templates call must be given; two files may not share a name.
+    assert main(["test", str(EXAMPLES / "calculator.tmpl")]) == 2
+    assert "unknown function 'calc'" in capsys.readouterr().err
+    calculator = str(EXAMPLES / "calculator.py")
+    assert main(["test", str(EXAMPLES / "calculator.tmpl"), "--functions", calculator,
+                 "--functions", calculator]) == 2
+    assert "'calc' is registered by an earlier --functions file" in capsys.readouterr().err
 
 
 def test_keyword_selection_and_junit_xml(
