@@ -16,6 +16,7 @@ from qrun.errors import TemplateCompileError, TemplateError
 from qrun.lang import ir
 from qrun.lang.args import MISSING, literal
 from qrun.lang.declared import first_problem
+from qrun.lang.expr import Name
 from qrun.source import Source, Span
 
 _VALUE_TYPES = {"int": "integer", "float": "number", "bool": "boolean"}
@@ -39,6 +40,7 @@ def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequ
     (`bound`: the captures every path binds; a loop's list always exists)."""
     errors: list[TemplateError] = []
     where = span or source.span_at(0)
+    constants = constant_sets(ops)
     holes: dict[str, list[tuple[ir.Gen | ir.Select, Source]]] = {}
     for op, inner in _top_level(ops, source):
         if isinstance(op, ir.Gen | ir.Select):
@@ -58,7 +60,7 @@ def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequ
                 ["its hole is not on every path of the template (inside an if, after a break)",
                  f"make it optional: `{name}: TYPE?` (docs/language.md §4.2)"]))
         for op, inner in holes[name]:
-            given, how = produced_schema(op)
+            given, how = produced_schema(op, constants)
             reason = "its constraint is computed at run time" if given is None \
                 else contained(given, wanted)
             if reason is not None:
@@ -82,18 +84,46 @@ def _top_level(ops: Sequence[ir.Op], source: Source) -> list[tuple[ir.Op, Source
     return found
 
 
-def produced_schema(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
+def produced_schema(op: ir.Gen | ir.Select, constants: Mapping[str, Any] | None = None
+                    ) -> tuple[dict[str, Any] | None, str]:
     """The JSON Schema of the values the hole can give (a list of them in a loop), and how it
-    gives them in words; None when its constraint is known only at run time."""
-    schema, how = _one_value(op)
+    gives them in words; None when its constraint is known only at run time. `constants`:
+    names whose value is known before the run (constant_sets)."""
+    schema, how = _one_value(op, constants or {})
     if schema is not None and op.in_loop:
         return {"type": "array", "items": schema}, f"a list (the hole is in a loop) of {how}"
     return schema, how
 
 
-def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
+def constant_sets(ops: Sequence[ir.Op]) -> dict[str, Any]:
+    """The names the template `set`s once, at its top level, to a literal (`{% set schema =
+    {...} %}` before a `json=schema` hole): read anywhere after, they hold that literal.
+    A name set anywhere else too (a branch, a loop, an included file) is left out."""
+    counts: dict[str, int] = {}
+    for op in ir.walk(ops):
+        if isinstance(op, ir.Set):
+            counts[op.name] = counts.get(op.name, 0) + 1
+    found: dict[str, Any] = {}
+    for op in ops:
+        if isinstance(op, ir.Set) and counts[op.name] == 1:
+            value = literal(op.expr)
+            if value is not MISSING:
+                found[op.name] = value
+    return found
+
+
+def _argument(expr: Any, constants: Mapping[str, Any]) -> Any:
+    """A hole argument's value when it is known before the run: a literal, or a name of
+    `constants`; else MISSING."""
+    if isinstance(expr, Name) and expr.name in constants:
+        return constants[expr.name]
+    return literal(expr)
+
+
+def _one_value(op: ir.Gen | ir.Select, constants: Mapping[str, Any]
+               ) -> tuple[dict[str, Any] | None, str]:
     if isinstance(op, ir.Select):
-        options = literal(op.options)
+        options = _argument(op.options, constants)
         if options is MISSING or not isinstance(options, list):
             # The run takes only a list of strings (docs/language.md §8): some string.
             return {"type": "string"}, "one of options computed at run time (text)"
@@ -109,13 +139,13 @@ def _one_value(op: ir.Gen | ir.Select) -> tuple[dict[str, Any] | None, str]:
                 given["pattern"] = _anchored(constraint.lowered.pattern)
             return given, f"{'text' if kind == 'string' else kind} values (regex={name})"
         case ir.Regex(pattern=pattern):
-            value = literal(pattern)
+            value = _argument(pattern, constants)
             if not isinstance(value, str):
                 return {"type": "string"}, "text matching a regex computed at run time"
             return {"type": "string", "pattern": _anchored(value)}, \
                 f"text matching regex={json.dumps(value)}"
         case ir.JsonSchema(schema=expr):
-            value = literal(expr)
+            value = _argument(expr, constants)
             if isinstance(value, str):
                 try:
                     value = json.loads(value)

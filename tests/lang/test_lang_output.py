@@ -46,6 +46,10 @@ PROVEN = [
     # options and a regex computed at run time: still text (select takes only strings)
     ("pick: string", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}'),
     ("code: string", '{% set rx = "[0-9]+" %}{{ gen code regex=rx }}'),
+    # a name set once, at the top level, to a literal holds it (output.constant_sets)
+    ("n: {type: integer, minimum: 0}",
+     '{% set s = {"type": "integer", "minimum": 3} %}{{ gen n json=s }}'),
+    ("pick: enum[a, b]", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}'),
 ]
 
 
@@ -71,9 +75,16 @@ UNPROVEN = [
      "does not guarantee maximum 10", ""),
     ("xs: integer", "{% for i in range(2) %}{{ gen xs regex=INT }}{% endfor %}",
      "it gives array values", "a list"),
-    ("r: string", "{% set s = {} %}{{ gen r json=s }}", "computed at run time", ""),
-    ("pick: enum[a, b]", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}',
-     "does not guarantee", ""),
+    ("r: string", "{% set s = {} %}{{ gen r json=s }}", "it may give any JSON value",
+     ""),
+    ("r: string", "{% set s = {} | tojson %}{{ gen r json=s }}", "computed at run time", ""),
+    ("pick: enum[a, b]", '{% set opts = ["a", "c"] %}{{ select pick options=opts }}',
+     'it may give "c"', ""),
+    # set twice, or from something computed: not a constant
+    ("n: integer", '{% set s = {"type": "integer"} %}{% if true %}{% set s = {} %}{% endif %}'
+     '{{ gen n json=s }}', "computed at run time", ""),
+    ("n: integer", '{% set s = {"type": "integer"} | tojson %}{{ gen n json=s }}',
+     "computed at run time", ""),
     ("code: integer", '{% set rx = "[0-9]+" %}{{ gen code regex=rx }}',
      "it gives string values, not integer", ""),
 ]
