@@ -13,8 +13,6 @@ fail: the tier of `make test` must not pass by skipping)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -37,6 +35,7 @@ from test_examples import (
     check_values,
     functions_of,
 )
+from tiers import require_llama_cpp
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -45,11 +44,7 @@ from qrun.runtime.sampler import log_softmax
 
 pytestmark = pytest.mark.llamacpp
 
-if importlib.util.find_spec("llama_cpp") is None:
-    if os.environ.get("QRUN_REQUIRE_LLAMACPP") == "1":
-        raise ImportError("QRUN_REQUIRE_LLAMACPP=1 but llama_cpp is not installed "
-                          "(`make llamacpp`)")
-    pytest.skip("llama-cpp-python is not installed (`make llamacpp`)", allow_module_level=True)
+require_llama_cpp()
 
 from qrun.backends.llamacpp import LlamaCache, LlamaCppBackend  # noqa: E402
 

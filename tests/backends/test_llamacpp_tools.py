@@ -6,15 +6,14 @@ the model's own one. Skips without llama_cpp unless QRUN_REQUIRE_LLAMACPP=1."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from collections.abc import Iterator
 from functools import partial
 
 import jsonschema
 import pytest
 from chat_templates import QWEN
+from tiers import require_llama_cpp
 
 import qrun
 from qrun.backends.chat_template import tool_call_format, tools_turn
@@ -23,11 +22,7 @@ from qrun.constraint.tools import openai_tools, read_tools
 
 pytestmark = pytest.mark.llamacpp
 
-if importlib.util.find_spec("llama_cpp") is None:
-    if os.environ.get("QRUN_REQUIRE_LLAMACPP") == "1":
-        raise ImportError("QRUN_REQUIRE_LLAMACPP=1 but llama_cpp is not installed "
-                          "(`make llamacpp`)")
-    pytest.skip("llama-cpp-python is not installed (`make llamacpp`)", allow_module_level=True)
+require_llama_cpp()
 
 from qrun.backends.llamacpp import LlamaCppBackend, render_chat  # noqa: E402
 

@@ -3,21 +3,16 @@ examples' cases hold there too. Skips without llama_cpp unless QRUN_REQUIRE_LLAM
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
+from tiers import require_llama_cpp
 
 from qrun.cli import main
 
 pytestmark = pytest.mark.llamacpp
 
-if importlib.util.find_spec("llama_cpp") is None:
-    if os.environ.get("QRUN_REQUIRE_LLAMACPP") == "1":
-        raise ImportError("QRUN_REQUIRE_LLAMACPP=1 but llama_cpp is not installed "
-                          "(`make llamacpp`)")
-    pytest.skip("llama-cpp-python is not installed (`make llamacpp`)", allow_module_level=True)
+require_llama_cpp()
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

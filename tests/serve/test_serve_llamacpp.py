@@ -12,9 +12,7 @@ Without llama_cpp installed these tests skip, unless QRUN_REQUIRE_LLAMACPP=1."""
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from tiers import require_llama_cpp
 
 import qrun
 from qrun.runtime.admission import RunCancelled
@@ -32,11 +31,7 @@ from tests.serve.serving import Gate, serving, sse_events, wait_until
 
 pytestmark = pytest.mark.llamacpp
 
-if importlib.util.find_spec("llama_cpp") is None:
-    if os.environ.get("QRUN_REQUIRE_LLAMACPP") == "1":
-        raise ImportError("QRUN_REQUIRE_LLAMACPP=1 but llama_cpp is not installed "
-                          "(`make llamacpp`)")
-    pytest.skip("llama-cpp-python is not installed (`make llamacpp`)", allow_module_level=True)
+require_llama_cpp()
 
 from qrun.backends.llamacpp import LlamaCppBackend  # noqa: E402
 

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from qrun.constraint.grammar.schema import pinned_keys, ref_targets, resolve, subschemas
+from qrun.constraint.grammar.schema import (
+    PROSE,
+    pinned_keys,
+    ref_targets,
+    resolve,
+    subschemas,
+)
 
 __all__ = ["drop_implied_type", "drop_ref_siblings"]
 
 # Kept beside a `$ref` in every draft (see the module docstring).
 _KEPT = frozenset({"$ref", "$schema", "$id", "id", "$anchor", "definitions", "$defs"})
-# Keywords that never change which instances are valid: dropped beside a `$ref` in any draft
-# (llguidance counts a `description` there as a sibling too).
-_ANNOTATIONS = frozenset({"$comment", "title", "description", "default", "examples",
-                          "example", "readOnly", "writeOnly", "deprecated",
-                          "markdownDescription"})
 # A chain of `$ref`s is followed this far to find the target's type.
 _DEPTH = 3
 
@@ -50,7 +51,8 @@ def drop_ref_siblings(schema: dict[str, Any], draft: int, root: Any,
             continue
         pointed = kept.get(id(sub), ())
         for key in [k for k in sub if k not in _KEPT and k not in pointed]:
-            if draft in (4, 6, 7) or key in _ANNOTATIONS \
+            # prose goes in any draft: llguidance counts a `description` there as a sibling
+            if draft in (4, 6, 7) or key in PROSE \
                     or (key == "type" and _implied(sub, root)):
                 dropped_container |= isinstance(sub.pop(key), dict | list)
     return dropped_container

@@ -63,6 +63,7 @@ from qrun.constraint.grammar.pattern_escapes import fix_patterns
 from qrun.constraint.grammar.property_names import property_names
 from qrun.constraint.grammar.refs import drop_ref_siblings
 from qrun.constraint.grammar.schema import (
+    PROSE,
     copy_json,
     draft_of,
     pinned_keys,
@@ -87,10 +88,6 @@ _DEPENDENCIES = frozenset({"dependencies", "dependentRequired", "dependentSchema
 # disjoint_one_of reports) and property_names.py.
 _PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "format", "not", "if",
                               "propertyNames"})
-# Annotations that are text or examples, taken out before llguidance reads the schema
-# (_drop_prose): `$schema`, `$id` and `$anchor` stay, they change how `$ref`s resolve.
-_PROSE = frozenset({"title", "description", "$comment", "default", "examples", "example",
-                    "readOnly", "writeOnly", "deprecated", "markdownDescription"})
 # Inlining follows a chain of `$ref`s at most this far.
 _INLINE_DEPTH = 3
 # dependencies become one `anyOf` pair each inside one allOf; llguidance multiplies the pairs
@@ -165,7 +162,7 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     if present & _PATTERN_WRITERS or complemented:
         for sub in subschemas(out):
             fix_patterns(sub)
-    if present & _PROSE:
+    if present & PROSE:
         _drop_prose(positions, kept)
     return out
 
@@ -175,7 +172,7 @@ def _drop_prose(positions: list[dict[str, Any]], kept: dict[int, set[str]]) -> N
     valid and that llguidance reads past (a Kubernetes schema of MaskBench is two thirds
     descriptions: 137 of its grammar's KB). One a `$ref` points into stays."""
     for sub in positions:
-        for key in _PROSE & sub.keys():
+        for key in PROSE & sub.keys():
             if key not in kept.get(id(sub), ()):
                 del sub[key]
 

@@ -30,6 +30,12 @@ __all__ = [
     "survey",
 ]
 
+PROSE = frozenset({"$comment", "title", "description", "default", "examples", "example",
+                   "readOnly", "writeOnly", "deprecated", "markdownDescription"})
+"""Annotations that are text or examples: they never change which instances are valid, and
+`$ref`s resolve without them (unlike `$schema`, `$id` or `$anchor`). refs.py drops them beside
+a `$ref`, rewrite.py from every subschema before llguidance reads it."""
+
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas (every
 # draft's; `items` may be either form, `dependencies` maps to schemas or to name lists).
 _SCHEMA_VALUED = (
