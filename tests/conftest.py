@@ -1,8 +1,14 @@
 """Shared fixtures: the tiny random Llama (fast, default tier) and the real SmolLM2 model
-(tests marked `real`, run by `make test` and CI)."""
+(tests marked `real`, run by `make test` and CI).
+
+Two environment variables move the tiny model for a run on another machine (a GPU machine
+without SmolLM2's GGUF, tests/backends/test_cuda.py's docstring): QRUN_TEST_TINY, a folder the
+tiny model was saved to (`tiny_folder`), is loaded instead of building the model from the
+GGUF's tokenizer; QRUN_TEST_DEVICE (cpu unless given) is the device the tiny model runs on."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,11 +41,24 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _saved_tiny() -> str | None:
+    """QRUN_TEST_TINY: a folder holding the tiny model as `tiny_folder` saves it, or None."""
+    return os.environ.get("QRUN_TEST_TINY") or None
+
+
 @pytest.fixture(scope="session")
 def tiny() -> TransformersBackend:
     from qrun.backends.tiny import load_tiny
 
-    return load_tiny(seed=0)
+    device = os.environ.get("QRUN_TEST_DEVICE", "cpu")
+    saved = _saved_tiny()
+    if saved is None:
+        return load_tiny(seed=0, device=device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model: Any = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32)
+    model.to(device).eval()
+    return TransformersBackend(model, AutoTokenizer.from_pretrained(saved), "tiny-llama-seed0")
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +81,9 @@ def model(request: pytest.FixtureRequest, tiny: TransformersBackend,
 @pytest.fixture(scope="session")
 def tiny_folder(tiny: TransformersBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model saved as a Hugging Face folder, for `--model` on the command line."""
+    saved = _saved_tiny()
+    if saved is not None:
+        return saved
     folder = tmp_path_factory.mktemp("tiny-model")
     tiny.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
@@ -81,6 +103,10 @@ def smollm2() -> TransformersBackend:
 def smol_tokenizer() -> Any:
     """SmolLM2's tokenizer (no weights), loaded once per session."""
     from transformers import AutoTokenizer
+
+    saved = _saved_tiny()
+    if saved is not None:  # the tiny model's tokenizer is SmolLM2's (backends/tiny.py)
+        return AutoTokenizer.from_pretrained(saved)
 
     from qrun.backends.loading import ensure_converted, locate_model
 

@@ -12,8 +12,10 @@ from qrun.backends.loading import ensure_converted, locate_model
 from qrun.backends.transformers import TransformersBackend
 
 
-def load_tiny(seed: int = 0, hidden_size: int = 64, layers: int = 2) -> TransformersBackend:
-    """A tiny Llama (random weights from `seed`) behind the transformers adapter."""
+def load_tiny(seed: int = 0, hidden_size: int = 64, layers: int = 2,
+              device: str = "cpu") -> TransformersBackend:
+    """A tiny Llama (random weights from `seed`, drawn on the CPU so that every device gets
+    the same model) behind the transformers adapter, in float32 on `device`."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     folder = ensure_converted(locate_model("smollm2"))
@@ -42,5 +44,5 @@ def load_tiny(seed: int = 0, hidden_size: int = 64, layers: int = 2) -> Transfor
             model.get_output_embeddings().weight.normal_(0.0, 0.25)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.eval()
+    model.to(device).eval()
     return TransformersBackend(model, tokenizer, f"tiny-llama-seed{seed}")
