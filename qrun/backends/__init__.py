@@ -6,6 +6,7 @@ import time
 
 from qrun.backends.base import Backend, KVCache
 from qrun.backends.loading import ModelLocation, ensure_converted, locate_model
+from qrun.backends.passing_thread import in_passing_thread
 from qrun.errors import ModelLoadError
 from qrun.options import BACKENDS, DEFAULT_MODEL, ModelOptions
 
@@ -60,8 +61,20 @@ def load_model(
     location = locate_model(name)
     if chosen.backend == "llamacpp":
         return _load_llamacpp(location, cache_mb, chosen.weights is not False, started)
-    folder = str(ensure_converted(location)) if location.gguf_file else location.path
     loaded: Backend
+    if chosen.backend == "transformers" and chosen.weights is not False:
+        # The conversion and the load in a thread that ends: no OpenMP team stays with the
+        # caller's thread to slow the thread that runs the forwards (backends/passing_thread.py).
+        from qrun.backends.transformers import load_transformers
+
+        def load() -> Backend:
+            folder = str(ensure_converted(location)) if location.gguf_file else location.path
+            return load_transformers(name, folder, chosen.device, chosen.dtype, cache_mb)
+
+        loaded = in_passing_thread(load)
+        loaded.load_s = time.perf_counter() - started
+        return loaded
+    folder = str(ensure_converted(location)) if location.gguf_file else location.path
     if chosen.weights is False:
         from qrun.backends.tokenizer_only import load_tokenizer_only
 
@@ -72,14 +85,10 @@ def load_model(
         loaded = connect_vllm_server(name, folder, chosen.url,
                                      REQUEST_TIMEOUT_S if chosen.timeout is None
                                      else chosen.timeout)
-    elif chosen.backend == "vllm":
+    else:
         from qrun.backends.vllm import load_vllm
 
         loaded = load_vllm(name, folder, chosen.device, chosen.dtype)
-    else:
-        from qrun.backends.transformers import load_transformers
-
-        loaded = load_transformers(name, folder, chosen.device, chosen.dtype, cache_mb)
     loaded.load_s = time.perf_counter() - started
     return loaded
 
