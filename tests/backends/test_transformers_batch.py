@@ -1,14 +1,16 @@
 """The transformers adapter's batched forward (backends/transformers.py forward_batch): rows of
 any lengths give the logits they give alone, step after step; the batched KV of one step is
-reused by the next over the same caches (no stacking), and not after a row changed or left."""
+reused by the next over the same caches (no stacking), and not after a row changed or left;
+rows of unlike lengths run in the groups that pad least."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 
-from qrun.backends.transformers import TransformersBackend, TransformersCache
+from qrun.backends.transformers import TransformersBackend, TransformersCache, padding_groups
 
 
 def contexts(tiny: TransformersBackend) -> list[TransformersCache]:
@@ -64,3 +66,30 @@ def test_a_changed_or_missing_row_builds_the_batch_anew(tiny: TransformersBacken
     for got, want in zip(batched, expected, strict=True):
         np.testing.assert_allclose(got[-1], want, atol=1e-4)
     assert tiny.stacked_batches == stacked + 3  # each of the three batches stacked anew
+
+
+@pytest.mark.parametrize(("lengths", "cost", "groups"), [
+    ([1, 1, 1, 1, 1, 1, 1, 31], 64, [[7], [0, 1, 2, 3, 4, 5, 6]]),  # 64+31 + 64+7 < 64+8*31
+    ([1, 1, 1, 1, 1, 1, 1, 31], 2048, [[0, 1, 2, 3, 4, 5, 6, 7]]),  # a dear call: one batch
+    ([31, 30, 29, 28], 64, [[0, 1, 2, 3]]),
+    ([5, 1, 31, 2, 30, 1, 1, 1], 64, [[2, 4], [0, 1, 3, 5, 6, 7]]),
+    ([1, 1, 1], 0, [[0, 1, 2]]),  # equal lengths: splitting saves nothing
+    ([4], 64, [[0]]),
+])
+def test_padding_groups_cost_least(lengths: list[int], cost: int,
+                                   groups: list[list[int]]) -> None:
+    assert padding_groups(lengths, cost) == groups
+
+
+def test_rows_of_unlike_lengths_run_in_groups_and_give_their_logits_alone(
+        tiny: TransformersBackend) -> None:
+    rows = contexts(tiny)
+    alone = [row.fork() for row in rows]
+    feeds = [[300], list(range(400, 480)), [301, 302, 303]]  # 80 tokens: a group of its own
+    assert len(padding_groups([len(f) for f in feeds], tiny.call_cost_positions)) == 2
+    batched = tiny.forward_batch(list(zip(feeds, rows, strict=True)), logits_for=2)
+    for got, feed, cache in zip(batched, feeds, alone, strict=True):
+        want = tiny.forward(feed, cache, logits_for=2)
+        assert got.shape == want.shape  # [2, V], or [1, V] for a row fed one token
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    assert [row.length() for row in rows] == [row.length() for row in alone]
