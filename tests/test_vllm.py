@@ -7,12 +7,8 @@ command line, and the errors a user meets."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,14 +27,13 @@ from test_examples import (
 )
 
 import qrun
-from qrun.backends.loading import ensure_converted, locate_model
 from qrun.backends.transformers import TransformersBackend
 from qrun.constraint.patterns import PATTERNS
 from qrun.errors import ConstraintError, GenerationError, ModelLoadError
+from tests.vllm_serving import free_port, vllm_serve
 
 pytestmark = pytest.mark.vllm
 
-SERVER_START_TIMEOUT_S = 300
 # How many example runs gave the transformers backend's text, per vLLM mode (printed at the
 # end of the session: numerics differ between the engines, so near-ties may go either way).
 AGREEMENT: dict[str, list[str]] = {"local": [], "server": []}
@@ -51,48 +46,11 @@ def vllm_local() -> Iterator[Any]:
     backend.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A `vllm serve` of the default model on 127.0.0.1, stopped at the end."""
-    folder = ensure_converted(locate_model("smollm2"))
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
-        "--block-size", "32", "--enable-prefix-caching", "--enforce-eager",
-        "--dtype", "float32",  # as the local engines here (vLLM's CPU default is bfloat16)
-        "--enable-prompt-tokens-details",
-    ]
-    with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vllm serve exited ({server.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"vllm serve did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(2)
+    with vllm_serve(tmp_path_factory.mktemp("vllm-serve")) as url:
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +178,7 @@ def test_a_server_value_left_incomplete_is_an_error_not_a_value(vllm_remote: Any
 
 def test_an_unreachable_server_is_a_clear_error() -> None:
     with pytest.raises(ModelLoadError, match="cannot reach the vLLM server"):
-        qrun.load_model("smollm2", backend="vllm", url=f"http://127.0.0.1:{_free_port()}")
+        qrun.load_model("smollm2", backend="vllm", url=f"http://127.0.0.1:{free_port()}")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

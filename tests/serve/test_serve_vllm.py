@@ -1,14 +1,16 @@
-"""qrun serve on vLLM's in-process engine (tests marked `vllm`; `make test` runs them in a
-pytest process of their own after `make vllm`): a real uvicorn on a free port, driven with
-httpx. vLLM's engine batches the runs' calls itself (no ForwardScheduler), so these check that
-concurrent requests are each answered under their constraint and that a client that goes away
-still cancels its run at its next forward, while the server goes on."""
+"""qrun serve on vLLM (tests marked `vllm`; `make test` runs them in a pytest process of their
+own after `make vllm`): on its in-process engine, and on a `vllm serve` started here
+(`--backend vllm --url`); a real uvicorn on a free port, driven with httpx. vLLM batches the
+runs' calls itself (no ForwardScheduler), so these check that concurrent requests are each
+answered under their constraint and that a client that goes away still cancels its run at its
+next call, while the server goes on."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ from qrun.serve import app
 from qrun.serve.app import Service
 from tests.hang import alarm
 from tests.serve.serving import Gate, serving, wait_until
+from tests.vllm_serving import vllm_serve
 
 pytestmark = pytest.mark.vllm
 
@@ -36,16 +39,22 @@ BIOS = ["Kofi is a 25-year-old baker from Lagos.", "Mei, 31, is a nurse in Taipe
 GATE = Gate()
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, Service]]:
-    backend = qrun.load_model("smollm2", backend="vllm")
-    asgi = app({"extract": qrun.Query(EXTRACT, functions={"wait": GATE.wait})}, model=backend,
-               max_running=3)
-    try:
-        with serving(asgi) as url:
-            yield url, asgi.state.qrun
-    finally:
-        backend.close()
+@pytest.fixture(scope="module", params=["engine", "server"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Service]]:
+    """qrun serve on vLLM's in-process engine, or on a `vllm serve` (tests/vllm_serving.py)."""
+    with ExitStack() as stack:
+        if request.param == "engine":
+            engine = qrun.load_model("smollm2", backend="vllm")
+            stack.callback(engine.close)  # type: ignore[attr-defined]
+            backend = engine
+        else:
+            vllm_url = stack.enter_context(vllm_serve(tmp_path_factory.mktemp("vllm-serve")))
+            backend = qrun.load_model("smollm2", backend="vllm", url=vllm_url)
+        asgi = app({"extract": qrun.Query(EXTRACT, functions={"wait": GATE.wait})},
+                   model=backend, max_running=3)
+        url = stack.enter_context(serving(asgi))
+        yield url, asgi.state.qrun
 
 
 @pytest.fixture
