@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
+from urllib.parse import unquote
 
 from qrun.constraint.grammar.schema import close_objects
 from qrun.constraint.spec import PATTERN_TYPES
@@ -28,6 +29,10 @@ _FULL_MATCH = ("^(?:", ")$")
 """How a regex= hole's pattern (it must match the whole value) is written as a JSON Schema
 `pattern` (which is searched for in the value): anchored, so the two agree."""
 _REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
+_DEFINITIONS = frozenset({"$defs", "definitions"})
+MAX_REF_HOPS = 32
+"""$refs followed in a row (a $ref to a $ref ...) before the proof gives up: a loop of them
+("$ref": "#") is a schema no value is checked against, never a proof."""
 _TOOL_CALL = {"type": "object", "properties": {"name": {"type": "string"},
                                                "arguments": {"type": "object"}},
               "required": ["name", "arguments"]}
@@ -179,15 +184,21 @@ def _uses_refs(schema: Any) -> bool:
     return False
 
 
-def contained(given: Any, wanted: Any) -> str | None:
+def contained(given: Any, wanted: Any, root: Any = None) -> str | None:
     """Why a value valid under `given` may not be valid under `wanted`, or None when every
-    one is (a sufficient check: it only says None where it has proven it)."""
+    one is (a sufficient check: it only says None where it has proven it). `root`: the
+    document `given` is part of (itself when None), which its local `$ref`s point into."""
+    if root is None:
+        root = given
+    # The output's types are refused with a $ref (lang/declared.py): a $ref here would be
+    # read against the result record, not against the schema it was written in.
+    if _uses_refs(wanted):
+        return "the output's schema uses $ref, which the proof does not follow"
+    given, unfollowed = _resolved(given, root)
+    if unfollowed is not None:
+        return unfollowed
     if not isinstance(given, dict | bool) or not isinstance(wanted, dict | bool):
         return "a schema here is neither a mapping nor true/false"
-    # A $ref resolves against its own document's root: the hole's schema and the output's
-    # are different documents, so equal refs may mean different schemas.
-    if _uses_refs(given) or _uses_refs(wanted):
-        return "it uses $ref, which the proof does not follow (write the schema out)"
     if wanted is True or wanted == {} or _same(given, wanted):
         return None
     if wanted is False:
@@ -203,17 +214,69 @@ def contained(given: Any, wanted: Any) -> str | None:
             if problem is not None:
                 return f"it may give {json.dumps(value)}, which does not fit: {problem[1]}"
         return None
-    if set(given) - _ANNOTATIONS == {"anyOf"}:
+    if set(given) - _ANNOTATIONS - _DEFINITIONS == {"anyOf"}:
         for branch in given["anyOf"]:
-            reason = contained(branch, wanted)
+            reason = contained(branch, wanted, root)
             if reason is not None:
                 return reason
         return None
     for key, value in wanted.items():
-        reason = _keyword(given, key, value, wanted)
+        reason = _keyword(given, key, value, wanted, root)
         if reason is not None:
             return reason
     return None
+
+
+def _resolved(schema: Any, root: Any) -> tuple[Any, str | None]:
+    """`schema` with its `$ref` followed (to the subschema of `root` it points at, then that
+    one's, MAX_REF_HOPS at most), or why it cannot be: a $ref beside keywords that constrain
+    (draft 2019-09 on applies both), to another document, to an anchor, or to nothing; a
+    document with an `$id` inside (a fragment then resolves against that resource)."""
+    for _ in range(MAX_REF_HOPS):
+        if not isinstance(schema, dict) or not set(schema) & _REFS:
+            return schema, None
+        dynamic = sorted(set(schema) & (_REFS - {"$ref"}))
+        if dynamic:
+            return schema, f"it uses {dynamic[0]}, which the proof does not follow"
+        ref = schema["$ref"]
+        besides = sorted(set(schema) - {"$ref"} - _DEFINITIONS - _ANNOTATIONS)
+        if besides:
+            return schema, (f"it uses $ref beside {', '.join(besides)}, which the proof does "
+                            "not follow (move them into the schema it points at)")
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            return schema, (f"its $ref {json.dumps(ref)} points outside the schema, which "
+                            "the proof does not follow")
+        if _has_inner_ids(root):
+            return schema, "it uses $ref in a schema with an inner $id, which the proof " \
+                "does not follow"
+        target = _pointed(root, ref)
+        if target is MISSING:
+            return schema, f"its $ref {json.dumps(ref)} points at nothing"
+        schema = target
+    return schema, f"its $ref chain is longer than {MAX_REF_HOPS} (or a loop)"
+
+
+def _pointed(root: Any, ref: str) -> Any:
+    """The part of `root` that the JSON pointer fragment `ref` ("#/a/b") names, or MISSING."""
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        key = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return MISSING
+    return node
+
+
+def _has_inner_ids(schema: Any, top: bool = True) -> bool:
+    if isinstance(schema, dict):
+        return (not top and "$id" in schema) or any(
+            _has_inner_ids(value, False) for value in schema.values())
+    if isinstance(schema, list):
+        return any(_has_inner_ids(item, False) for item in schema)
+    return False
 
 
 def _finite(schema: dict[str, Any]) -> list[Any] | None:
@@ -224,28 +287,29 @@ def _finite(schema: dict[str, Any]) -> list[Any] | None:
     return None
 
 
-def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any]) -> str | None:
+def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any],
+             root: Any) -> str | None:
     if key in _ANNOTATIONS:
         return None
     if key == "type":
         return _type_reason(given, value)
     if key == "properties":
-        return _properties_reason(given, value)
+        return _properties_reason(given, value, root)
     if key == "required":
         missing = [name for name in value if name not in given.get("required", ())]
         return f"it may leave out {', '.join(missing)}" if missing else None
     if key == "additionalProperties":
-        return _additional_reason(given, value, wanted)
+        return _additional_reason(given, value, wanted, root)
     if key == "items":
-        return _items_reason(given, value, wanted)
+        return _items_reason(given, value, wanted, root)
     if key == "pattern" and isinstance(value, str) and _pattern_holds(given.get("pattern"), value):
         return None
     if key == "anyOf":
-        if any(contained(given, branch) is None for branch in value):
+        if any(contained(given, branch, root) is None for branch in value):
             return None
         return "it fits none of the anyOf branches"
     if key == "allOf":
-        reasons = [contained(given, branch) for branch in value]
+        reasons = [contained(given, branch, root) for branch in value]
         return next((r for r in reasons if r is not None), None)
     if key in _LOWER_BOUNDS or key in _UPPER_BOUNDS:
         bound = given.get(key)
@@ -284,7 +348,8 @@ def _pattern_holds(given: Any, wanted: str) -> bool:
     return wanted in (inner, f"^{inner}$", _anchored(inner))
 
 
-def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]) -> str | None:
+def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any],
+                  root: Any) -> str | None:
     # prefixItems and the array forms of items give the first items schemas of their own,
     # which `items` alone does not say (draft 2020-12 and draft 2019-09 readings differ).
     for key in ("prefixItems", "additionalItems"):
@@ -293,7 +358,7 @@ def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]) -> 
     items = given.get("items", {})
     if not isinstance(items, dict | bool) or not isinstance(value, dict | bool):
         return "items as a list of schemas is not proven (use prefixItems-free items)"
-    reason = contained(items, value)
+    reason = contained(items, value, root)
     return None if reason is None else f"an item: {reason}"
 
 
@@ -317,20 +382,20 @@ def _type_reason(given: dict[str, Any], value: Any) -> str | None:
     return None
 
 
-def _patterns_reason(given: dict[str, Any], wanted: Any, what: str) -> str | None:
+def _patterns_reason(given: dict[str, Any], wanted: Any, what: str, root: Any) -> str | None:
     """Why a property matching one of the hole's patternProperties may not fit `wanted`."""
     for pattern, schema in given.get("patternProperties", {}).items():
-        reason = contained(schema, wanted)
+        reason = contained(schema, wanted, root)
         if reason is not None:
             return f"{what} matching patternProperties {json.dumps(pattern)}: {reason}"
     return None
 
 
-def _properties_reason(given: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+def _properties_reason(given: dict[str, Any], wanted: dict[str, Any], root: Any) -> str | None:
     have = given.get("properties", {})
     for name, schema in wanted.items():
         if name not in have:
-            reason = _patterns_reason(given, schema, f"property '{name}'")
+            reason = _patterns_reason(given, schema, f"property '{name}'", root)
             if reason is not None:
                 return reason
         if name in have:
@@ -339,26 +404,27 @@ def _properties_reason(given: dict[str, Any], wanted: dict[str, Any]) -> str | N
             continue  # never present
         else:
             inner = given.get("additionalProperties", {})
-        reason = contained(inner, schema)
+        reason = contained(inner, schema, root)
         if reason is not None:
             return f"property '{name}': {reason}"
     return None
 
 
-def _additional_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any]) -> str | None:
+def _additional_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any],
+                       root: Any) -> str | None:
     listed = set(wanted.get("properties", {}))
     for name, schema in given.get("properties", {}).items():
         if name not in listed:
-            reason = contained(schema, value)
+            reason = contained(schema, value, root)
             if reason is not None:
                 return f"property '{name}' is not one the output lists"
-    reason = _patterns_reason(given, value, "a property")
+    reason = _patterns_reason(given, value, "a property", root)
     if reason is not None:
         return reason
     extra = given.get("additionalProperties", True)
     if extra is False:
         return None
-    reason = contained(extra if isinstance(extra, dict) else {}, value)
+    reason = contained(extra if isinstance(extra, dict) else {}, value, root)
     return None if reason is None else \
         "it may give properties the output does not list (give the hole closed=true)"
 

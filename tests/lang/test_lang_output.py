@@ -50,6 +50,14 @@ PROVEN = [
     ("n: {type: integer, minimum: 0}",
      '{% set s = {"type": "integer", "minimum": 3} %}{{ gen n json=s }}'),
     ("pick: enum[a, b]", '{% set opts = ["a", "b"] %}{{ select pick options=opts }}'),
+    # the hole's $refs are followed inside its own schema, recursion included
+    ("c: object", '{{ gen c json={"$defs": {"n": {"type": "object"}}, "$ref": "#/$defs/n"} }}'),
+    ("tree: {type: object, properties: {name: {type: string}, kids: {type: array, items: "
+     "{type: object, properties: {name: {type: string}}, required: [name]}}}, "
+     "required: [name]}",
+     '{{ gen tree json={"$ref": "#/definitions/node", "definitions": {"node": {"type": '
+     '"object", "properties": {"name": {"type": "string"}, "kids": {"type": "array", '
+     '"items": {"$ref": "#/definitions/node"}}}, "required": ["name"]}}} }}'),
 ]
 
 
@@ -301,3 +309,28 @@ def test_boolean_bounds_are_not_numbers() -> None:
                      {"type": "number", "exclusiveMaximum": 5}) is not None
     assert contained({"type": "number", "maximum": 1},
                      {"type": "number", "maximum": True}) is not None
+
+
+@pytest.mark.parametrize(("schema", "reason"), [
+    ({"$defs": {"n": {"type": "string"}}, "$ref": "#/$defs/n"},
+     "it gives string values, not integer"),
+    ({"$ref": "#/$defs/gone"}, 'its $ref "#/$defs/gone" points at nothing'),
+    ({"$ref": "other.json#/a"}, 'its $ref "other.json#/a" points outside the schema'),
+    ({"$ref": "#"}, "its $ref chain is longer than 32 (or a loop)"),
+    ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3},
+     "it uses $ref beside minimum"),
+    ({"$defs": {"n": {"$id": "n.json", "type": "integer"}}, "$ref": "#/$defs/n"},
+     "with an inner $id"),
+    ({"$dynamicRef": "#node"}, "it uses $dynamicRef"),
+])
+def test_a_ref_the_proof_cannot_follow_says_why(schema: dict[str, object], reason: str) -> None:
+    found = contained(schema, {"type": "integer"})
+    assert found is not None and reason in found
+
+
+def test_refs_resolve_in_the_holes_own_schema_at_every_depth() -> None:
+    schema = {"$defs": {"a/b": {"type": "integer", "minimum": 1}, "list": {
+        "type": "array", "items": {"$ref": "#/$defs/a~1b"}}}, "$ref": "#/$defs/list"}
+    assert contained(schema, {"type": "array", "items": {"type": "integer"}}) is None
+    found = contained(schema, {"type": "array", "items": {"type": "integer", "minimum": 2}})
+    assert found is not None and "minimum 2" in found
