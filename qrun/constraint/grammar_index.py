@@ -23,6 +23,7 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
+from qrun.collector import collector_paused
 from qrun.constraint.grammar import (
     FIXED,
     GrammarError,
@@ -32,7 +33,6 @@ from qrun.constraint.grammar import (
     schema_grammar,
 )
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
-from qrun.constraint.grammar.text import collector_paused
 from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import Vocabulary
 

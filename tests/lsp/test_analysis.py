@@ -166,3 +166,16 @@ def test_a_hostile_document_gets_errors_never_an_exception(text: str) -> None:
         completion(text, "/t/t.tmpl", line, 3)
         definition(text, "/t/t.tmpl", line, 3)
     symbols(text, "/t/t.tmpl")
+
+
+def test_the_servers_warm_up_freezes_its_heap_and_leaves_the_collector_on() -> None:
+    import gc
+
+    from qrun.lsp.server import warm_up
+
+    try:
+        warm_up()
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()  # the analysis's pause (qrun/collector.py) was lifted
+    finally:
+        gc.unfreeze()

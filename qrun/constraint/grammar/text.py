@@ -14,16 +14,15 @@ llguidance backend (runtime/remote.py)."""
 from __future__ import annotations
 
 import copy
-import gc
 import json
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import llguidance
 
+from qrun.collector import collector_paused
 from qrun.constraint.grammar.formats import MODES, assertion
 from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
@@ -50,7 +49,6 @@ __all__ = [
     "check_lark",
     "check_schema",
     "clean_reason",
-    "collector_paused",
     "json_grammar",
     "lark_grammar",
     "schema_grammar",
@@ -215,22 +213,6 @@ def schema_grammar(schema: Any, fmt: JsonFormat = FIXED,
             except (TypeError, ValueError):  # json.dumps: a set, a date, a list inside itself
                 early = _not_json(schema)
     raise early
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector held off while the rewrite builds its copy of a schema (tens
-    of thousands of dicts and lists for a large one, and no cycle: the copy is a tree). The
-    collections those allocations set off walk the whole heap, a loaded model's vocabulary
-    and tokenizer included: about a millisecond at MaskBench's p99 time to first mask (issue
-    #24 item 4). Restored as it was, whatever happens."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _early_error(schema: Any, fmt: JsonFormat, limits: ConstraintLimits) -> GrammarError | None:
