@@ -413,6 +413,8 @@ def padding_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:
     that cost least, longest rows first: a group costs `call_cost` plus its size times its
     longest row, in token positions. Each group is a run of the rows sorted by length (an
     optimal grouping is), found by dynamic programming over those runs (n <= a few dozen)."""
+    if len(set(lengths)) == 1:  # every decoding step of a batch: nothing to weigh
+        return [list(range(len(lengths)))]
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     ordered = [lengths[i] for i in order]
     # best[j]: the least cost of the first j sorted rows; cut[j]: where its last group starts.

@@ -82,7 +82,8 @@ def test_padding_groups_cost_least(lengths: list[int], cost: int,
 
 
 def test_rows_of_unlike_lengths_run_in_groups_and_give_their_logits_alone(
-        tiny: TransformersBackend) -> None:
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tiny, "call_cost_positions", 64)  # the CPU's (a GPU's: one group)
     rows = contexts(tiny)
     alone = [row.fork() for row in rows]
     feeds = [[300], list(range(400, 480)), [301, 302, 303]]  # 80 tokens: a group of its own
