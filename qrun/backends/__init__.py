@@ -61,34 +61,33 @@ def load_model(
     location = locate_model(name)
     if chosen.backend == "llamacpp":
         return _load_llamacpp(location, cache_mb, chosen.weights is not False, started)
+
+    def folder() -> str:
+        """The model's HF folder (a GGUF converted on first use)."""
+        return str(ensure_converted(location)) if location.gguf_file else location.path
+
     loaded: Backend
-    if chosen.backend == "transformers" and chosen.weights is not False:
-        # The conversion and the load in a thread that ends: no OpenMP team stays with the
-        # caller's thread to slow the thread that runs the forwards (backends/passing_thread.py).
-        from qrun.backends.transformers import load_transformers
-
-        def load() -> Backend:
-            folder = str(ensure_converted(location)) if location.gguf_file else location.path
-            return load_transformers(name, folder, chosen.device, chosen.dtype, cache_mb)
-
-        loaded = in_passing_thread(load)
-        loaded.load_s = time.perf_counter() - started
-        return loaded
-    folder = str(ensure_converted(location)) if location.gguf_file else location.path
     if chosen.weights is False:
         from qrun.backends.tokenizer_only import load_tokenizer_only
 
-        loaded = load_tokenizer_only(name, folder)
-    elif chosen.backend == "vllm" and chosen.url is not None:
+        loaded = load_tokenizer_only(name, folder())
+    elif chosen.backend == "transformers":
+        from qrun.backends.transformers import load_transformers
+
+        # The conversion and the load in a thread that ends: no OpenMP team stays with the
+        # caller's thread to slow the thread that runs the forwards (backends/passing_thread.py).
+        loaded = in_passing_thread(lambda: load_transformers(
+            name, folder(), chosen.device, chosen.dtype, cache_mb))
+    elif chosen.url is not None:
         from qrun.backends.vllm_server import REQUEST_TIMEOUT_S, connect_vllm_server
 
-        loaded = connect_vllm_server(name, folder, chosen.url,
+        loaded = connect_vllm_server(name, folder(), chosen.url,
                                      REQUEST_TIMEOUT_S if chosen.timeout is None
                                      else chosen.timeout)
     else:
         from qrun.backends.vllm import load_vllm
 
-        loaded = load_vllm(name, folder, chosen.device, chosen.dtype)
+        loaded = load_vllm(name, folder(), chosen.device, chosen.dtype)
     loaded.load_s = time.perf_counter() - started
     return loaded
 

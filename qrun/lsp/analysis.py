@@ -75,12 +75,8 @@ def analyze(text: str, path: str) -> Analysis:
         template, size = load_template(source)
     except TemplateErrors as errors:
         return Analysis(source, None, None, errors.errors, ())
-    except RecursionError:
-        return Analysis(source, None, None, (_internal(source, "the template nests too "
-                                                       "deeply to analyze"),), ())
-    except Exception as err:  # a bug in qrun, reported where the editor shows it
-        return Analysis(source, None, None, (_internal(
-            source, f"qrun internal error: {type(err).__name__}: {err} (please report it)"),), ())
+    except Exception as err:  # RecursionError, or a bug in qrun
+        return _failed(source, None, err)
     includes = Includes.for_file(path, None, size)
     try:
         program = compile_template(template, source, includes)
@@ -88,13 +84,17 @@ def analyze(text: str, path: str) -> Analysis:
         return Analysis(source, template, None, errors.errors, ())
     except QrunError as error:
         return Analysis(source, template, None, (error,), ())
-    except RecursionError:
-        return Analysis(source, template, None, (_internal(source, "the template nests too "
-                                                           "deeply to analyze"),), ())
-    except Exception as err:  # a bug in qrun, reported where the editor shows it
-        return Analysis(source, template, None, (_internal(
-            source, f"qrun internal error: {type(err).__name__}: {err} (please report it)"),), ())
+    except Exception as err:  # RecursionError, or a bug in qrun
+        return _failed(source, template, err)
     return Analysis(source, template, program, (), program.warnings)
+
+
+def _failed(source: Source, template: ast.Template | None, err: Exception) -> Analysis:
+    """A stage that raised what no template should make it raise, reported where the editor
+    shows it: nesting too deep for Python's stack, or a bug in qrun."""
+    message = ("the template nests too deeply to analyze" if isinstance(err, RecursionError)
+               else f"qrun internal error: {type(err).__name__}: {err} (please report it)")
+    return Analysis(source, template, None, (_internal(source, message),), ())
 
 
 def _internal(source: Source, message: str) -> TemplateError:

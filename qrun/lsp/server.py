@@ -110,6 +110,16 @@ class QrunLanguageServer(LanguageServer):
         await state.done.wait()
         return state.latest if state.latest is not None else _analyze(text, path_of(uri))
 
+    async def at(self, params: types.HoverParams | types.DefinitionParams
+                 ) -> tuple[Analysis, str, int, int]:
+        """What a request about a position needs: the document's current analysis, its text,
+        and the position as a line and a code point."""
+        uri = params.text_document.uri
+        analysis = await self.current(uri)
+        text = self.text(uri)
+        line, character = self.position(text, params.position)
+        return analysis, text, line, character
+
     # ---- positions: qrun's code points <-> the client's units --------------------------------
 
     def units(self, line_text: str, characters: int) -> int:
@@ -238,10 +248,7 @@ def build_server() -> QrunLanguageServer:
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def hover(ls: QrunLanguageServer, params: types.HoverParams) -> types.Hover | None:
-        uri = params.text_document.uri
-        analysis = await ls.current(uri)
-        text = ls.text(uri)
-        line, character = ls.position(text, params.position)
+        analysis, text, line, character = await ls.at(params)
         found = _guard(lambda: hovering.hover_at(analysis, line, character), None)
         if found is None:
             return None
@@ -275,15 +282,12 @@ def build_server() -> QrunLanguageServer:
     @server.feature(types.TEXT_DOCUMENT_DEFINITION)
     async def definition(ls: QrunLanguageServer, params: types.DefinitionParams
                          ) -> types.Location | None:
-        uri = params.text_document.uri
-        analysis = await ls.current(uri)
-        text = ls.text(uri)
-        line, character = ls.position(text, params.position)
+        analysis, text, line, character = await ls.at(params)
         found = _guard(lambda: defining.definition_at(analysis, line, character), None)
         if found is None:
             return None
         here = found.path == analysis.source.name
-        return types.Location(uri if here else _uri(found.path),
+        return types.Location(params.text_document.uri if here else _uri(found.path),
                               ls.range(_lines(text) if here else None, found.range))
 
     symbol_kinds = {outlining.INPUT: types.SymbolKind.Variable,
