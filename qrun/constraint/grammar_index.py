@@ -32,6 +32,7 @@ from qrun.constraint.grammar import (
     clean_reason,
     schema_grammar,
 )
+from qrun.constraint.grammar.build_thread import built
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.lru import Lru
 from qrun.constraint.vocab import Vocabulary
@@ -148,8 +149,8 @@ class LlgIndex:
         self.vocab = vocab
         self.tokenizer = llg_tokenizer(vocab)
         self.ordinary = _ordinary(vocab)
-        self._template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
-                                              limits=limits.parser_limits())
+        self._template = built(lambda: llguidance.LLMatcher(  # build_thread.py says why
+            self.tokenizer, grammar, log_level=0, limits=limits.parser_limits()))
         if self._template.is_error():
             raise GrammarError(clean_reason(self._template.get_error()))
         self._lock = threading.Lock()

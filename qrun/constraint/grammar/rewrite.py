@@ -36,6 +36,9 @@ validator):
 - `propertyNames` that is a finite list of names, one `pattern` or length bounds becomes
   listed properties or a `patternProperties` key (property_names.py).
 - No-op keywords llguidance refuses anyway (`uniqueItems: false`, `minProperties: 0`...).
+- A string subschema with a `pattern` or `format` that appears in several places moves to
+  one `$defs` entry, a `$ref` at each place (shared_strings.py: llguidance builds a pattern
+  once per place).
 - Patterns llguidance 1.7 would quote wrongly (letting `"` or `\\` through a class that
   excludes it) leave U+0000 out of the classes concerned, last, over every subschema
   (pattern_escapes.py; fewer values; text.py refuses the one case it cannot fix).
@@ -71,6 +74,7 @@ from qrun.constraint.grammar.schema import (
     resolve,
     subschemas,
 )
+from qrun.constraint.grammar.shared_strings import share_strings
 
 __all__ = ["rewrite"]
 # Keywords that never change which instances are valid.
@@ -88,6 +92,8 @@ _DEPENDENCIES = frozenset({"dependencies", "dependentRequired", "dependentSchema
 # disjoint_one_of reports) and property_names.py.
 _PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "format", "not", "if",
                               "propertyNames"})
+# A shared string (shared_strings.py) has one of these, as written or from formats.py.
+_PATTERNS = frozenset({"pattern", "format"})
 # Inlining follows a chain of `$ref`s at most this far.
 _INLINE_DEPTH = 3
 # dependencies become one `anyOf` pair each inside one allOf; llguidance multiplies the pairs
@@ -164,6 +170,9 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
             fix_patterns(sub)
     if present & PROSE:
         _drop_prose(positions, kept)
+    # Last: the subschemas compared as JSON are final (prose dropped, formats written).
+    if inline and present & _PATTERNS:
+        share_strings(out, kept)  # shared_strings.py
     return out
 
 

@@ -38,7 +38,9 @@ def _optional_here(root: Any, sub: Any, seen: set[int]) -> int:
     properties = sub.get("properties")
     if isinstance(properties, dict):
         required = sub.get("required")
-        listed = set(required) if isinstance(required, list) else set()
+        # Names only: a hostile `required` may hold lists (unhashable) or numbers.
+        listed = ({name for name in required if isinstance(name, str)}
+                  if isinstance(required, list) else set())
         count += sum(1 for name in properties if name not in listed)
     for key in _BRANCHES:
         members = sub.get(key)

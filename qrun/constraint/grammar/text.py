@@ -23,6 +23,7 @@ from typing import Any
 import llguidance
 
 from qrun.collector import collector_paused
+from qrun.constraint.grammar.build_thread import built
 from qrun.constraint.grammar.formats import MODES, assertion
 from qrun.constraint.grammar.lark_ends import never_ending_rule
 from qrun.constraint.grammar.lark_size import grammar_size_error
@@ -152,8 +153,8 @@ def with_prefix(grammar: str, prefix: str, follow: str = "") -> str:
 def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None,
              limits: ConstraintLimits = DEFAULT) -> str | None:
     """llguidance's reason for refusing `grammar` (cleaned), or None when it compiles."""
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        grammar, tokenizer, limits=limits.parser_limits())
+    is_error, messages = built(lambda: llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar, tokenizer, limits=limits.parser_limits()))
     return clean_reason(messages[0]) if is_error else None
 
 
@@ -167,8 +168,8 @@ def check_lark(text: str, limits: ConstraintLimits = DEFAULT) -> GrammarError | 
     if too_large is not None:
         reason, line, field = too_large
         return GrammarError(reason, line=line, column=None if line is None else 1, limit=field)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        lark_grammar(text), None, limits=limits.parser_limits())
+    is_error, messages = built(lambda: llguidance.LLMatcher.validate_grammar_with_warnings(
+        lark_grammar(text), None, limits=limits.parser_limits()))
     if is_error:
         return _lark_error(messages[0])
     endless = never_ending_rule(text)

@@ -1,0 +1,83 @@
+"""The thread where llguidance builds grammars (qrun/constraint/grammar/build_thread.py):
+compiles run there and nowhere else, values and exceptions come back to the caller, a build
+that builds runs in place, and a forked child gets a thread of its own."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import llguidance
+import pytest
+
+from qrun.constraint.grammar import check_lark
+from qrun.constraint.grammar.build_thread import built
+from qrun.constraint.vocab import Vocabulary
+from qrun.matcher import Matcher
+from tests.hang import alarm
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+def test_a_build_runs_in_the_build_thread_and_returns_its_value() -> None:
+    name = built(_thread_name)
+    assert name != threading.current_thread().name
+    assert built(_thread_name) == name  # one long-lived thread
+
+
+def test_an_exception_comes_back_to_the_caller() -> None:
+    def fails() -> None:
+        raise KeyError("from the build")
+
+    with pytest.raises(KeyError, match="from the build"):
+        built(fails)
+    assert built(lambda: 7) == 7  # the thread lives on
+
+
+def test_a_build_inside_a_build_runs_in_place() -> None:
+    with alarm(20):  # waiting on itself would hang
+        assert built(lambda: built(_thread_name)) == built(_thread_name)
+
+
+def test_every_llguidance_compile_runs_there(monkeypatch: pytest.MonkeyPatch,
+                                             smol_vocab: Vocabulary) -> None:
+    seen: list[str] = []
+    real_matcher = llguidance.LLMatcher
+
+    class Recording:  # what grammar_index.py and grammar/text.py call of llguidance.LLMatcher
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            seen.append(_thread_name())
+            return real_matcher(*args, **kwargs)
+
+        @staticmethod
+        def validate_grammar_with_warnings(*args: Any, **kwargs: Any) -> Any:
+            seen.append(_thread_name())
+            return real_matcher.validate_grammar_with_warnings(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Recording)
+    schema = {"type": "object", "properties": {"build_thread": {"type": "integer"}},
+              "required": ["build_thread"]}  # a schema no other test compiles
+    matcher = Matcher(SimpleNamespace(vocabulary=smol_vocab), json=schema)
+    assert matcher.consume_text('{"build_thread": 5}') and matcher.accepting()
+    assert check_lark('start: "a"+') is None
+    assert len(seen) == 2 and set(seen) == {built(_thread_name)}
+
+
+def _child(queue: Any) -> None:
+    queue.put(built(_thread_name))
+
+
+def test_a_forked_child_gets_its_own_thread() -> None:
+    built(_thread_name)  # the parent's thread exists before the fork
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child, args=(queue,))
+    child.start()
+    with alarm(60):
+        name = queue.get()
+        child.join()
+    assert child.exitcode == 0 and name.startswith("qrun-llguidance-build")
