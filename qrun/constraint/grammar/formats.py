@@ -134,14 +134,17 @@ _IDN_EMAIL = f"{_ATEXT}+(?:\\.{_ATEXT}+)*@(?:{_ULABEL}(?:\\.{_ULABEL})*|\\[{_IPV
 
 # Dates: llguidance's are month-exact but take year 0000 (a valid RFC 3339 year that no
 # Python date holds, and the checkers use Python dates), February 29 of every year and the
-# leap second :60 (rfc3339-validator refuses it). These patterns narrow them (a search
-# pattern, anchored at the start only).
+# leap second :60 (rfc3339-validator refuses it). These patterns are llguidance's
+# (parser/src/json/formats.rs of llguidance 1.7.6) without those: one regex builds in less
+# time than llguidance's and a narrowing pattern intersected (0.88 against 1.17 ms for a
+# date-time, 0.81 against 1.00 for a date).
 _YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
 _LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = (f"(?:{_YEAR}-(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
          f"|{_YEAR}-(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
          f"|{_YEAR}-02-(?:0[1-9]|1[0-9]|2[0-8])|{_LEAP_YEAR}-02-29)")
-_NO_LEAP_SECOND = "[0-9]{2}:[0-9]{2}:[0-5]"
+_TIME = ("(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?"
+         "(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
 
 
 def _chars_but(excluded: str) -> str:
@@ -185,9 +188,9 @@ def _regex_format(depth: int) -> str:
 
 
 FORMATS: dict[str, Assertion] = {
-    "date-time": Assertion(True, f"^{_DATE}[Tt]{_NO_LEAP_SECOND}"),
-    "date": Assertion(True, f"^{_DATE}"),
-    "time": Assertion(True, f"^{_NO_LEAP_SECOND}"),
+    "date-time": Assertion(pattern=_full(f"{_DATE}[Tt]{_TIME}")),
+    "date": Assertion(pattern=_full(_DATE)),
+    "time": Assertion(pattern=_full(_TIME)),
     "duration": Assertion(True),
     "email": Assertion(True),
     "idn-email": Assertion(pattern=_full(_IDN_EMAIL)),

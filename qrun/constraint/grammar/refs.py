@@ -94,10 +94,12 @@ def drop_implied_type(sub: dict[str, Any], root: Any) -> None:
     """Drop `sub`'s `type` where each of its `anyOf` branches declares it already
     (llguidance copies the `type` into each branch, and into a circular `$ref` refuses it;
     beside a `oneOf` it helps llguidance prove the branches disjoint: kept)."""
-    wanted = _types(sub.get("type"))
-    if wanted is None or "$ref" in sub:
-        return
     branches = sub.get("anyOf")
+    if branches is None or "$ref" in sub:  # most subschemas: no set built (called for each)
+        return
+    wanted = _types(sub.get("type"))
+    if wanted is None:
+        return
     if isinstance(branches, list) and branches and any(
             isinstance(b, dict) and "$ref" in b for b in branches):
         found = [_type_of(b, root, sub) for b in branches]

@@ -8,13 +8,13 @@ validator):
   `$ref` target that is one) becomes the enum of those its other keywords accept
   (finite.py, with the `jsonschema` validator): `allOf: [{enum}, {not ...}]` and the like.
 - `format` is asserted whatever the schema's draft (formats.py says how: llguidance's own
-  format, a `pattern` qrun writes, or both where llguidance's is looser than the `jsonschema`
-  checker: year 0000, February 29 of common years, leap seconds, hostnames over 253
-  characters). A written pattern beside the subschema's own `pattern` goes into an `allOf`
-  (both hold). With `formats="annotation"` every format is dropped (JSON Schema Validation
-  2020-12 section 7.2 makes `format` an annotation by default), with `formats="known"` the
-  unknown ones are; with the default "assert" an unknown one stays for llguidance to refuse
-  (grammar/text.py check_schema names it and its pointer first).
+  format, a `pattern` qrun writes where llguidance's is looser than the `jsonschema` checker
+  (dates and times: year 0000, February 29 of common years, leap seconds), or both
+  (hostnames over 253 characters). A written pattern beside the subschema's own `pattern`
+  goes into an `allOf` (both hold). With `formats="annotation"` every format is dropped
+  (JSON Schema Validation 2020-12 section 7.2 makes `format` an annotation by default), with
+  `formats="known"` the unknown ones are; with the default "assert" an unknown one stays for
+  llguidance to refuse (grammar/text.py check_schema names it and its pointer first).
 - `not` of the forms negation.py has a complement for (`required`, `type`, `enum`/`const`,
   bounds, `properties`, `not`, `anyOf`/`allOf`, `$ref`...).
 - `if`/`then`/`else` (draft-07 on) becomes `anyOf: [{allOf: [if, then]}, {allOf: [not if,
