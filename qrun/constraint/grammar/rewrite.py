@@ -88,10 +88,9 @@ _IDS = ("$id", "id")
 _NO_OPS = frozenset({"minProperties", "minItems", "minLength", "uniqueItems", "dependencies"})
 _DEPENDENCIES = frozenset({"dependencies", "dependentRequired", "dependentSchemas"})
 # A pattern to fix comes from the schema, or from the rewrites that write patterns: formats
-# (formats.py), complements (negation.py: `not`, `if`, and a `oneOf`'s complements, which
-# disjoint_one_of reports) and property_names.py.
-_PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "format", "not", "if",
-                              "propertyNames"})
+# (formats.py, which _formats reports), complements (negation.py: `not`, `if`, and a
+# `oneOf`'s complements, which disjoint_one_of reports) and property_names.py.
+_PATTERN_WRITERS = frozenset({"pattern", "patternProperties", "not", "if", "propertyNames"})
 # A shared string (shared_strings.py) has one of these, as written or from formats.py.
 _PATTERNS = frozenset({"pattern", "format"})
 # Inlining follows a chain of `$ref`s at most this far.
@@ -137,9 +136,10 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
     no_ops = bool(present & _NO_OPS)
     counts = has("minProperties") or has("maxProperties")
     dependencies = bool(present & _DEPENDENCIES)
+    wrote_patterns = False  # formats.py patterns: a `format` alone (int32...) writes none
     for sub in positions:
         if has("format"):
-            _formats(sub, draft, formats)
+            wrote_patterns |= _formats(sub, draft, formats)
         if no_ops:
             _no_ops(sub)
         if counts:
@@ -165,7 +165,7 @@ def rewrite(schema: Any, formats: str = "assert") -> Any:
                 complemented |= disjoint_one_of(sub, root)  # one_of.py
     # Last, over every subschema the rewrites above made too (pattern_escapes.py), where
     # there is a pattern, or a rewrite ran that may have written one.
-    if present & _PATTERN_WRITERS or complemented:
+    if present & _PATTERN_WRITERS or wrote_patterns or complemented:
         for sub in subschemas(out):
             fix_patterns(sub)
     if present & PROSE:
@@ -193,17 +193,18 @@ def _pinned(kept: dict[int, set[str]], keys: tuple[str, ...]) -> set[int]:
     return {node for node, pointed in kept.items() if pointed & wanted}
 
 
-def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
+def _formats(sub: dict[str, Any], draft: int, mode: str) -> bool:
     """Assert `sub`'s format as formats.py says; drop it as an annotation (mode
     "annotation", or an unknown format in mode "known"). An unknown format in mode "assert"
-    stays, for llguidance to refuse (check_schema names it first)."""
+    stays, for llguidance to refuse (check_schema names it first). Whether it wrote a
+    pattern (for fix_patterns)."""
     if "format" not in sub:
-        return
+        return False
     how = assertion(sub["format"], draft) if isinstance(sub["format"], str) else None
     if mode == "annotation" or (how is None and mode == "known"):
         del sub["format"]
     if how is None or mode == "annotation":
-        return
+        return False
     if not how.llguidance:
         del sub["format"]
     added: dict[str, Any] = {}
@@ -212,7 +213,7 @@ def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
     if how.max_length is not None:
         added["maxLength"] = how.max_length
     if not added:
-        return
+        return False
     # One pattern per subschema: a second one goes into the allOf (llguidance intersects
     # the members' patterns); maxLength likewise keeps a smaller one of the schema's own.
     if "pattern" in added and "pattern" in sub:
@@ -220,6 +221,7 @@ def _formats(sub: dict[str, Any], draft: int, mode: str) -> None:
     if "maxLength" in added and "maxLength" in sub:
         _conjoin(sub, {"maxLength": added.pop("maxLength")})
     sub.update(added)
+    return how.pattern is not None
 
 
 def _no_ops(sub: dict[str, Any]) -> None:
