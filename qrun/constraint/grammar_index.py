@@ -65,6 +65,8 @@ _CYCLE_REPEATS = 12
 # when another byte may come: where JSON's layout is flexible a blank is allowed almost
 # everywhere, and the walk would take blanks until it gives up.
 _CLOSING_ORDER = b'"}]) 0,:nte1'
+# Characters of grammar text an LlgCache keeps compiled (LlgCache says why): about 50 MB.
+_MAX_GRAMMAR_CHARS = 1_000_000
 _BLANKS = frozenset(b" \t\n\r")
 
 
@@ -469,11 +471,18 @@ def _cycling(out: bytearray) -> bool:
 class LlgCache:
     """A bounded LRU of LlgIndex objects keyed by (vocabulary, grammar text), one per backend
     (runtime/constraints.py). Thread-safe; building happens under the lock so two threads
-    never compile the same grammar twice."""
+    never compile the same grammar twice.
 
-    def __init__(self, max_entries: int = 64) -> None:
+    Bounded in number and in memory: at most `max_grammar_chars` characters of grammar in
+    all (but the newest grammar, whatever its size). A compiled grammar holds about 50 times
+    its text: 64 of MaskBench's large schemas took 131 MB for 2.7 MB of text. (A loop that
+    kept 64 of them alive built the next ones 10-20 % slower than one that kept 8; the
+    whole suite's first-mask times showed no difference.)"""
+
+    def __init__(self, max_entries: int = 64, max_grammar_chars: int = _MAX_GRAMMAR_CHARS
+                 ) -> None:
         self._entries: Lru[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = Lru(
-            max(1, max_entries))
+            max(1, max_entries), max(1, max_grammar_chars), lambda key: len(key[1]))
         # Grammar texts of the schemas `schema` met, per schema text and layout: a schema met
         # again skips the rewrite (a deep copy and walks, up to ~10 ms on MaskBench's largest).
         self._texts: Lru[tuple[str, JsonFormat, ConstraintLimits], str] = Lru(max(1, max_entries))

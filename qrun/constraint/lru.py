@@ -17,12 +17,19 @@ V = TypeVar("V")
 
 
 class Lru(Generic[K, V]):
-    """At most `max_entries` values by key; the least recently used one goes first."""
+    """At most `max_entries` values by key, and with `weight` (of a key), at most
+    `max_weight` in all (the newest entry stays whatever it weighs); the least recently used
+    one goes first."""
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, max_weight: int | None = None,
+                 weight: Callable[[K], int] | None = None) -> None:
         if max_entries < 1:
             raise ValueError("an Lru needs max_entries >= 1")
+        if (max_weight is None) != (weight is None):
+            raise ValueError("an Lru takes max_weight and weight together")
         self._max_entries = max_entries
+        self._max_weight, self._weight = max_weight, weight
+        self._total = 0
         self._lock = threading.Lock()
         self._entries: OrderedDict[K, V] = OrderedDict()
 
@@ -54,7 +61,13 @@ class Lru(Generic[K, V]):
         return len(self._entries)
 
     def _put(self, key: K, value: V) -> None:
+        if self._weight is not None and key not in self._entries:
+            self._total += self._weight(key)
         self._entries[key] = value
         self._entries.move_to_end(key)
-        if len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        while len(self._entries) > self._max_entries or (
+                self._max_weight is not None and self._total > self._max_weight
+                and len(self._entries) > 1):
+            old, _ = self._entries.popitem(last=False)
+            if self._weight is not None:
+                self._total -= self._weight(old)

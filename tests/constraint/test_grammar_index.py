@@ -344,6 +344,15 @@ def test_a_schema_is_rewritten_and_compiled_once(smol_vocab: Vocabulary,
     assert counts == {"rewrite": 3, "build": 2}
 
 
+def test_the_cache_is_bounded_by_grammar_text(smol_vocab: Vocabulary) -> None:
+    small, large = json_grammar({"type": "integer"}), json_grammar(PERSON)
+    cache = LlgCache(max_entries=8, max_grammar_chars=len(large) + len(small) - 1)
+    first = cache.get(small, smol_vocab)
+    assert cache.get(small, smol_vocab) is first
+    cache.get(large, smol_vocab)  # both would be over the bound: the older goes
+    assert cache.get(small, smol_vocab) is not first
+
+
 def test_the_memo_follows_the_schema_text_not_the_object(smol_vocab: Vocabulary) -> None:
     schema = copy.deepcopy(PERSON)
     cache = LlgCache()

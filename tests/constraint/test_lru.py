@@ -35,3 +35,21 @@ def test_a_value_is_built_once_and_a_failed_build_stores_nothing() -> None:
 def test_it_needs_room_for_one() -> None:
     with pytest.raises(ValueError):
         Lru(0)
+
+
+def test_a_weight_bound_evicts_the_oldest_until_it_holds() -> None:
+    cache: Lru[str, int] = Lru(10, max_weight=6, weight=len)
+    for key in ("aa", "bb", "cc"):
+        cache.put(key, 0)
+    cache.put("ddd", 0)  # 9 > 6: "aa" then "bb" go
+    assert [cache.get(k) is not None for k in ("aa", "bb", "cc", "ddd")] == [False, False,
+                                                                             True, True]
+    cache.put("ddd", 1)  # the same key again weighs once
+    assert cache.get("cc") == 0 and len(cache) == 2
+    cache.put("x" * 20, 0)  # the newest stays, whatever it weighs
+    assert len(cache) == 1 and cache.get("x" * 20) == 0
+
+
+def test_a_weight_bound_needs_its_weight() -> None:
+    with pytest.raises(ValueError, match="together"):
+        Lru(4, max_weight=10)
