@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from qrun.constraint.grammar.schema import copy_json
+
 __all__ = ["share_strings"]
 
 # A subschema made only of these keys (and with a pattern or format) is a shared string.
@@ -33,33 +35,33 @@ _PREFIX = "qrun-shared-"
 
 def share_strings(root: dict[str, Any], kept: dict[int, set[str]]) -> bool:
     """Move each string subschema of `root` that appears (as equal JSON) in two places or more
-    to a new entry of root's `$defs`, with a `$ref` to it at each place; whether any moved.
+    to a new entry of root's `$defs`, each place becoming a `$ref` to it; whether any moved.
     `kept`: schema.pinned_keys of `root` (a subschema a `$ref` points into stays)."""
     defs = root.get("$defs", {})
     if not isinstance(defs, dict):
         return False
-    places: dict[str, list[tuple[dict[str, Any] | list[Any], Any]]] = {}
-    stack: list[Any] = [root]
+    places: dict[str, list[dict[str, Any]]] = {}
+    stack: list[dict[str, Any]] = [root]
     while stack:
-        node = stack.pop()
-        for container, key, child in _children(node):
+        for child in _children(stack.pop()):
             stack.append(child)
             if _is_pattern_string(child) and id(child) not in kept:
                 text = json.dumps(child, sort_keys=True, ensure_ascii=False)
-                places.setdefault(text, []).append((container, key))
-    shared = {text: found for text, found in places.items() if len(found) > 1}
+                places.setdefault(text, []).append(child)
+    shared = [found for found in places.values() if len(found) > 1]
     if not shared:
         return False
     taken = set(defs)
     number = 0
-    for text, found in shared.items():
+    for found in shared:
         while f"{_PREFIX}{number}" in taken:
             number += 1
         name = f"{_PREFIX}{number}"
         taken.add(name)
-        defs[name] = json.loads(text)
-        for container, key in found:
-            container[key] = {"$ref": f"#/$defs/{name}"}
+        defs[name] = copy_json(found[0])
+        for place in found:  # in place: a `$ref` that points at the place still does
+            place.clear()
+            place["$ref"] = f"#/$defs/{name}"
     root["$defs"] = defs
     return True
 
@@ -70,18 +72,14 @@ def _is_pattern_string(node: dict[str, Any]) -> bool:
                                                    and "string" in node["type"])))
 
 
-def _children(node: dict[str, Any]) -> list[tuple[dict[str, Any] | list[Any], Any,
-                                                  dict[str, Any]]]:
-    """The subschema objects right below `node` at the walked keywords, each with its
-    container and its key there."""
-    found: list[tuple[dict[str, Any] | list[Any], Any, dict[str, Any]]] = []
+def _children(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The subschema objects right below `node` at the walked keywords."""
+    found: list[dict[str, Any]] = []
     for key, value in node.items():
         if key in _MAPS and isinstance(value, dict):
-            found.extend((value, name, child) for name, child in value.items()
-                         if isinstance(child, dict))
+            found.extend(child for child in value.values() if isinstance(child, dict))
         elif key in _SINGLE and isinstance(value, dict):
-            found.append((node, key, value))
+            found.append(value)
         elif key in _LISTS and isinstance(value, list):
-            found.extend((value, index, child) for index, child in enumerate(value)
-                         if isinstance(child, dict))
+            found.extend(child for child in value if isinstance(child, dict))
     return found
