@@ -153,9 +153,17 @@ def with_prefix(grammar: str, prefix: str, follow: str = "") -> str:
 def validate(grammar: str, tokenizer: llguidance.LLTokenizer | None = None,
              limits: ConstraintLimits = DEFAULT) -> str | None:
     """llguidance's reason for refusing `grammar` (cleaned), or None when it compiles."""
+    reason = _refusal(grammar, tokenizer, limits)
+    return None if reason is None else clean_reason(reason)
+
+
+def _refusal(grammar: str, tokenizer: llguidance.LLTokenizer | None,
+             limits: ConstraintLimits) -> str | None:
+    """llguidance's own message refusing `grammar`, or None; checked in the thread where
+    llguidance builds (build_thread.py)."""
     is_error, messages = built(lambda: llguidance.LLMatcher.validate_grammar_with_warnings(
         grammar, tokenizer, limits=limits.parser_limits()))
-    return clean_reason(messages[0]) if is_error else None
+    return messages[0] if is_error else None
 
 
 def check_lark(text: str, limits: ConstraintLimits = DEFAULT) -> GrammarError | None:
@@ -168,10 +176,9 @@ def check_lark(text: str, limits: ConstraintLimits = DEFAULT) -> GrammarError | 
     if too_large is not None:
         reason, line, field = too_large
         return GrammarError(reason, line=line, column=None if line is None else 1, limit=field)
-    is_error, messages = built(lambda: llguidance.LLMatcher.validate_grammar_with_warnings(
-        lark_grammar(text), None, limits=limits.parser_limits()))
-    if is_error:
-        return _lark_error(messages[0])
+    refused = _refusal(lark_grammar(text), None, limits)
+    if refused is not None:
+        return _lark_error(refused)
     endless = never_ending_rule(text)
     if endless is not None:
         return GrammarError(endless[0], line=endless[1], column=1)
