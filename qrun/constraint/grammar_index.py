@@ -65,9 +65,9 @@ _CYCLE_REPEATS = 12
 # when another byte may come: where JSON's layout is flexible a blank is allowed almost
 # everywhere, and the walk would take blanks until it gives up.
 _CLOSING_ORDER = b'"}]) 0,:nte1'
+_BLANKS = frozenset(b" \t\n\r")
 # Characters of grammar text an LlgCache keeps compiled (LlgCache says why): about 50 MB.
 _MAX_GRAMMAR_CHARS = 1_000_000
-_BLANKS = frozenset(b" \t\n\r")
 
 
 class _TokenSource(llguidance.TokenizerWrapper):
