@@ -34,12 +34,17 @@ def test_the_works_exception_is_raised_in_the_caller() -> None:
 
 
 PROBE = """
-import os, sys, torch
+import os, sys, time, torch
 torch.set_num_threads(2)
 from qrun.backends import load_model
 tasks = lambda: len(os.listdir("/proc/self/task"))
 before = tasks()
 backend = load_model(sys.argv[1])
+# The ended thread's OpenMP workers leave on their own, a few ms later: wait for that (a team
+# that stays with a living thread never leaves, and the count stays higher).
+deadline = time.monotonic() + 10
+while tasks() != before and time.monotonic() < deadline:
+    time.sleep(0.01)
 after_load = tasks()
 backend.forward(list(range(1, 300)), backend.new_cache())
 print(before, after_load, tasks())
