@@ -139,10 +139,12 @@ class LlgIndex:
     matcher that share its lexer cache (llguidance guards it with a mutex), so later holes
     reuse the lexer states earlier ones built."""
 
-    def __init__(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT
-                 ) -> None:
+    def __init__(self, grammar: str, vocab: Vocabulary, limits: ConstraintLimits = DEFAULT,
+                 kept: bool = False) -> None:
         """Compile `grammar`, with llguidance's parser limits for `limits` (the ones it was
-        checked against: a larger optional_properties needs larger parser rows).
+        checked against: a larger optional_properties needs larger parser rows). `kept`: a
+        cache will keep it (LlgCache): it builds in the build thread for those
+        (build_thread.py says why).
 
         Raises:
             GrammarError: llguidance refused it (its reason; grammar/text.py locates it).
@@ -152,7 +154,7 @@ class LlgIndex:
         self.tokenizer = llg_tokenizer(vocab)
         self.ordinary = _ordinary(vocab)
         self._template = built(lambda: llguidance.LLMatcher(  # build_thread.py says why
-            self.tokenizer, grammar, log_level=0, limits=limits.parser_limits()))
+            self.tokenizer, grammar, log_level=0, limits=limits.parser_limits()), kept)
         if self._template.is_error():
             raise GrammarError(clean_reason(self._template.get_error()))
         self._lock = threading.Lock()
@@ -471,18 +473,26 @@ def _cycling(out: bytearray) -> bool:
 class LlgCache:
     """A bounded LRU of LlgIndex objects keyed by (vocabulary, grammar text), one per backend
     (runtime/constraints.py). Thread-safe; building happens under the lock so two threads
-    never compile the same grammar twice.
+    never compile the same grammar at once.
+
+    A grammar is kept from its second use (lru.py keep_from_second_use): the first time, the
+    index is shared while its users hold it and goes with them. Why: compiled grammars kept
+    alive slow llguidance's next compiles, by scattering its allocations through the build
+    thread's malloc arena (build_thread.py); a Kubernetes schema of MaskBench built in 13.2 ms
+    with none kept, 14.8 with 5 and 16 with 20 (one process, interleaved); the whole suite's
+    first-mask p99 was 19.5 and 21.1 ms keeping every grammar, 17.2 and 17.9 keeping them from
+    their second use (interleaved runs of bench/maskbench.py), and 16.0 building those in a
+    thread of their own. A grammar used again costs one more compile, once.
 
     Bounded in number and in memory: at most `max_grammar_chars` characters of grammar in
     all (but the newest grammar, whatever its size). A compiled grammar holds about 50 times
-    its text: 64 of MaskBench's large schemas took 131 MB for 2.7 MB of text. (A loop that
-    kept 64 of them alive built the next ones 10-20 % slower than one that kept 8; the
-    whole suite's first-mask times showed no difference.)"""
+    its text: 64 of MaskBench's large schemas took 131 MB for 2.7 MB of text."""
 
     def __init__(self, max_entries: int = 64, max_grammar_chars: int = _MAX_GRAMMAR_CHARS
                  ) -> None:
         self._entries: Lru[tuple[Vocabulary, str, ConstraintLimits], LlgIndex] = Lru(
-            max(1, max_entries), max(1, max_grammar_chars), lambda key: len(key[1]))
+            max(1, max_entries), max(1, max_grammar_chars), lambda key: len(key[1]),
+            keep_from_second_use=True)
         # Grammar texts of the schemas `schema` met, per schema text and layout: a schema met
         # again skips the rewrite (a deep copy and walks, up to ~10 ms on MaskBench's largest).
         self._texts: Lru[tuple[str, JsonFormat, ConstraintLimits], str] = Lru(max(1, max_entries))
@@ -527,4 +537,5 @@ class LlgCache:
             GrammarError: llguidance refused the grammar.
         """
         return self._entries.get_or_build((vocab, grammar, limits),
-                                          lambda: LlgIndex(grammar, vocab, limits))
+                                          lambda: LlgIndex(grammar, vocab, limits),
+                                          lambda: LlgIndex(grammar, vocab, limits, kept=True))

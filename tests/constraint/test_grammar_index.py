@@ -8,8 +8,11 @@ text."""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import random
+import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -348,9 +351,28 @@ def test_the_cache_is_bounded_by_grammar_text(smol_vocab: Vocabulary) -> None:
     small, large = json_grammar({"type": "integer"}), json_grammar(PERSON)
     cache = LlgCache(max_entries=8, max_grammar_chars=len(large) + len(small) - 1)
     first = cache.get(small, smol_vocab)
-    assert cache.get(small, smol_vocab) is first
-    cache.get(large, smol_vocab)  # both would be over the bound: the older goes
+    assert cache.get(small, smol_vocab) is first  # kept from its second use
+    held = cache.get(large, smol_vocab)
+    assert cache.get(large, smol_vocab) is held  # both are over the bound: the older goes
     assert cache.get(small, smol_vocab) is not first
+
+
+def test_a_grammar_compiled_once_is_not_kept_alive(smol_vocab: Vocabulary) -> None:
+    # Compiled grammars kept alive slowed llguidance's next compiles (grammar_index.py
+    # LlgCache): a grammar asked for once goes with its last user; asked for again, it is
+    # compiled again and kept.
+    grammar = json_grammar({**PERSON, "title": "once"})
+    cache = LlgCache()
+    gone = weakref.ref(cache.get(grammar, smol_vocab))
+    for _ in range(100):  # the build thread lets go of what it built just after returning it
+        gc.collect()
+        if gone() is None:
+            break
+        time.sleep(0.01)
+    assert gone() is None
+    kept = cache.get(grammar, smol_vocab)
+    assert kept.accepts(b'{"name": "a", "age": 1}')
+    assert cache.get(grammar, smol_vocab) is kept
 
 
 def test_the_memo_follows_the_schema_text_not_the_object(smol_vocab: Vocabulary) -> None:
