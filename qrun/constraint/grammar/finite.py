@@ -50,6 +50,9 @@ _MAX_RANGE = 64
 # A subschema of only these keys is an enum already (or no finite one).
 _SIMPLE = _KEPT | {"enum", "const", "type"}
 _FINITE_TYPES = {"null": (None,), "boolean": (False, True)}
+# _finite_values finds a list only in a subschema with one of these keys, or of these types.
+_FINITE_KEYS = frozenset({"const", "enum", "allOf", "$ref", "anyOf", "oneOf"})
+_FINITE_TYPED = frozenset({"null", "boolean", "integer", "array"})
 _REF_DEPTH = 4
 
 
@@ -95,8 +98,9 @@ def filter_finite(out: dict[str, Any], original: dict[str, Any], draft: int,
 def _filtered_values(sub: dict[str, Any], root: Any) -> list[Any] | None:
     """The values `sub` is drawn from when it is to be filtered (finite, not too many, and
     holding a keyword of _REFUSED), else None."""
-    if set(sub) <= _SIMPLE:
-        return None
+    if _SIMPLE.issuperset(sub) or (_FINITE_KEYS.isdisjoint(sub)
+                                   and _typed(sub) not in _FINITE_TYPED):
+        return None  # most subschemas: no finite list, found without following anything
     values = _finite_values(sub, root, 0)
     if values is None or len(values) > _MAX_VALUES or not _refused_in(sub, root):
         return None
