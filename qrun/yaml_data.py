@@ -6,13 +6,19 @@ and `1e3` a string. DataLoader resolves plain scalars as YAML 1.2's JSON schema 
 schema, less the forms JSON lacks): `true`/`false` are booleans, `null`/`~`/nothing null,
 decimal integers without leading zeros are integers, decimals with a fraction or an exponent
 (`1.5`, `1e3`) floats; everything else (`yes`, `0123`, `1:30`, `.inf`, `0x1F`, dates) is a
-string. Built on SafeLoader (never PyYAML's full loader)."""
+string. Built on SafeLoader (never PyYAML's full loader).
+
+`screen` is the pass both run before loading: the first anchor, alias or explicit tag, or
+collection nested too deeply, which each words as its own error."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import yaml
+from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, NodeEvent
 
 _RESOLVERS = (
     ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
@@ -41,3 +47,39 @@ def load_data(text: str) -> object:
         yaml.YAMLError: it is not YAML.
     """
     return yaml.load(text, Loader=DataLoader)  # noqa: S506  # DataLoader is a SafeLoader
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What `screen` found first: `kind` "anchor" (an anchor or an alias), "tag" (`tag` says
+    which) or "depth" (a collection nested deeper than allowed), at `mark` (PyYAML's, 0-based
+    line and column)."""
+
+    kind: str
+    mark: Any
+    tag: str | None = None
+
+
+def screen(text: str, max_depth: int) -> Refused | None:
+    """The first anchor, alias or explicit tag of the YAML document `text`, or its first
+    collection more than `max_depth` levels deep; None when it has none. One pass over
+    PyYAML's events: nothing is built, so a bomb of aliases costs nothing.
+
+    Raises:
+        yaml.YAMLError: it is not YAML.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=DataLoader):
+        if isinstance(event, AliasEvent) or (isinstance(event, NodeEvent)
+                                             and event.anchor is not None):
+            return Refused("anchor", event.start_mark)
+        tag = getattr(event, "tag", None)
+        if isinstance(event, NodeEvent) and tag is not None:
+            return Refused("tag", event.start_mark, tag)
+        if isinstance(event, CollectionStartEvent):
+            depth += 1
+            if depth > max_depth:
+                return Refused("depth", event.start_mark)
+        elif isinstance(event, CollectionEndEvent):
+            depth -= 1
+    return None

@@ -15,11 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
-from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 
 from qrun.lang import ast
 from qrun.source import Source, Span
-from qrun.yaml_data import DataLoader
+from qrun.yaml_data import DataLoader, screen
 
 MAX_FRONT_MATTER_SIZE = 65_536
 """Characters between the two `---` lines at most (a typed template's is a few hundred)."""
@@ -105,24 +104,20 @@ class _Reader:
             loader.dispose()
 
     def screen(self) -> None:
-        """The event pass: no anchors, aliases or explicit tags; bounded nesting."""
-        depth = 0
-        for event in yaml.parse(self.body, Loader=_Loader):
-            if isinstance(event, AliasEvent) or (isinstance(event, NodeEvent)
-                                                 and event.anchor is not None):
-                raise _Refused("YAML anchors and aliases are not allowed in front matter",
-                               event.start_mark, ("write the value out where it is needed",))
-            if isinstance(event, ScalarEvent | CollectionStartEvent) and event.tag is not None:
-                raise _Refused(f"YAML tags ({event.tag}) are not allowed in front matter",
-                               event.start_mark, ("values are JSON's types: strings, numbers, "
-                                                  "true/false, null, lists and mappings",))
-            if isinstance(event, CollectionStartEvent):
-                depth += 1
-                if depth > MAX_FRONT_MATTER_DEPTH:
-                    raise _Refused(f"front matter nests more than {MAX_FRONT_MATTER_DEPTH} "
-                                   "levels deep", event.start_mark)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
+        """The event pass (yaml_data.py screen): no anchors, aliases or explicit tags;
+        bounded nesting."""
+        refused = screen(self.body, MAX_FRONT_MATTER_DEPTH)
+        if refused is None:
+            return
+        if refused.kind == "anchor":
+            raise _Refused("YAML anchors and aliases are not allowed in front matter",
+                           refused.mark, ("write the value out where it is needed",))
+        if refused.kind == "tag":
+            raise _Refused(f"YAML tags ({refused.tag}) are not allowed in front matter",
+                           refused.mark, ("values are JSON's types: strings, numbers, "
+                                          "true/false, null, lists and mappings",))
+        raise _Refused(f"front matter nests more than {MAX_FRONT_MATTER_DEPTH} levels deep",
+                       refused.mark)
 
     def entry(self, loader: _Loader, key_node: yaml.ScalarNode,
               value_node: yaml.Node) -> ast.FrontMatterEntry:

@@ -17,7 +17,7 @@ import yaml
 
 from qrun.testing.expect import Expectation, parse_expectations
 from qrun.testing.where import CaseFileError, Where
-from qrun.yaml_data import DataLoader, load_data
+from qrun.yaml_data import DataLoader, load_data, screen
 
 if TYPE_CHECKING:
     from qrun.lang.ir import Program
@@ -164,23 +164,17 @@ def _case(item: Any, where_of: Callable[..., Where], index: int) -> Case:
 
 def _compose(text: str, file: str) -> yaml.Node | None:
     """The YAML node tree (for positions), after refusing anchors and aliases."""
-    depth = 0
     try:
-        for event in yaml.parse(text, Loader=DataLoader):
-            mark = event.start_mark
-            where = Where(file, mark.line + 1, mark.column + 1)
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+        refused = screen(text, MAX_DEPTH)  # yaml_data.py
+        if refused is not None:
+            where = Where(file, refused.mark.line + 1, refused.mark.column + 1)
+            if refused.kind == "anchor":
                 raise CaseFileError("anchors and aliases (&name, *name) are not allowed in a "
                                     "case file: write the value out", where)
-            if getattr(event, "tag", None) is not None:
-                raise CaseFileError(f"YAML tags ({event.tag}) are not allowed in a case file: "
-                                    "values are JSON's types", where)
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise CaseFileError(f"a case file nests at most {MAX_DEPTH} levels", where)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
+            if refused.kind == "tag":
+                raise CaseFileError(f"YAML tags ({refused.tag}) are not allowed in a case "
+                                    "file: values are JSON's types", where)
+            raise CaseFileError(f"a case file nests at most {MAX_DEPTH} levels", where)
         return yaml.compose(text, Loader=DataLoader)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
