@@ -1,5 +1,8 @@
-"""A real uvicorn server in a background thread on a free port, for the server tests; and a
-gate that host functions of test templates wait at, so a test decides when runs go on."""
+"""A real uvicorn server in a background thread on a free port, for the server tests; a gate
+that host functions of test templates wait at, so a test decides when runs go on (GATE, and
+conftest.py's `gate` fixture that resets it); and the template the backend tiers serve
+(test_serve_llamacpp.py, test_serve_vllm.py): a person extracted as JSON from a bio, after
+the gate."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 
@@ -78,3 +82,21 @@ def sse_events(lines: Iterator[str]) -> list[tuple[str, Any]]:
         elif line.startswith("data:"):
             data.append(line.removeprefix("data:").removeprefix(" "))
     return events
+
+
+GATE = Gate()
+"""The gate of the test templates' `wait()` (conftest.py's `gate` fixture resets it)."""
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+EXTRACT = ("{% user %}Give the person as JSON.\n{{ bio }}{{ wait() }}{% enduser %}\n"
+           "{% assistant %}{{ gen person json=" + json.dumps(SCHEMA)
+           + " max_tokens=40 }}{% endassistant %}\n")
+BIOS = ["Kofi is a 25-year-old baker from Lagos.", "Mei, 31, is a nurse in Taipei.",
+        "Lars is 47 and builds boats in Bergen."]
+
+
+def post_extract(url: str, body: Any) -> httpx.Response:
+    """A run of the template served as "extract" (EXTRACT)."""
+    return httpx.post(f"{url}/v1/templates/extract/run", json=body, timeout=300)

@@ -27,13 +27,12 @@ from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
 from tests.doubles import ScriptedServer
 from tests.hang import alarm
-from tests.serve.serving import Gate, serving, sse_events, wait_until
+from tests.serve.serving import GATE, Gate, serving, sse_events, wait_until
 
 PERSON = ('---\ntemperature: 0\n---\nName: {{ name }}.\nAge: {{ gen age regex="[0-9]{1,2}" }}'
           '\nCity: {{ gen city regex="[A-Z][a-z]{2,7}" }}\n')
 GATED = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" }}\n'
 
-GATE = Gate()
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +42,6 @@ def server(tiny: TransformersBackend) -> Iterator[tuple[str, Service]]:
     asgi = app(templates, model=tiny, max_running=3, max_queue=2)
     with serving(asgi) as url:
         yield url, asgi.state.qrun
-
-
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    GATE.reset()
-    try:
-        yield GATE
-    finally:
-        GATE.open.set()
 
 
 def post(url: str, name: str, body: Any, **kwargs: Any) -> httpx.Response:

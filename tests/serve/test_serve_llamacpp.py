@@ -12,10 +12,8 @@ Without llama_cpp installed these tests skip, unless QRUN_REQUIRE_LLAMACPP=1."""
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import jsonschema
@@ -27,24 +25,23 @@ from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from tests.hang import alarm
-from tests.serve.serving import Gate, serving, sse_events, wait_until
+from tests.serve.serving import (
+    BIOS,
+    EXTRACT,
+    GATE,
+    SCHEMA,
+    Gate,
+    post_extract,
+    serving,
+    sse_events,
+    wait_until,
+)
 
 pytestmark = pytest.mark.llamacpp
 
 require_llama_cpp()
 
 from qrun.backends.llamacpp import LlamaCppBackend  # noqa: E402
-
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
-EXTRACT = ("{% user %}Give the person as JSON.\n{{ bio }}{{ wait() }}{% enduser %}\n"
-           "{% assistant %}{{ gen person json=" + json.dumps(SCHEMA)
-           + " max_tokens=40 }}{% endassistant %}\n")
-BIOS = ["Kofi is a 25-year-old baker from Lagos.", "Mei, 31, is a nurse in Taipei.",
-        "Lars is 47 and builds boats in Bergen."]
-
-GATE = Gate()
 
 
 @pytest.fixture(scope="module")
@@ -63,24 +60,11 @@ def server(llama: LlamaCppBackend) -> Iterator[tuple[str, Service]]:
         yield url, asgi.state.qrun
 
 
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    GATE.reset()
-    try:
-        yield GATE
-    finally:
-        GATE.open.set()
-
-
-def post(url: str, body: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/templates/extract/run", json=body, timeout=300)
-
-
 def test_concurrent_requests_share_llamacpp_decodes_and_hold_their_constraint(
         server: tuple[str, Service], gate: Gate) -> None:
     url, service = server
     with alarm(300), ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(post, url, {"inputs": {"bio": bio}}) for bio in BIOS]
+        futures = [pool.submit(post_extract, url, {"inputs": {"bio": bio}}) for bio in BIOS]
         wait_until(lambda: gate.arrived == 3)  # every run started, none has a forward yet
         gate.open.set()
         answers = [future.result() for future in futures]
@@ -127,7 +111,7 @@ def test_a_client_gone_cancels_its_llamacpp_run_and_frees_its_sequence(
         wait_until(lambda: service.runs.active == 0)
         with pytest.raises(RunCancelled):
             outcome.result()
-        answer = post(url, {"inputs": {"bio": BIOS[2]}})  # the server goes on
+        answer = post_extract(url, {"inputs": {"bio": BIOS[2]}})  # the server goes on
     assert answer.status_code == 200, answer.text
     jsonschema.validate(answer.json()["vars"]["person"], SCHEMA)
     del outcome  # its exception's traceback holds the run's frames, and so its cache

@@ -7,11 +7,9 @@ next call, while the server goes on."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from typing import Any
 
 import httpx
 import jsonschema
@@ -22,21 +20,11 @@ from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from tests.hang import alarm
-from tests.serve.serving import Gate, serving, wait_until
+from tests.serve.serving import BIOS, EXTRACT, GATE, SCHEMA, Gate, post_extract, serving, wait_until
 from tests.vllm_serving import vllm_serve
 
 pytestmark = pytest.mark.vllm
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
-EXTRACT = ("{% user %}Give the person as JSON.\n{{ bio }}{{ wait() }}{% enduser %}\n"
-           "{% assistant %}{{ gen person json=" + json.dumps(SCHEMA)
-           + " max_tokens=40 }}{% endassistant %}\n")
-BIOS = ["Kofi is a 25-year-old baker from Lagos.", "Mei, 31, is a nurse in Taipei.",
-        "Lars is 47 and builds boats in Bergen."]
-
-GATE = Gate()
 
 
 @pytest.fixture(scope="module", params=["engine", "server"])
@@ -57,25 +45,12 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield url, asgi.state.qrun
 
 
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    GATE.reset()
-    try:
-        yield GATE
-    finally:
-        GATE.open.set()
-
-
-def post(url: str, body: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/templates/extract/run", json=body, timeout=300)
-
-
 def test_concurrent_requests_on_vllm_are_each_answered_under_their_schema(
         server: tuple[str, Service], gate: Gate) -> None:
     url, service = server
     assert service.runs.forwards is None  # vLLM's engine batches the runs' calls
     with alarm(300), ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(post, url, {"inputs": {"bio": bio}}) for bio in BIOS]
+        futures = [pool.submit(post_extract, url, {"inputs": {"bio": bio}}) for bio in BIOS]
         wait_until(lambda: gate.arrived == 3)
         gate.open.set()
         answers = [future.result() for future in futures]
@@ -99,6 +74,6 @@ def test_a_client_gone_cancels_its_vllm_run_and_the_server_goes_on(
         wait_until(lambda: service.runs.active == 0)
         with pytest.raises(RunCancelled):
             ticket.future.result()
-        answer = post(url, {"inputs": {"bio": BIOS[2]}})
+        answer = post_extract(url, {"inputs": {"bio": BIOS[2]}})
     assert answer.status_code == 200, answer.text
     jsonschema.validate(answer.json()["vars"]["person"], SCHEMA)
