@@ -6,6 +6,7 @@ conservative: what it cannot prove is reported, at the hole, with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
@@ -188,13 +189,29 @@ def contained(given: Any, wanted: Any, root: Any = None) -> str | None:
     """Why a value valid under `given` may not be valid under `wanted`, or None when every
     one is (a sufficient check: it only says None where it has proven it). `root`: the
     document `given` is part of (itself when None), which its local `$ref`s point into."""
-    if root is None:
-        root = given
     # The output's types are refused with a $ref (lang/declared.py): a $ref here would be
-    # read against the result record, not against the schema it was written in.
+    # read against the result record, not against the schema it was written in. Checked
+    # once: the proof below only meets parts of `wanted`.
     if _uses_refs(wanted):
         return "the output's schema uses $ref, which the proof does not follow"
-    given, unfollowed = _resolved(given, root)
+    return _contained(given, wanted, _Document(given if root is None else root))
+
+
+class _Document:
+    """The document a hole's schema is part of, where its local `$ref`s point, and whether
+    it has an `$id` below its root (walked once, on the first `$ref`, not at each)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    @functools.cached_property
+    def inner_ids(self) -> bool:
+        return _has_inner_ids(self.root)
+
+
+def _contained(given: Any, wanted: Any, doc: _Document) -> str | None:
+    """contained() of `wanted` with no `$ref` anywhere in it, in the document `doc`."""
+    given, unfollowed = _resolved(given, doc)
     if unfollowed is not None:
         return unfollowed
     if not isinstance(given, dict | bool) or not isinstance(wanted, dict | bool):
@@ -216,19 +233,19 @@ def contained(given: Any, wanted: Any, root: Any = None) -> str | None:
         return None
     if set(given) - _ANNOTATIONS - _DEFINITIONS == {"anyOf"}:
         for branch in given["anyOf"]:
-            reason = contained(branch, wanted, root)
+            reason = _contained(branch, wanted, doc)
             if reason is not None:
                 return reason
         return None
     for key, value in wanted.items():
-        reason = _keyword(given, key, value, wanted, root)
+        reason = _keyword(given, key, value, wanted, doc)
         if reason is not None:
             return reason
     return None
 
 
-def _resolved(schema: Any, root: Any) -> tuple[Any, str | None]:
-    """`schema` with its `$ref` followed (to the subschema of `root` it points at, then that
+def _resolved(schema: Any, doc: _Document) -> tuple[Any, str | None]:
+    """`schema` with its `$ref` followed (to the subschema of `doc` it points at, then that
     one's, MAX_REF_HOPS at most), or why it cannot be: a $ref beside keywords that constrain
     (draft 2019-09 on applies both), to another document, to an anchor, or to nothing; a
     document with an `$id` inside (a fragment then resolves against that resource)."""
@@ -246,10 +263,10 @@ def _resolved(schema: Any, root: Any) -> tuple[Any, str | None]:
         if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
             return schema, (f"its $ref {json.dumps(ref)} points outside the schema, which "
                             "the proof does not follow")
-        if _has_inner_ids(root):
+        if doc.inner_ids:
             return schema, "it uses $ref in a schema with an inner $id, which the proof " \
                 "does not follow"
-        target = _pointed(root, ref)
+        target = _pointed(doc.root, ref)
         if target is MISSING:
             return schema, f"its $ref {json.dumps(ref)} points at nothing"
         schema = target
@@ -288,28 +305,28 @@ def _finite(schema: dict[str, Any]) -> list[Any] | None:
 
 
 def _keyword(given: dict[str, Any], key: str, value: Any, wanted: dict[str, Any],
-             root: Any) -> str | None:
+             doc: _Document) -> str | None:
     if key in _ANNOTATIONS:
         return None
     if key == "type":
         return _type_reason(given, value)
     if key == "properties":
-        return _properties_reason(given, value, root)
+        return _properties_reason(given, value, doc)
     if key == "required":
         missing = [name for name in value if name not in given.get("required", ())]
         return f"it may leave out {', '.join(missing)}" if missing else None
     if key == "additionalProperties":
-        return _additional_reason(given, value, wanted, root)
+        return _additional_reason(given, value, wanted, doc)
     if key == "items":
-        return _items_reason(given, value, wanted, root)
+        return _items_reason(given, value, wanted, doc)
     if key == "pattern" and isinstance(value, str) and _pattern_holds(given.get("pattern"), value):
         return None
     if key == "anyOf":
-        if any(contained(given, branch, root) is None for branch in value):
+        if any(_contained(given, branch, doc) is None for branch in value):
             return None
         return "it fits none of the anyOf branches"
     if key == "allOf":
-        reasons = [contained(given, branch, root) for branch in value]
+        reasons = [_contained(given, branch, doc) for branch in value]
         return next((r for r in reasons if r is not None), None)
     if key in _LOWER_BOUNDS or key in _UPPER_BOUNDS:
         bound = given.get(key)
@@ -349,7 +366,7 @@ def _pattern_holds(given: Any, wanted: str) -> bool:
 
 
 def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any],
-                  root: Any) -> str | None:
+                  doc: _Document) -> str | None:
     # prefixItems and the array forms of items give the first items schemas of their own,
     # which `items` alone does not say (draft 2020-12 and draft 2019-09 readings differ).
     for key in ("prefixItems", "additionalItems"):
@@ -358,7 +375,7 @@ def _items_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any],
     items = given.get("items", {})
     if not isinstance(items, dict | bool) or not isinstance(value, dict | bool):
         return "items as a list of schemas is not proven (use prefixItems-free items)"
-    reason = contained(items, value, root)
+    reason = _contained(items, value, doc)
     return None if reason is None else f"an item: {reason}"
 
 
@@ -382,20 +399,20 @@ def _type_reason(given: dict[str, Any], value: Any) -> str | None:
     return None
 
 
-def _patterns_reason(given: dict[str, Any], wanted: Any, what: str, root: Any) -> str | None:
+def _patterns_reason(given: dict[str, Any], wanted: Any, what: str, doc: _Document) -> str | None:
     """Why a property matching one of the hole's patternProperties may not fit `wanted`."""
     for pattern, schema in given.get("patternProperties", {}).items():
-        reason = contained(schema, wanted, root)
+        reason = _contained(schema, wanted, doc)
         if reason is not None:
             return f"{what} matching patternProperties {json.dumps(pattern)}: {reason}"
     return None
 
 
-def _properties_reason(given: dict[str, Any], wanted: dict[str, Any], root: Any) -> str | None:
+def _properties_reason(given: dict[str, Any], wanted: dict[str, Any], doc: _Document) -> str | None:
     have = given.get("properties", {})
     for name, schema in wanted.items():
         if name not in have:
-            reason = _patterns_reason(given, schema, f"property '{name}'", root)
+            reason = _patterns_reason(given, schema, f"property '{name}'", doc)
             if reason is not None:
                 return reason
         if name in have:
@@ -404,27 +421,27 @@ def _properties_reason(given: dict[str, Any], wanted: dict[str, Any], root: Any)
             continue  # never present
         else:
             inner = given.get("additionalProperties", {})
-        reason = contained(inner, schema, root)
+        reason = _contained(inner, schema, doc)
         if reason is not None:
             return f"property '{name}': {reason}"
     return None
 
 
 def _additional_reason(given: dict[str, Any], value: Any, wanted: dict[str, Any],
-                       root: Any) -> str | None:
+                       doc: _Document) -> str | None:
     listed = set(wanted.get("properties", {}))
     for name, schema in given.get("properties", {}).items():
         if name not in listed:
-            reason = contained(schema, value, root)
+            reason = _contained(schema, value, doc)
             if reason is not None:
                 return f"property '{name}' is not one the output lists"
-    reason = _patterns_reason(given, value, "a property", root)
+    reason = _patterns_reason(given, value, "a property", doc)
     if reason is not None:
         return reason
     extra = given.get("additionalProperties", True)
     if extra is False:
         return None
-    reason = contained(extra if isinstance(extra, dict) else {}, value, root)
+    reason = _contained(extra if isinstance(extra, dict) else {}, value, doc)
     return None if reason is None else \
         "it may give properties the output does not list (give the hole closed=true)"
 
