@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, NodeEvent
@@ -55,7 +55,7 @@ class Refused:
     which) or "depth" (a collection nested deeper than allowed), at `mark` (PyYAML's, 0-based
     line and column)."""
 
-    kind: str
+    kind: Literal["anchor", "tag", "depth"]
     mark: Any
     tag: str | None = None
 
