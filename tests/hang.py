@@ -1,10 +1,12 @@
 """A guard for tests of work that used to hang: `with alarm(seconds):` raises Hang in the main
-thread when the block runs longer (SIGALRM), so a regression fails instead of stalling CI."""
+thread when the block runs longer (SIGALRM), so a regression fails instead of stalling CI;
+and `wait_until`, the poll such a block holds."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -25,3 +27,9 @@ def alarm(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Poll `condition` (callers hold an alarm: a regression fails instead of hanging)."""
+    while not condition():
+        time.sleep(0.01)

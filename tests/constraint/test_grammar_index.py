@@ -8,10 +8,8 @@ text."""
 from __future__ import annotations
 
 import copy
-import gc
 import json
 import random
-import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +37,7 @@ from qrun.runtime.generate import generate
 from qrun.runtime.hole import GenRequest
 from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.session import Session
+from tests.hang import alarm, wait_until
 
 PERSON = {
     "type": "object",
@@ -364,11 +363,8 @@ def test_a_grammar_compiled_once_is_not_kept_alive(smol_vocab: Vocabulary) -> No
     grammar = json_grammar({**PERSON, "title": "once"})
     cache = LlgCache()
     gone = weakref.ref(cache.get(grammar, smol_vocab))
-    for _ in range(100):  # the build thread lets go of what it built just after returning it
-        gc.collect()
-        if gone() is None:
-            break
-        time.sleep(0.01)
+    with alarm(10):  # the build thread lets go of what it built just after returning it
+        wait_until(lambda: gone() is None)
     assert gone() is None
     kept = cache.get(grammar, smol_vocab)
     assert kept.accepts(b'{"name": "a", "age": 1}')

@@ -10,8 +10,8 @@ import pytest
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.runtime.admission import RunScheduler
-from tests.hang import alarm
-from tests.serve.serving import Gate, wait_until
+from tests.hang import alarm, wait_until
+from tests.serve.serving import Gate
 
 GATED = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" }} {{ gen n regex="[0-9]{2}" }}\n'
 

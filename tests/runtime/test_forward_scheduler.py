@@ -12,8 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.runtime.scheduler import ForwardScheduler
-from tests.hang import alarm
-from tests.serve.serving import wait_until
+from tests.hang import alarm, wait_until
 
 
 class Cache:

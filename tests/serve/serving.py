@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +17,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from tests.hang import alarm
+from tests.hang import alarm, wait_until
 
 
 @contextmanager
@@ -39,12 +38,6 @@ def serving(asgi: Starlette) -> Iterator[str]:
         with alarm(60):
             thread.join()
         sock.close()
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    """Poll `condition` (callers hold an alarm: a regression fails instead of hanging)."""
-    while not condition():
-        time.sleep(0.01)
 
 
 class Gate:

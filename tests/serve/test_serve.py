@@ -26,8 +26,8 @@ from qrun.serve import app
 from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
 from tests.doubles import ScriptedServer
-from tests.hang import alarm
-from tests.serve.serving import GATE, Gate, serving, sse_events, wait_until
+from tests.hang import alarm, wait_until
+from tests.serve.serving import GATE, Gate, serving, sse_events
 
 PERSON = ('---\ntemperature: 0\n---\nName: {{ name }}.\nAge: {{ gen age regex="[0-9]{1,2}" }}'
           '\nCity: {{ gen city regex="[A-Z][a-z]{2,7}" }}\n')

@@ -24,7 +24,7 @@ import qrun
 from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
-from tests.hang import alarm
+from tests.hang import alarm, wait_until
 from tests.serve.serving import (
     BIOS,
     EXTRACT,
@@ -34,7 +34,6 @@ from tests.serve.serving import (
     post_extract,
     serving,
     sse_events,
-    wait_until,
 )
 
 pytestmark = pytest.mark.llamacpp

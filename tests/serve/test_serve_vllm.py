@@ -19,8 +19,8 @@ import qrun
 from qrun.runtime.admission import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
-from tests.hang import alarm
-from tests.serve.serving import BIOS, EXTRACT, GATE, SCHEMA, Gate, post_extract, serving, wait_until
+from tests.hang import alarm, wait_until
+from tests.serve.serving import BIOS, EXTRACT, GATE, SCHEMA, Gate, post_extract, serving
 from tests.vllm_serving import vllm_serve
 
 pytestmark = pytest.mark.vllm

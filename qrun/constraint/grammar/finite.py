@@ -52,7 +52,7 @@ _SIMPLE = _KEPT | {"enum", "const", "type"}
 _FINITE_TYPES = {"null": (None,), "boolean": (False, True)}
 # _finite_values finds a list only in a subschema with one of these keys, or of these types.
 _FINITE_KEYS = frozenset({"const", "enum", "allOf", "$ref", "anyOf", "oneOf"})
-_FINITE_TYPED = frozenset({"null", "boolean", "integer", "array"})
+_FINITE_TYPED = frozenset({*_FINITE_TYPES, "integer", "array"})  # ranges, uniqueItems
 _REF_DEPTH = 4
 
 

@@ -5,10 +5,8 @@ child gets threads of its own."""
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import threading
-import time
 import weakref
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +19,7 @@ from qrun.constraint.grammar.build_thread import built
 from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.vocab import Vocabulary
 from qrun.matcher import Matcher
-from tests.hang import alarm
+from tests.hang import alarm, wait_until
 
 
 def _thread_name() -> str:
@@ -92,11 +90,8 @@ def test_a_grammar_a_cache_keeps_builds_in_the_kept_thread(compiles: list[str],
     grammar = json_grammar({"type": "array", "items": {"const": "build_thread"}})
     cache = LlgCache()
     gone = weakref.ref(cache.get(grammar, smol_vocab))  # asked for once: not kept
-    for _ in range(100):  # the build thread lets go of what it built just after returning it
-        gc.collect()
-        if gone() is None:
-            break
-        time.sleep(0.01)
+    with alarm(10):  # the build thread lets go of what it built just after returning it
+        wait_until(lambda: gone() is None)
     kept = cache.get(grammar, smol_vocab)  # asked for again: built to keep
     assert cache.get(grammar, smol_vocab) is kept
     assert compiles == [built(_thread_name), built(_thread_name, kept=True)]
