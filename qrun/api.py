@@ -17,10 +17,9 @@ from qrun.options import ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.backends.base import Backend
-    from qrun.runtime.admission import Ticket
-    from qrun.runtime.constraints import ConstraintCompiler
-    from qrun.runtime.engines import Engines
+    from qrun.runtime.request import RunRequest
     from qrun.runtime.result import Result
+    from qrun.runtime.runner import Runner, Ticket
 
 
 HostFunctions = Functions | Mapping[str, Callable[..., Any]]
@@ -56,7 +55,9 @@ class Query:
             template if isinstance(template, Program)
             else compile_source(template, name, include_dir, self.functions.signatures()))
         self._models: dict[ModelOptions, Backend] = {}
-        self._constraints: dict[Backend, ConstraintCompiler] = {}
+        # The runner of each backend this query ran on, held so that it (its compiled
+        # constraints) lives as long as the query does (qrun/runtime/runner.py).
+        self._runners: dict[Backend, Runner] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str],
@@ -126,19 +127,8 @@ class Query:
             ModelLoadError: the model cannot be loaded.
             GenerationError: a hole cannot be filled legally.
         """
-        from qrun.runtime.executor import Run
-        from qrun.runtime.fills import Fills
-
-        chosen, named = RunOptions.split(values)
-        run_options = chosen.over(options or RunOptions())
-        if named or inputs is None:
-            inputs = {**(inputs or {}), **named}
-        checked = self.program.check_inputs(inputs)
-        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
-        backend = self._model(model)
-        return Run(self.program, backend, checked, run_options, on_text,
-                   self._constraint_compiler(backend), functions=self.functions,
-                   fill=fill).execute()
+        request = self._request(inputs, options, fill, values, on_text)
+        return self.runner(model).run(request)
 
     async def arun(
         self,
@@ -153,7 +143,7 @@ class Query:
     ) -> Result:
         """`run`, awaited: the run works in a thread of its own, and the runs of every
         `arun` and `astream` on the same loaded model (from any Query) share its forwards,
-        one batch per step (qrun/runtime/admission.py; docs/serve.md §1.2), so concurrent
+        one batch per step (qrun/runtime/runner.py; docs/serve.md §1.2), so concurrent
         coroutines are batched without a server. `on_text` is called from the run's thread.
         Cancelling the awaiting task cancels the run at its next forward.
 
@@ -213,30 +203,67 @@ class Query:
         on_text: Callable[[str], None] | None, on_hole: Callable[[str, Any], None] | None,
         fill: Mapping[str, Any] | None = None,
     ) -> Ticket:
-        """A run of this query admitted to its model's shared scheduler (arun, astream)."""
+        """A run of this query admitted to its model's runner (arun, astream)."""
         import asyncio
 
-        from qrun.runtime.admission import RunScheduler
-        from qrun.runtime.executor import Run
+        request = self._request(inputs, options, fill, values, on_text, on_hole)
+        loads = model is None or isinstance(model, str | ModelOptions)  # not in the event loop
+        runner = await asyncio.to_thread(self.runner, model) if loads else self.runner(model)
+        return runner.submit(request)
+
+    def request(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        options: RunOptions | None = None,
+        fill: Mapping[str, Any] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        on_hole: Callable[[str, Any], None] | None = None,
+        **values: Any,
+    ) -> RunRequest:
+        """A run of this query, checked and ready for a model's runner (`runner(model).run`,
+        `.submit`, `.map`): the one place where keyword arguments named like a run option are
+        split from inputs (as `run` takes them), the options merged over the template's own,
+        and the inputs and known values checked. `on_text` is told each piece of text,
+        `on_hole` each top-level hole's name and typed value as it ends.
+
+        Raises:
+            UsageError: a run option is invalid, or `fill` names no hole.
+            InputError: a declared input is missing or does not fit its type.
+        """
+        return self._request(inputs, options, fill, values, on_text, on_hole)
+
+    def _request(self, inputs: Mapping[str, Any] | None, options: RunOptions | None,
+                 fill: Mapping[str, Any] | None, values: Mapping[str, Any],
+                 on_text: Callable[[str], None] | None = None,
+                 on_hole: Callable[[str, Any], None] | None = None) -> RunRequest:
         from qrun.runtime.fills import Fills
+        from qrun.runtime.request import RunRequest
 
         chosen, named = RunOptions.split(values)
-        run_options = chosen.over(options or RunOptions())
+        run_options = chosen.over(options or RunOptions()).over(self.program.options)
         if named or inputs is None:
             inputs = {**(inputs or {}), **named}
         checked = self.program.check_inputs(inputs)
-        Fills(self.program, fill or {})  # a name that is no hole: refused before the model
-        backend = model if not (model is None or isinstance(model, str | ModelOptions)) \
-            else await asyncio.to_thread(self._model, model)
-        constraints = self._constraint_compiler(backend)
+        fills = Fills(self.program, fill or {})  # a name that is no hole: refused here
+        return RunRequest(self.program, checked, run_options, fills, self.functions, on_text,
+                          on_hole)
 
-        def work(engines: Engines) -> Result:
-            run = Run(self.program, backend, checked, run_options, on_text, constraints,
-                      engines, self.functions, fill)
-            run.on_hole = on_hole
-            return run.execute()
+    def runner(self, model: Backend | ModelOptions | str | None = None) -> Runner:
+        """The runner of `model` (loaded as `run` loads it): what runs this query's requests
+        (qrun/runtime/runner.py), shared with every other query on the same loaded model.
 
-        return RunScheduler.shared(backend).submit(work)
+        Raises:
+            ModelLoadError, UsageError: as load_model.
+        """
+        from qrun.runtime.runner import Runner
+
+        backend = self._model(model)
+        runner = self._runners.get(backend)
+        if runner is None:
+            runner = self._runners[backend] = Runner.of(backend)
+        return runner
 
     def run_many(
         self,
@@ -265,15 +292,11 @@ class Query:
             UsageError: batch_size < 1, an invalid or unknown run option, or `fill` not one
                 per input.
         """
-        from qrun.runtime.batch import run_batched
-        from qrun.runtime.executor import Run
 
         chosen, unknown = RunOptions.split(option_values)
         if unknown:
             raise UsageError(f"run_many() got unknown keyword argument(s): "
                              f"{', '.join(sorted(unknown))} (inputs go in the mappings)")
-        # Item i's seed is derived from the run's seed (front matter's included) and i.
-        run_options = chosen.over(options or RunOptions()).over(self.program.options)
         if batch_size < 1:
             raise UsageError(f"batch_size must be ≥ 1, got {batch_size}")
         rows = [dict(values) for values in inputs]
@@ -281,25 +304,17 @@ class Query:
         if len(fills) != len(rows):
             raise UsageError(f"run_many() got {len(fills)} fill mappings for {len(rows)} inputs: "
                              "give one per input (None for none)")
-        backend = self._model(model)
-        constraints = self._constraint_compiler(backend)
-        if batch_size > 1 and len(rows) > 1:
-            return run_batched(self.program, backend, rows,
-                               [run_options.for_item(i) for i in range(len(rows))],
-                               constraints, batch_size, on_result, self.functions, fills)
-        results: list[Result | QrunError] = []
-        for index, values in enumerate(rows):
-            outcome: Result | QrunError
+        run_options = chosen.over(options or RunOptions())
+        requests: list[RunRequest | QrunError] = []
+        for index, (values, known) in enumerate(zip(rows, fills, strict=True)):
             try:
-                outcome = Run(self.program, backend, values, run_options.for_item(index),
-                              None, constraints, functions=self.functions,
-                              fill=fills[index]).execute()
-            except QrunError as exc:
-                outcome = exc
-            results.append(outcome)
-            if on_result is not None:
-                on_result(index, outcome)
-        return results
+                # Item i's seed is derived from the run's seed (front matter's included) and i.
+                requests.append(self._request(values, run_options, known, {})
+                                .for_item(index))
+            except QrunError as exc:  # this input's error in its place; the others run
+                requests.append(exc)
+        runner = self.runner(model)
+        return runner.map(requests, min(batch_size, max(len(rows), 1)), on_result)
 
     def load(
         self,
@@ -349,11 +364,4 @@ class Query:
             return self.load(model)
         return model
 
-    def _constraint_compiler(self, backend: Backend) -> ConstraintCompiler:
-        # One per backend (keyed by the object itself): compiled token indexes are shared by
-        # every run of this query.
-        from qrun.runtime.constraints import ConstraintCompiler
 
-        if backend not in self._constraints:
-            self._constraints[backend] = ConstraintCompiler(backend)
-        return self._constraints[backend]

@@ -15,7 +15,9 @@ and every error about a place in a template carries the Span of the text it is a
 So `except TemplateError` catches every compile error (the group included) and nothing that
 only happens while running; PositionedError carries the span rendering both kinds share.
 TemplateWarning, never raised, is a template that compiles but likely does not mean what it
-says: rendered like an error, with "warning:"."""
+says: rendered like an error, with "warning:". QueueFull and RunCancelled are no QrunErrors:
+they are about admission to a model's runs (qrun/runtime/runner.py), which a server answers
+429 and 503/504, not about the template or its inputs."""
 
 from __future__ import annotations
 
@@ -43,6 +45,16 @@ class ModelLoadError(QrunError):
     """A model could not be found or loaded; the message says how to fix it."""
 
     exit_code = 2
+
+
+class QueueFull(Exception):
+    """Every run slot of an admission is taken and its queue holds `max_queue` runs already
+    (qrun/runtime/runner.py)."""
+
+
+class RunCancelled(Exception):
+    """The run's request timed out or went away: the run ends at its next forward, which
+    frees its KV cache (the session closes as the exception unwinds it)."""
 
 
 class BackendError(QrunError):

@@ -214,6 +214,72 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def runtime_imports(path: Path) -> Iterator[Import]:
+    """As `imports`, less those under `if TYPE_CHECKING:` (type-only arrows, never run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {node.lineno for block in ast.walk(tree)
+                   if isinstance(block, ast.If) and isinstance(block.test, ast.Name)
+                   and block.test.id == "TYPE_CHECKING"
+                   for statement in block.body for node in ast.walk(statement)
+                   if isinstance(node, ast.Import | ast.ImportFrom)}
+    return (i for i in imports(path) if i.line not in typing_only)
+
+
+def package_of(module: str) -> str:
+    """The package a module counts in for arrows between packages: qrun.X for anything under
+    qrun/X/ (its __init__ included, which runs whenever one of its modules is imported)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """Issue #36: an import inside a function counts (it runs too); a type-only one does not.
+    `cli` -> `serve` (the `qrun serve` command) with `serve` -> `cli.jsonio` was such a
+    circle, which the file-level test cannot see."""
+    graph: dict[str, set[str]] = {}
+    for path in python_files("qrun"):
+        source = package_of(module_name(path))
+        for i in runtime_imports(path):
+            target = package_of(i.module)
+            if i.module.startswith("qrun.") and target != source:
+                graph.setdefault(source, set()).add(target)
+    assert _cycles(graph) == []
+
+
+# The faces above the runtime that reach it only through qrun.api (Query.request and
+# Query.runner): the command line is above them all.
+FACES = ("qrun.serve", "qrun.lsp", "qrun.testing")
+
+
+def test_the_faces_reach_the_runtime_only_through_the_api() -> None:
+    bad = [f"{i.source}:{i.line} imports {i.module}"
+           for path in python_files("qrun") for i in runtime_imports(path)
+           if i.source.startswith(FACES)
+           and i.module.startswith(("qrun.runtime", "qrun.backends", "qrun.cli"))]
+    bad += [f"{i.source}:{i.line} imports {i.module}"
+            for path in python_files("qrun") for i in imports(path)
+            if i.source.startswith(FACES) and i.module.startswith("qrun.cli")]
+    assert bad == []
+
+
+def constructions(name: str) -> list[str]:
+    """Where `name(...)` is called in qrun/ (as a name or an attribute)."""
+    found = []
+    for path in python_files("qrun"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and (
+                    isinstance(node.func, ast.Name) and node.func.id == name
+                    or isinstance(node.func, ast.Attribute) and node.func.attr == name):
+                found.append(module_name(path))
+    return found
+
+
+@pytest.mark.parametrize("name", ["Run", "ForwardScheduler", "ConstraintCompiler"])
+def test_runs_and_per_model_state_are_built_by_the_runner_alone(name: str) -> None:
+    """One run path (issue #36): a run, the scheduler of a model's forwards and its compiled
+    constraints are made in qrun/runtime/runner.py, once per loaded backend for the last two."""
+    assert constructions(name) == ["qrun.runtime.runner"]
+
+
 CHECK_SCRIPT = """
 import sys
 import qrun

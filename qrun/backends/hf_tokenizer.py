@@ -23,7 +23,7 @@ from qrun.errors import ModelLoadError
 
 # transformers' fast tokenizers implement `split_special_tokens` by setting a flag on the one
 # Rust tokenizer they wrap, then encoding: two threads encoding at once (the runs of a batch,
-# qrun/runtime/batch.py) could each encode under the other's flag, so a user's "<|im_end|>"
+# qrun/runtime/runner.py) could each encode under the other's flag, so a user's "<|im_end|>"
 # became the control token, or a template's chat marker became text. Encoding under one lock
 # makes setting the flag and encoding one step (tests/backends/test_tokenizer_threads.py).
 _ENCODE_LOCK = threading.Lock()

@@ -1,5 +1,5 @@
 """`qrun FILE.tmpl`: argument parsing, printing results or errors, exit codes; no logic. The
-JSON it reads and writes goes through qrun/cli/jsonio.py, the feedback around a run (early
+JSON it reads and writes goes through qrun/jsonio.py, the feedback around a run (early
 text, the loading notice, ordered JSON Lines, Ctrl-C) through qrun/cli/output.py."""
 
 from __future__ import annotations
@@ -14,18 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qrun.cli.jsonio import (
-    DEFAULT_FIELDS,
-    FIELDS,
-    BadInput,
-    check_text,
-    dumps_line,
-    finite,
-    parse_line,
-    parse_value,
-    result_row,
-    split_lines,
-)
 from qrun.cli.output import (
     Interrupted,
     LoadingNotice,
@@ -37,6 +25,18 @@ from qrun.cli.output import (
     write,
 )
 from qrun.errors import PositionedError, QrunError, TemplateErrors, UsageError
+from qrun.jsonio import (
+    DEFAULT_FIELDS,
+    FIELDS,
+    BadInput,
+    Rows,
+    check_text,
+    dumps_line,
+    finite,
+    parse_line,
+    parse_value,
+    split_lines,
+)
 from qrun.options import BACKENDS, DTYPES, ModelOptions, RunOptions
 
 if TYPE_CHECKING:
@@ -166,10 +166,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 
 def build_lsp_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="qrun lsp",
         description="Run the qrun language server on stdin and stdout (the Language Server "
                     "Protocol): an editor starts it for .tmpl files (docs/editor.md).")
+    parser.add_argument("--functions", metavar="FILE.py", action="append", default=[],
+                        help="host functions the templates may call, checked as `qrun FILE "
+                             "--check --functions FILE.py` checks them (the file is imported "
+                             "once, when the server starts); repeatable")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,8 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serving = bool(given) and given[0] == "serve"
     testing = bool(given) and given[0] == "test"
     if given and given[0] == "lsp":
-        build_lsp_parser().parse_args(given[1:])
-        return _lsp()
+        return _lsp(build_lsp_parser().parse_args(given[1:]))
     if serving:
         args = build_serve_parser().parse_args(given[1:])
     elif not testing:
@@ -212,14 +216,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL if testing else EXIT_RUNTIME
 
 
-def _lsp() -> int:
+def _lsp(args: argparse.Namespace) -> int:
     try:
         from qrun.lsp.server import serve
     except ImportError as err:  # pygls is the `lsp` extra's
         print(f"qrun lsp needs pygls and lsprotocol ({err}): pip install 'qrun[lsp]'",
               file=sys.stderr)
         return EXIT_USAGE
-    return serve()
+    from qrun.cli.functions_file import load_all_functions
+
+    try:
+        functions = load_all_functions(args.functions).signatures()
+    except QrunError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+    return serve(functions)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -255,24 +266,19 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError("--fill cannot go with --inputs (give each run its values with "
                              "Query.run(fill=...))")
         return _run_lines(query, args, options, model_options, inputs,
-                          _Rows(fields, args.id, typed_strings))
-    checked = query.program.check_inputs(inputs)  # before the model is loaded
-    if fill:
-        from qrun.runtime.fills import Fills
-
-        Fills(query.program, fill)  # a name that is no hole: refused before the model
+                          Rows(fields, args.id, lambda exc: _hint(exc, typed_strings)))
+    request = query.request(inputs, options=options, fill=fill)  # before the model loads
     if args.json:
         model = _load(query, model_options, args.quiet)
-        result = _hinted(lambda: query.run(checked, model=model, options=options, fill=fill),
-                         typed_strings)
-        print(dumps_line(_Rows(fields, args.id, typed_strings).result(result, inputs)))
+        result = _hinted(lambda: query.runner(model).run(request), typed_strings)
+        print(dumps_line(Rows(fields, args.id).result(result, inputs)))
     else:
         early = leading_text(query.program)
         write(early)  # the template's opening text, before the model loads
         model = _load(query, model_options, args.quiet)
         echo = SkipEcho(early, write)
-        result = _hinted(lambda: query.run(checked, model=model, options=options,
-                                           on_text=echo, fill=fill), typed_strings)
+        result = _hinted(lambda: query.runner(model).run(request.streaming(echo)),
+                         typed_strings)
         if not result.text.endswith("\n"):
             write("\n")
     if args.stats:
@@ -358,7 +364,7 @@ def _load(query: Query, given: ModelOptions, quiet: bool) -> Backend:
 
 
 def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
-               model_options: ModelOptions, base: dict[str, Any], rows: _Rows) -> int:
+               model_options: ModelOptions, base: dict[str, Any], rows: Rows) -> int:
     """One run per JSON line; JSON Lines out, in input order, each printed as soon as it and
     every line before it are done. A line that cannot be a run's inputs prints
     {"error": ..., "line": N} with its number in the file, and the rest still run."""
@@ -389,33 +395,6 @@ def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,
 
     in_background(job, printer)
     return EXIT_RUNTIME if printer.failed else EXIT_OK
-
-
-class _Rows:
-    """The JSON rows printed by --json and --inputs: the chosen fields of a result, or an
-    error with its line; "id" first when --id names an input."""
-
-    def __init__(self, fields: tuple[str, ...], id_field: str | None,
-                 typed_strings: dict[str, str]) -> None:
-        self.fields = fields
-        self.id_field = id_field
-        self.typed_strings = typed_strings
-
-    def _start(self, inputs: Any) -> dict[str, Any]:
-        if self.id_field is None:
-            return {}
-        return {"id": inputs.get(self.id_field) if isinstance(inputs, dict) else None}
-
-    def result(self, result: Result, inputs: Any) -> dict[str, Any]:
-        return {**self._start(inputs), **result_row(result, self.fields)}
-
-    def error(self, message: str, line: int, inputs: Any = None) -> dict[str, Any]:
-        return {**self._start(inputs), "error": message, "line": line}
-
-    def outcome(self, outcome: Result | QrunError, inputs: Any, line: int) -> dict[str, Any]:
-        if isinstance(outcome, QrunError):
-            return self.error(str(_hint(outcome, self.typed_strings)), line, inputs)
-        return self.result(outcome, inputs)
 
 
 def _hinted(run: Any, typed_strings: dict[str, str]) -> Result:
@@ -516,7 +495,7 @@ def _fields(text: str) -> tuple[str, ...]:
 
 
 def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
-    """The inputs of -v and --vars, read strictly (qrun/cli/jsonio.py); and the -v NAME=VALUE
+    """The inputs of -v and --vars, read strictly (qrun/jsonio.py); and the -v NAME=VALUE
     strings that read as other JSON values (for the `:=` hint)."""
     inputs: dict[str, Any] = {}
     if args.vars:

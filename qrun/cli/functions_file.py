@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 
 from qrun.errors import QrunError, UsageError
 from qrun.functions import Functions
@@ -44,3 +45,19 @@ def load_functions(path: str) -> Functions:
         return Functions.of(functions)
     except QrunError as exc:
         raise UsageError(f"--functions {path}: {exc}") from None
+
+
+def load_all_functions(paths: Sequence[str]) -> Functions:
+    """The host functions of every `--functions` file, together (`qrun test`, `qrun lsp`).
+
+    Raises:
+        UsageError: a file cannot be loaded, or two of them register the same name.
+    """
+    together = Functions()
+    for path in paths:
+        for name, function in load_functions(path).items():
+            if name in together:
+                raise UsageError(f"--functions {path}: '{name}' is registered by an earlier "
+                                 "--functions file too")
+            together.register(function.function, name=name)
+    return together

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from qrun.cli.jsonio import dumps_line
+from qrun.jsonio import dumps_line
 from qrun.lang import ir
 
 # Loading shorter than this shows nothing: a notice that flashes is noise.

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from qrun.cli.jsonio import dumps_line, finite
 from qrun.cli.output import write
 from qrun.errors import QrunError, UsageError
+from qrun.jsonio import dumps_line, finite
 
 # A server's error codes that are a usage error where a local run would exit 2.
 USAGE_CODES = {"bad_request", "input_error", "template_not_found", "unauthorized",

@@ -18,7 +18,7 @@ from qrun.options import BACKENDS, DTYPES, ModelOptions
 if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
-    from qrun.functions import Functions
+    from qrun.runtime.request import RunRequest
     from qrun.testing import Case
 
 EXIT_PASSED, EXIT_FAILED = 0, 1
@@ -55,6 +55,7 @@ def build_test_parser() -> argparse.ArgumentParser:
 def run_tests(argv: Sequence[str]) -> int:
     """`qrun test ARGS`: the exit code (QrunErrors propagate to qrun.cli's main, exit 2)."""
     from qrun.api import Query
+    from qrun.cli.functions_file import load_all_functions
     from qrun.cli.output import LoadingNotice
     from qrun.testing import CaseFileError, cases_file_of, load_cases
     from qrun.testing.cases import front_matter_cases
@@ -66,12 +67,12 @@ def run_tests(argv: Sequence[str]) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     chosen = keyword_filter(args.keyword) if args.keyword is not None else None
-    functions = _functions(args.functions) if args.functions else None
+    functions = load_all_functions(args.functions) if args.functions else None
     given = {name: getattr(args, name, None) for name in ModelOptions.names()
              if name not in ("weights", "timeout", "cache_mb")}
     model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
     # Everything that can be wrong without a model is found first.
-    suites: list[tuple[str, Query, list[Case]]] = []
+    suites: list[tuple[str, Query, list[Case], list[RunRequest]]] = []
     deselected = 0
     for template in _templates(args.paths):
         query = Query.from_file(template, functions=functions)
@@ -84,13 +85,13 @@ def run_tests(argv: Sequence[str]) -> int:
             if names.count(case.name) > 1:
                 raise CaseFileError(f"two cases are named {case.name!r} (the front matter's "
                                     f"tests and {beside.name})", case.where)
-        check_case_inputs(query, cases)
+        requests = check_case_inputs(query, cases)
         if chosen is not None:
-            kept = [c for c in cases if chosen(f"{template}::{c.name}")]
+            kept = [i for i, c in enumerate(cases) if chosen(f"{template}::{c.name}")]
             deselected += len(cases) - len(kept)
-            cases = kept
+            cases, requests = [cases[i] for i in kept], [requests[i] for i in kept]
         if cases:
-            suites.append((str(template), query, cases))
+            suites.append((str(template), query, cases, requests))
     if not suites:
         raise UsageError("no test case to run" + (f" matches -k {args.keyword!r}"
                                                   if args.keyword is not None else ""))
@@ -98,7 +99,7 @@ def run_tests(argv: Sequence[str]) -> int:
     started = time.perf_counter()
     backends: dict[ModelOptions, Backend] = {}
     holes: dict[str, dict[str, str]] = {}
-    for name, query, cases in suites:
+    for name, query, cases, requests in suites:
         wanted = query.model_options(model)
         if wanted not in backends:
             from qrun.backends import load_model
@@ -107,7 +108,7 @@ def run_tests(argv: Sequence[str]) -> int:
                 backends[wanted] = load_model(options=wanted)
         holes[name] = hole_places(query)
         report.start(name)
-        run_cases(query, name, cases, backends[wanted], args.batch_size, report.case)
+        run_cases(query, name, cases, backends[wanted], args.batch_size, report.case, requests)
     seconds = time.perf_counter() - started
     report.finish(seconds, holes, deselected)
     if args.junit_xml:
@@ -116,25 +117,6 @@ def run_tests(argv: Sequence[str]) -> int:
         except OSError as exc:
             raise UsageError(f"--junit-xml {args.junit_xml}: {exc}") from None
     return EXIT_PASSED if all(o.passed for o in report.outcomes) else EXIT_FAILED
-
-
-def _functions(paths: Sequence[str]) -> Functions:
-    """The host functions of every `--functions` file, together.
-
-    Raises:
-        UsageError: a file cannot be loaded, or two of them register the same name.
-    """
-    from qrun.cli.functions_file import load_functions
-    from qrun.functions import Functions
-
-    together = Functions()
-    for path in paths:
-        for name, function in load_functions(path).items():
-            if name in together:
-                raise UsageError(f"--functions {path}: '{name}' is registered by an earlier "
-                                 "--functions file too")
-            together.register(function.function, name=name)
-    return together
 
 
 def _templates(paths: Sequence[str]) -> list[Path]:

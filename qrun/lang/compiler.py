@@ -1,17 +1,16 @@
 """Stage 3: ast.Template -> ir.Program. Resolves names (inputs, captures, set and loop
 variables; which inputs are optional), lowers holes (their arguments, constraints and the front
 matter are checked by lang/args.py), expands includes (lang/include.py), and runs every static
-check, reporting all errors at once as TemplateErrors. compile_source/compile_file run the
-whole front end."""
+check, reporting all errors at once as TemplateErrors. lang/front_end.py runs the whole front
+end (text to program) for every face."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
-from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, UsageError, suggest
+from qrun.errors import TemplateCompileError, TemplateError, TemplateErrors, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.args import ArgChecker, pattern_name, prefix
@@ -19,16 +18,13 @@ from qrun.lang.build import MAX_ERRORS
 from qrun.lang.evaluate import LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
-from qrun.lang.include import Includes, load_template
+from qrun.lang.include import Includes
 from qrun.lang.lint import find_warnings
 from qrun.lang.output import check_output
 from qrun.lang.signature import Signature
-from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, read_template, too_large
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
-from qrun.lang.text import normalize_text
 from qrun.source import Source, Span
 
-PathLike = str | os.PathLike[str]
 Signatures = Mapping[str, Signature]
 """The host functions a template may call, by name (qrun/functions.py Functions.signatures)."""
 CALL = "call"
@@ -40,51 +36,6 @@ TOOLS = "tools"
 named ones): `{{ gen action tools=tools(["calc"]) }}`."""
 _HOST_NOTE = ("a host function is known only when registered: Query(text, functions=...), "
               "or `qrun FILE --functions FILE.py` (docs/language.md §22)")
-
-
-def compile_source(text: str, name: str = "<string>", include_dir: PathLike | None = None,
-                   functions: Signatures | None = None) -> ir.Program:
-    """Parse, build and compile template `text` (reported under `name`). The text is
-    normalized first (lang/text.py: newlines as Jinja writes them, no byte order mark).
-    `{% include %}` is refused unless `include_dir` names the folder to include from.
-    `functions` are the host functions the template may call (their arguments are checked).
-
-    Raises:
-        TemplateErrors: every error found, in source order (a syntax error stops the parse;
-            text that cannot be encoded, and a template over a size limit of lang/size.py,
-            stop it before, so each is reported alone).
-    """
-    if len(text) > MAX_TEMPLATE_SIZE:
-        raise too_large(name, text, len(text), "characters")
-    source = Source(name, normalize_text(text))
-    folder = os.fspath(include_dir) if include_dir is not None else None
-    template, size = load_template(source)
-    return compile_template(template, source, Includes(folder, folder or ".", counted=size),
-                            functions)
-
-
-def compile_file(path: PathLike, include_dir: PathLike | None = None,
-                 functions: Signatures | None = None) -> ir.Program:
-    """Compile the UTF-8 template file at `path`; errors are reported under that path. Its
-    includes are relative to the including file, and stay inside `include_dir` (by default
-    the folder of `path`).
-
-    Raises:
-        UsageError: the file cannot be read, is not a regular file (a directory, a named pipe,
-            a device), or is not UTF-8 (a UTF-16 file is named so).
-        TemplateErrors: as compile_source (a file over MAX_TEMPLATE_SIZE bytes is one).
-    """
-    name = os.fspath(path)
-    try:
-        text = read_template(name)
-    except (NotAFile, OSError) as err:
-        raise UsageError(f"cannot read template {name}: {err}") from None
-    if isinstance(text, TemplateErrors):
-        raise text
-    source = Source(name, normalize_text(text))
-    root = os.fspath(include_dir) if include_dir is not None else None
-    template, size = load_template(source)
-    return compile_template(template, source, Includes.for_file(name, root, size), functions)
 
 
 def compile_template(template: ast.Template, source: Source, includes: Includes | None = None,

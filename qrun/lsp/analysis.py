@@ -1,6 +1,6 @@
 """What the language server knows of one document: its text compiled as `qrun --check FILE`
-compiles the file (lang/compiler.py compile_file, but on the editor's text, which may not be
-saved), keeping what each stage produced, so hover and definition work on a template that
+compiles the file (lang/front_end.py, the same stages, but on the editor's text, which may not
+be saved), keeping what each stage produced, so hover and definition work on a template that
 parses but does not compile. Positions here are plain data: 0-based lines and columns counted
 in characters (code points) of the normalized text (lang/text.py keeps line numbers); the
 server (qrun/lsp/server.py) converts them to the client's units."""
@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from qrun.errors import QrunError, TemplateError, TemplateErrors, TemplateWarning
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.compiler import compile_template
-from qrun.lang.include import Includes, load_template
-from qrun.lang.size import MAX_TEMPLATE_SIZE, too_large
-from qrun.lang.text import normalize_text
+from qrun.lang.compiler import Signatures
+from qrun.lang.front_end import FrontEnd
 from qrun.source import Source, Span
 
 
@@ -59,27 +57,29 @@ class Analysis:
         return min(starts[line] + max(character, 0), end)
 
 
-def analyze(text: str, path: str) -> Analysis:
-    """Compile `text` as the template file at `path`: includes and `call()` targets are
+def analyze(text: str, path: str, functions: Signatures | None = None) -> Analysis:
+    """Compile `text` as the template file at `path` through the one front end
+    (lang/front_end.py), with the host `functions` the server was started with (`qrun lsp
+    --functions FILE.py`, as `qrun --check --functions`): includes and `call()` targets are
     resolved as for `qrun --check path` (relative to the file's folder, never outside it:
     lang/include.py). Never raises for any text: an error of the compiler itself becomes one
     error at the start of the document, so that a bug cannot stop the server.
 
     Work is bounded by the compiler's own limits (lang/size.py: characters, tags and the items
     inside them, counted before parsing; includes by depth and count)."""
-    if len(text) > MAX_TEMPLATE_SIZE:
-        errors = too_large(path, text, len(text), "characters")
-        return Analysis(errors.source, None, None, errors.errors, ())
-    source = Source(path, normalize_text(text))
     try:
-        template, size = load_template(source)
+        front = FrontEnd(text, path)
+    except TemplateErrors as errors:  # over the size limit
+        return Analysis(errors.source, None, None, errors.errors, ())
+    source = front.source
+    try:
+        template = front.parse()
     except TemplateErrors as errors:
         return Analysis(source, None, None, errors.errors, ())
     except Exception as err:  # RecursionError, or a bug in qrun
         return _failed(source, None, err)
-    includes = Includes.for_file(path, None, size)
     try:
-        program = compile_template(template, source, includes)
+        program = front.compile(front.includes_of_file(), functions)
     except TemplateErrors as errors:
         return Analysis(source, template, None, errors.errors, ())
     except QrunError as error:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from qrun.errors import PositionedError, QrunError, TemplateWarning
+from qrun.lang.compiler import Signatures
 from qrun.lsp.analysis import Analysis, Range, analyze
 
 ERROR, WARNING = "error", "warning"
@@ -35,9 +36,10 @@ class Diagnostic:
     related: tuple[Related, ...] = ()
 
 
-def diagnostics(text: str, path: str) -> list[Diagnostic]:
-    """Every error and warning `qrun --check path` would report for `text`."""
-    return diagnostics_of(analyze(text, path))
+def diagnostics(text: str, path: str, functions: Signatures | None = None) -> list[Diagnostic]:
+    """Every error and warning `qrun --check path` would report for `text` (with the host
+    `functions` of its `--functions` files)."""
+    return diagnostics_of(analyze(text, path, functions))
 
 
 def diagnostics_of(analysis: Analysis) -> list[Diagnostic]:

@@ -26,6 +26,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from qrun.collector import collector_paused
+from qrun.lang.compiler import Signatures
 from qrun.lsp import completion as completing
 from qrun.lsp import definition as defining
 from qrun.lsp import diagnostics as diagnosing
@@ -57,8 +58,11 @@ class _Document:
 class QrunLanguageServer(LanguageServer):
     """The server, with its documents' analyses and the one thread compiles run on."""
 
-    def __init__(self) -> None:
+    def __init__(self, functions: Signatures | None = None) -> None:
         super().__init__("qrun", VERSION)
+        # The host functions templates may call (`qrun lsp --functions FILE.py`), as `qrun
+        # --check --functions` takes them: the same front end, so the same verdict.
+        self.functions = functions
         self.documents: dict[str, _Document] = {}
         self.compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qrun-compile")
 
@@ -80,7 +84,8 @@ class QrunLanguageServer(LanguageServer):
         try:
             text = self.text(uri)
             loop = asyncio.get_running_loop()
-            analysis = await loop.run_in_executor(self.compiler, _analyze, text, path_of(uri))
+            analysis = await loop.run_in_executor(self.compiler, _analyze, text, path_of(uri),
+                                                  self.functions)
             if self.documents.get(uri) is not state or self.text(uri) != text:
                 return  # changed or closed meanwhile: its own compile is coming
             state.latest, state.latest_text = analysis, text
@@ -108,7 +113,8 @@ class QrunLanguageServer(LanguageServer):
         if state.pending is None or state.pending.done():
             self.schedule(uri, 0)
         await state.done.wait()
-        return state.latest if state.latest is not None else _analyze(text, path_of(uri))
+        return (state.latest if state.latest is not None
+                else _analyze(text, path_of(uri), self.functions))
 
     async def at(self, params: types.HoverParams | types.DefinitionParams
                  ) -> tuple[Analysis, str, int, int]:
@@ -176,13 +182,13 @@ def _lines(text: str, most: int = -1) -> list[str]:
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n", most)
 
 
-def _analyze(text: str, path: str) -> Analysis:
+def _analyze(text: str, path: str, functions: Signatures | None = None) -> Analysis:
     """The analysis with the cycle collector paused (qrun/collector.py): a 1,000-line
     template's parse and compile make millions of objects and no cycle, and the collections
     they set off made the slowest of 30 compiles 166-195 ms against a median of 135-144
     (paused, with the heap frozen after the first: 127-133 against 123-128)."""
     with collector_paused():
-        return analyze(text, path)
+        return analyze(text, path, functions)
 
 
 WARM_UP = "---\ninputs:\n  topic: string\n---\n{{ topic }}: {{ gen n regex=INT }}\n"
@@ -225,9 +231,10 @@ def _uri(path: str) -> str:
         return path
 
 
-def build_server() -> QrunLanguageServer:
-    """The server with its features registered."""
-    server = QrunLanguageServer()
+def build_server(functions: Signatures | None = None) -> QrunLanguageServer:
+    """The server with its features registered; `functions`: the host functions templates
+    may call."""
+    server = QrunLanguageServer(functions)
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: QrunLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -308,9 +315,10 @@ def build_server() -> QrunLanguageServer:
     return server
 
 
-def serve() -> int:
-    """Run the server on stdin and stdout until the client ends it."""
-    server = build_server()
+def serve(functions: Signatures | None = None) -> int:
+    """Run the server on stdin and stdout until the client ends it; `functions`: the host
+    functions templates may call."""
+    server = build_server(functions)
     warm_up()
     server.start_io()
     return 0

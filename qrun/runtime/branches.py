@@ -7,10 +7,9 @@ the run's and whose KV cache is a fork of its cache (KVCache.fork: the shared pr
 fed again), its own scope (the fork's variables and `loop` bound), its own random generator
 (from the run's and the branch's index, so a seed replays every branch) and its own text,
 which is dropped. Branches run in threads, at most MAX_CONCURRENT_BRANCHES at a time, and
-their forwards are batched as batched runs' are (runtime/batch.py): inside run_many they join
-the run's scheduler as workers of their own; otherwise the run's thread serves a scheduler of
-its own while they run; on a backend that batches itself (vLLM), or that samples whole holes
-(a server), they call it concurrently. Afterwards their captures (lists, in item order), hole
+their forwards join the run's own scheduler (its runner's, qrun/runtime/runner.py) as workers
+of their own; on a backend that batches itself (vLLM), or that samples whole holes (a server),
+they call it concurrently. Afterwards their captures (lists, in item order), hole
 records, `holes.NAME` endings, trace holes and counters join the run's, in branch order; the
 first failing branch (in order) fails the run with its own positioned error."""
 
@@ -198,27 +197,19 @@ def _drive(run: Run, branches: list[_Branch], one: Callable[[_Branch, Engines], 
            ) -> None:
     """Run every branch (`one`) in worker threads, their forwards batched where the backend
     takes batches, until all have ended."""
-    model, backend = run.engines.model, run.backend
-    if model is None or backend.capabilities.batches_itself:
+    model = run.engines.model
+    if not isinstance(model, ScheduledModel):  # vLLM batches itself; a server samples holes
         _Workers(branches, one, lambda _: run.engines, None).run()
         return
-    if isinstance(model, ScheduledModel):  # inside run_many: the run's scheduler serves
-        outer = model
-        workers = _Workers(branches, one, lambda i: _engines(run, outer.branch(i)),
-                           outer.scheduler)
-        workers.start()
-        outer.scheduler.leave()  # while waiting, this run submits nothing
-        try:
-            workers.join()
-        finally:
-            outer.scheduler.enter()
-        return
-    scheduler = ForwardScheduler(model, backend.tree_scorer(), backend.batch_forward())
-    own = _Workers(branches, one, lambda i: _engines(run, ScheduledModel(scheduler, i)),
-                   scheduler)
-    own.start()
-    scheduler.serve(own.finished)
-    own.join()
+    # The run's forwards go through its runner's scheduler (qrun/runtime/runner.py): the
+    # branches join it as workers of their own, their rows after the run's in branch order.
+    workers = _Workers(branches, one, lambda i: _engines(run, model.branch(i)), model.scheduler)
+    workers.start()
+    model.scheduler.leave()  # while waiting, this run submits nothing
+    try:
+        workers.join()
+    finally:
+        model.scheduler.enter()
 
 
 def _engines(run: Run, model: ScheduledModel) -> Engines:
@@ -239,8 +230,7 @@ class _Workers:
         self.one = one
         self.engines = engines
         self.scheduler = scheduler
-        self.lock = threading.Lock()  # guards queue and ended
-        self.ended = 0
+        self.lock = threading.Lock()  # guards queue
         self.threads = [threading.Thread(target=self.work, daemon=True)
                         for _ in range(min(len(branches), MAX_CONCURRENT_BRANCHES))]
 
@@ -258,10 +248,6 @@ class _Workers:
         for thread in self.threads:
             thread.join()
 
-    def finished(self) -> bool:
-        with self.lock:
-            return self.ended == len(self.threads)
-
     def take(self) -> _Branch | None:
         with self.lock:
             return next(self.queue, None)
@@ -273,7 +259,5 @@ class _Workers:
                 self.one(branch, self.engines(branch.index))
                 branch = self.take()
         finally:
-            with self.lock:
-                self.ended += 1
             if self.scheduler is not None:
                 self.scheduler.leave()

@@ -33,7 +33,7 @@ def choose_engines(
 ) -> Engines:
     """The engines of a run on `backend`; `model`, `tree_scorer` and `sampler` replace the
     backend's own (batched runs route them through their scheduler; a server's runs check
-    their cancellation in them, runtime/admission.py). A backend with neither token-level
+    their cancellation in them, runtime/runner.py). A backend with neither token-level
     forwards nor hole sampling (a tokenizer only) gets no filler: templates without holes
     still run on it."""
     model = model or backend.step_model()

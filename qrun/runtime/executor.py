@@ -1,12 +1,12 @@
-"""execute(program, backend, inputs) -> Result: walks the IR, appending fixed text to the
-session and filling holes through the engines chosen for the run (runtime/engines.py); one
-handler per op."""
+"""Run(request, ...).execute() -> Result: walks the IR, appending fixed text to the session and
+filling holes through the engines chosen for the run (runtime/engines.py); one handler per op.
+Runs are built by qrun/runtime/runner.py alone."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, assert_never
 
@@ -24,22 +24,20 @@ from qrun.errors import (
     TemplateCompileError,
     UsageError,
 )
-from qrun.functions import Functions
 from qrun.lang import ir
 from qrun.lang.args import want_distinct
 from qrun.lang.declared import first_problem, where
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
-from qrun.options import CHECKS, RunOptions
+from qrun.options import CHECKS
 from qrun.regex import PatternError
 from qrun.runtime.branches import exec_fork
 from qrun.runtime.calls import CallRunner, MacroReturn, Mark
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.contexts import bind_targets, exec_fresh, exec_hidden
-from qrun.runtime.engines import Engines, choose_engines
+from qrun.runtime.engines import Engines
 from qrun.runtime.fills import (
-    Fills,
     check_gen_fill,
     check_select_fill,
     fill_text,
@@ -48,6 +46,7 @@ from qrun.runtime.fills import (
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
 from qrun.runtime.recorder import Recorder
+from qrun.runtime.request import RunRequest
 from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
 from qrun.runtime.sampler import SamplingParams, new_generator
 from qrun.runtime.select import SelectRequest, select
@@ -64,56 +63,28 @@ from qrun.runtime.tool_calls import (
 from qrun.source import Source, Span
 
 
-def execute(
-    program: ir.Program,
-    backend: Backend,
-    inputs: Mapping[str, Any],
-    options: RunOptions | None = None,
-    on_text: Callable[[str], None] | None = None,
-    constraints: ConstraintCompiler | None = None,
-    functions: Functions | None = None,
-) -> Result:
-    """Run a compiled program on a backend; `functions` are the host functions it may call.
-
-    Raises:
-        InputError: a declared input is missing (before any model work).
-        GenerationError: a hole cannot be filled legally.
-        EvaluationError: an expression fails at run time.
-    """
-    return Run(program, backend, inputs, options, on_text, constraints,
-               functions=functions).execute()
-
-
 class Run:
     """One run of a program: its session, scope and records. `stats` is live while it runs
     (batched runs watch the lead run's forwards)."""
 
-    def __init__(
-        self,
-        program: ir.Program,
-        backend: Backend,
-        inputs: Mapping[str, Any],
-        options: RunOptions | None = None,
-        on_text: Callable[[str], None] | None = None,
-        constraints: ConstraintCompiler | None = None,
-        engines: Engines | None = None,
-        functions: Functions | None = None,
-        fill: Mapping[str, Any] | None = None,
-    ) -> None:
-        inputs = program.check_inputs(inputs)
-        self.fills = Fills(program, fill or {})  # known values (runtime/fills.py)
+    def __init__(self, request: RunRequest, backend: Backend, constraints: ConstraintCompiler,
+                 engines: Engines) -> None:
+        """Built only by qrun/runtime/runner.py, from a request whose inputs and known values
+        are checked already (Query.request)."""
+        program = request.program
+        self.fills = request.fills.fresh()  # known values (runtime/fills.py)
         self.program = program
         self.backend = backend
-        self.options = (options or RunOptions()).over(program.options).resolved()
-        self.on_text = on_text
-        self.constraints = constraints or ConstraintCompiler(backend)
-        self.engines = engines or choose_engines(backend)
+        self.options = request.options.resolved()
+        self.on_text = request.on_text
+        self.constraints = constraints
+        self.engines = engines
         self.stats = Stats(load_s=backend.load_s, seed=self.options.seed)
         self.recorder = Recorder(backend.vocabulary, detailed=self.options.trace)
         model = self.engines.model
         self.session = Session(backend, model, self.stats,
                                model.prefix_cache if model is not None else None, self.recorder)
-        self.scope: dict[str, Any] = dict(inputs)
+        self.scope: dict[str, Any] = dict(request.inputs)
         # `holes.NAME`: how each hole so far ended (docs/language.md §7.6)
         self.endings: dict[str, Any] = {}
         self.scope["holes"] = self.endings
@@ -131,12 +102,12 @@ class Run:
                      and backend.capabilities.lookahead)
         self.drafter = PromptLookup(backend.capabilities.draft_cost) if speculate else None
         self.quiet = 0  # inside a hidden stretch (runtime/calls.py): its text is not streamed
-        self.calls = CallRunner(self, functions)
+        self.calls = CallRunner(self, request.functions)
         self.in_branch = False  # a fork branch's run (runtime/branches.py)
         self.in_role: str | None = None  # the chat turn being run, if any
         # Told each top-level capture (name, value) as its hole ends: the server's stream of
         # hole events (qrun/serve/app.py). A macro call's captures are its own, not told.
-        self.on_hole: Callable[[str, Any], None] | None = None
+        self.on_hole: Callable[[str, Any], None] | None = request.on_hole
         self._top_vars = self.vars
         self._start_lists(program.ops)
 

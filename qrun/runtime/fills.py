@@ -40,6 +40,13 @@ class Fills:
     def __bool__(self) -> bool:
         return bool(self.values)
 
+    def fresh(self) -> Fills:
+        """The same checked values with none used yet: what each run of a request starts
+        from (a request may run more than once, qrun/runtime/request.py)."""
+        fills = Fills.__new__(Fills)
+        fills.values, fills.used = self.values, {}
+        return fills
+
     def take(self, op: ir.Gen | ir.Select) -> tuple[bool, Any]:
         """(True, the known value) for this run of the hole, or (False, None) when it is
         generated."""

@@ -121,6 +121,21 @@ class Result:
         """The JSON form printed by `qrun --json`: {"text", "vars", "stats"}."""
         return {"text": self.text, "vars": self.vars, "stats": self.stats.to_dict()}
 
+    def row(self, fields: tuple[str, ...]) -> dict[str, Any]:
+        """The chosen `fields` of this result (qrun/jsonio.py FIELDS), as `qrun --json` prints
+        it and `qrun serve` answers (docs/serve.md §2.2)."""
+        whole = {**self.to_dict(), "output": self.output}  # docs/language.md §4.2
+        return {name: self.hole_records() if name == "holes" else whole[name]
+                for name in fields}
+
+    def hole_records(self) -> dict[str, Any]:
+        """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a
+        loop."""
+        holes: dict[str, Any] = {name: r.to_dict() for name, r in self.holes.items()}
+        holes.update({name: [r.to_dict() for r in records]
+                      for name, records in self.hole_lists.items()})
+        return holes
+
     def trace(self) -> dict[str, Any]:
         """What the run did, token by token, in the trace format (docs/trace.md): JSON-ready
         data, checked by qrun.trace.validate. Runs with the option `trace=True` also keep, for

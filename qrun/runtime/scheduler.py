@@ -1,7 +1,7 @@
-"""The forward scheduler of batched runs (runtime/batch.py) and of branches
-(runtime/branches.py): worker threads, each with its own session, submit their forwards, which
-run together as one batch (per-row cache lengths, padding hidden by an attention mask) once
-every active worker is waiting on one."""
+"""The forward scheduler of a model's runs (qrun/runtime/runner.py, one per loaded backend) and
+of their branches (runtime/branches.py): worker threads, each with its own session, submit their
+forwards, which run together as one batch (per-row cache lengths, padding hidden by an attention
+mask) once every active worker is waiting on one."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class _Request:
 @dataclass(eq=False)
 class ForwardScheduler:
     """Collects forwards from worker threads and runs them together once every active worker
-    is waiting on one: workers doing CPU work (masks, sampling) are never left behind."""
+    is waiting on one: workers doing CPU work (masks, sampling) are never left behind. A
+    worker counts from `enter()` to `leave()`."""
 
     model: StepModel
     tree_scorer: TreeScorer | None
@@ -48,15 +49,20 @@ class ForwardScheduler:
     # metrics, qrun/serve/app.py).
     largest_batch: int = 0
     on_batch: Callable[[int], None] | None = None
+    running: bool = False  # a worker is running a batch (_lead)
 
     def submit(self, tree: bool, order: tuple[int, ...], *args: Any) -> Any:
+        """Wait for this forward's row of a batch; the worker whose forward completes the
+        batch (every active worker waiting) runs it in its own thread."""
         request = _Request(tree, order, args)
         with self.cond:
             self.submitted += 1
             self.pending.append(request)
-            self.cond.notify_all()
             while not request.done:
-                self.cond.wait()
+                if not self.running and self.pending and len(self.pending) >= self.active:
+                    self._lead()
+                else:
+                    self.cond.wait()
         if request.error is not None:
             raise request.error
         return request.result
@@ -68,27 +74,21 @@ class ForwardScheduler:
     def leave(self) -> None:
         with self.cond:
             self.active -= 1
-            self.cond.notify_all()
+            self.cond.notify_all()  # the workers left waiting may now be a whole batch
 
-    def serve(self, finished: Callable[[], bool]) -> None:
-        """Run batches until `finished()` and no request is left."""
-        while True:
-            with self.cond:
-                while not (self.pending and len(self.pending) >= self.active) and not (
-                    finished() and not self.pending
-                ):
-                    self.cond.wait(timeout=0.5)
-                if not self.pending:
-                    return
-                requests, self.pending = self.pending, []
+    def _lead(self) -> None:
+        """Run the pending forwards as one batch, in the calling worker's thread (the lock is
+        held on entry and on return, not while the model runs). There is no thread of the
+        scheduler's own: a lone run's forwards run in its thread, with no hop, and nothing
+        keeps a finished batch's requests (they hold their runs' KV caches)."""
+        requests, self.pending = self.pending, []
+        self.running = True
+        self.cond.release()
+        try:
             self._run(requests)
-            self._finish(requests)
-            # Not kept while the loop waits for the next batch: the requests hold their runs'
-            # caches (a served model idle for hours would keep the last batch's KV cells).
-            del requests
-
-    def _finish(self, requests: list[_Request]) -> None:
-        with self.cond:
+        finally:
+            self.cond.acquire()
+            self.running = False
             for request in requests:
                 request.done = True
             self.cond.notify_all()

@@ -1,5 +1,6 @@
 """The ASGI app of `qrun serve` (docs/serve.md): templates as HTTP endpoints on one model, the
-runs of every request batched together by one RunScheduler (qrun/runtime/admission.py). Errors
+runs of every request admitted to the model's runner (qrun/runtime/runner.py, through
+`Query.request` and `Query.runner`, as a Python user runs them) and batched together. Errors
 are JSON with a stable code (docs/serve.md §4), never a traceback; every response carries the
 request's id, and so do the log lines about it."""
 
@@ -12,9 +13,10 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,17 +36,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qrun.api import HostFunctions, Query
-from qrun.backends.base import Backend
-from qrun.cli.jsonio import (
-    DEFAULT_FIELDS,
-    FIELDS,
-    BadInput,
-    dumps_line,
-    parse_line,
-    parse_value,
-    result_row,
-    split_lines,
-)
 from qrun.errors import (
     BackendError,
     EvaluationError,
@@ -52,18 +43,30 @@ from qrun.errors import (
     InputError,
     PositionedError,
     QrunError,
+    QueueFull,
+    RunCancelled,
     TemplateError,
     UsageError,
 )
+from qrun.jsonio import (
+    DEFAULT_FIELDS,
+    FIELDS,
+    BadInput,
+    Rows,
+    dumps_line,
+    parse_line,
+    parse_value,
+    split_lines,
+)
 from qrun.options import ModelOptions, RunOptions
-from qrun.runtime.admission import QueueFull, RunCancelled, RunScheduler, Ticket
-from qrun.runtime.constraints import ConstraintCompiler
-from qrun.runtime.engines import Engines
-from qrun.runtime.executor import Run
-from qrun.runtime.fills import Fills
-from qrun.runtime.result import Result
 from qrun.serve.catalog import describe, served
 from qrun.serve.openapi import openapi
+
+if TYPE_CHECKING:  # the runtime and backends are reached through Query, never imported here
+    from qrun.backends.base import Backend
+    from qrun.runtime.request import RunRequest
+    from qrun.runtime.result import Result
+    from qrun.runtime.runner import Admission, Ticket
 
 log = logging.getLogger("qrun.serve")
 
@@ -78,7 +81,7 @@ times the context of the models served here; the body's limit alone would let on
 fill it."""
 MAX_INPUT_DEPTH = 32
 """How deep an input's lists and objects may nest (the body's JSON may nest 100 levels,
-qrun/cli/jsonio.py, for the body's own wrapping and the other inputs)."""
+qrun/jsonio.py, for the body's own wrapping and the other inputs)."""
 REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 BODY_KEYS = ("inputs", "options", "stream", "fields", "fill")
@@ -180,7 +183,19 @@ class Metrics:
         self.mask_s.inc(result.stats.mask_s)
         self.model_s.inc(result.stats.model_s)
 
-    def watch(self, runs: RunScheduler) -> None:
+    def ended(self, outcome: Future[Result]) -> None:
+        """A run's end (told by its future, in the run's thread before its request hears of
+        it): its work, or that it was stopped at a forward. A run taken out of the queue
+        never started, and counts for nothing."""
+        if outcome.cancelled():
+            return
+        error = outcome.exception()
+        if error is None:
+            self.count(outcome.result())
+        elif isinstance(error, RunCancelled):
+            self.cancelled.inc()
+
+    def watch(self, runs: Admission) -> None:
         self.queue_depth.set_function(lambda: runs.queued)
         self.running.set_function(lambda: runs.active)
 
@@ -196,11 +211,13 @@ class Service:
         self.limits = limits
         self.api_key = api_key
         self.metrics = Metrics()
-        self.runs = RunScheduler(backend, limits.max_running, limits.max_queue,
-                                 on_batch=self.metrics.batch_rows.observe)
+        # The model's one runner (compiled constraints, batched forwards), shared with any
+        # other user of the backend; this server's requests are an admission of their own.
+        self.runner = next(iter(self.templates.values())).runner(backend)
+        self.runs = self.runner.admission(limits.max_running, limits.max_queue)
+        self.largest_batch = 0  # the most rows of a batched forward while it serves
+        self.unwatch = self.runner.watch_batches(self._batched)
         self.metrics.watch(self.runs)
-        # One for every template: compiled token indexes are shared by all their runs.
-        self.constraints = ConstraintCompiler(backend)
         self.descriptions = [describe(name, query) for name, query in self.templates.items()]
         # Shutdown (docs/serve.md §5, qrun/serve/server.py). Read and written on the event
         # loop's thread only.
@@ -210,6 +227,10 @@ class Service:
         # Set by abandon: a request waiting on a run answers now, even where the run cannot end
         # at once (a host function it is in holds it up to its call_timeout_s).
         self.abandoning = asyncio.Event()
+
+    def _batched(self, rows: int) -> None:
+        self.metrics.batch_rows.observe(rows)
+        self.largest_batch = max(self.largest_batch, rows)
 
     def drain(self) -> None:
         """Stop accepting requests: from now on each new one is answered 503 `draining`
@@ -270,17 +291,15 @@ class DrainGate:
 
 
 @dataclass
-class RunRequest:
-    """A checked POST /v1/templates/{name}/run body."""
+class RunBody:
+    """A checked POST /v1/templates/{name}/run body: the run it asks for (Query.request), and
+    how to answer it."""
 
     name: str
-    query: Query
-    inputs: dict[str, Any]
-    options: RunOptions
+    request: RunRequest
     timeout: float | None
     stream: bool
     fields: tuple[str, ...]
-    fill: dict[str, Any] = field(default_factory=dict)  # known values (docs/language.md §16.1)
 
 
 def app(
@@ -322,11 +341,11 @@ def app(
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        service.runs.start()
         try:
             yield
         finally:
             await asyncio.to_thread(service.runs.close)
+            service.unwatch()
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -452,18 +471,19 @@ def _template_name(service: Service, request: Request) -> str:
 async def _run(service: Service, request: Request, request_id: str) -> Response:
     name = _template_name(service, request)
     body = await _read_json(request, service.limits.max_body_bytes)
-    run = _run_request(service, name, body, request)
+    run = _run_body(service, name, body, request)
     log.info("[%s] run %s", request_id, name)
     if run.stream:
         return _stream(service, run, request_id)
-    ticket = _submit(service, run, None, None)
+    ticket = _submit(service, run.request)
     outcome = asyncio.ensure_future(asyncio.wrap_future(ticket.future))
     # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
     outcome.add_done_callback(lambda f: None if f.cancelled() else f.exception())
     gone = asyncio.ensure_future(_disconnected(request))
     stop = asyncio.ensure_future(service.abandoning.wait())
+    waiting: set[asyncio.Future[Any]] = {outcome, gone, stop}
     try:
-        done, _ = await asyncio.wait({outcome, gone, stop}, timeout=run.timeout,
+        done, _ = await asyncio.wait(waiting, timeout=run.timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
@@ -486,7 +506,7 @@ async def _run(service: Service, request: Request, request_id: str) -> Response:
         if error.code == "internal_error":
             log.error("[%s] internal error", request_id, exc_info=exc)
         raise error from None
-    return Response(dumps_line(result_row(result, run.fields)), media_type="application/json")
+    return Response(dumps_line(result.row(run.fields)), media_type="application/json")
 
 
 async def _disconnected(request: Request) -> None:
@@ -497,7 +517,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _read_json(request: Request, limit: int) -> Any:
-    """The body as strict JSON (qrun/cli/jsonio.py), read up to `limit` bytes."""
+    """The body as strict JSON (qrun/jsonio.py), read up to `limit` bytes."""
     data = await _read_body(request, limit)
     try:
         return parse_value(data.decode("utf-8"))
@@ -523,7 +543,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _run_request(service: Service, name: str, body: Any, request: Request) -> RunRequest:
+def _run_body(service: Service, name: str, body: Any, request: Request) -> RunBody:
     """The body of a run request, checked: unknown keys, options and fields are 400; inputs
     that do not fit the template 422 (before the run is admitted)."""
     if not isinstance(body, dict):
@@ -542,17 +562,16 @@ def _run_request(service: Service, name: str, body: Any, request: Request) -> Ru
     if not isinstance(stream, bool):
         raise ApiError(400, "bad_request", '"stream" must be true or false')
     stream = stream or "text/event-stream" in request.headers.get("accept", "")
-    query = service.templates[name]
-    # Sizes first, on the request's own values: the template's checks (its patterns) never
-    # scan an oversized string, and a long default of the template is not the client's.
-    check_input_sizes(inputs, service.limits)
-    checked = query.program.check_inputs(inputs)  # InputError, UsageError: 422
     fill = body.get("fill", {})
     if not isinstance(fill, dict):
         raise ApiError(400, "bad_request", '"fill" must be a JSON object')
+    # Sizes first, on the request's own values: the template's checks (its patterns) never
+    # scan an oversized string, and a long default of the template is not the client's.
+    check_input_sizes(inputs, service.limits)
     check_input_sizes(fill, service.limits, "fill")
-    Fills(query.program, fill)  # a name that is no hole: 422, before the run is admitted
-    return RunRequest(name, query, checked, options, timeout, stream, fields, fill)
+    # InputError, UsageError (a name that is no hole): 422, before the run is admitted
+    run = service.templates[name].request(inputs, options=options, fill=fill)
+    return RunBody(name, run, timeout, stream, fields)
 
 
 def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
@@ -611,7 +630,7 @@ def _fields(fields: Any) -> tuple[str, ...]:
 
 
 async def _batch(service: Service, request: Request, request_id: str) -> Response:
-    """JSON Lines in, one run per line (the `--inputs` rules, qrun/cli/jsonio.py), JSON Lines
+    """JSON Lines in, one run per line (the `--inputs` rules, qrun/jsonio.py), JSON Lines
     out in input order, each line sent as soon as it and every line before it are done; a
     line that cannot be a run's inputs, or whose run fails, is an error line
     `{"error", "line"}` and the rest still run (docs/serve.md §2.5). Options come in the
@@ -629,15 +648,15 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
     options, timeout = _run_options(given)
     data = await _read_body(request, service.limits.max_body_bytes)
     query = service.templates[name]
-    # (line number, the line's object if it is one, its checked inputs or why it is none)
-    lines: list[tuple[int, dict[str, Any] | None, dict[str, Any] | str]] = []
+    rows = Rows(fields, id_field)
+    # (line number, the line's object if it is one, its run or why it has none)
+    lines: list[tuple[int, dict[str, Any] | None, RunRequest | str]] = []
     for number, line in split_lines(data):
         parsed: dict[str, Any] | None = None
         try:
             parsed = parse_line(line)
             check_input_sizes(parsed, service.limits)
-            checked = query.program.check_inputs(parsed)
-            lines.append((number, parsed, dict(checked)))
+            lines.append((number, parsed, query.request(parsed, options=options)))
         except ApiError as exc:
             lines.append((number, parsed, exc.message))
         except BadInput as exc:
@@ -646,9 +665,8 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
             lines.append((number, parsed, _message(exc)))
     log.info("[%s] batch %s: %d lines", request_id, name, len(lines))
     # Run k of the lines that are inputs gets item k's seed, as with `qrun --inputs`.
-    base = options.over(query.program.options)
     items = {index: k for k, index in enumerate(
-        i for i, (_, _, row) in enumerate(lines) if isinstance(row, dict))}
+        i for i, (_, _, row) in enumerate(lines) if not isinstance(row, str))}
 
     async def produce() -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
@@ -658,20 +676,16 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
         next_line = 0
         try:
             for index, (number, parsed, row) in enumerate(lines):
-                start = {} if id_field is None else {
-                    "id": parsed.get(id_field) if parsed is not None else None}
                 if isinstance(row, str):
-                    yield dumps_line({**start, "error": f"line {number}: {row}",
-                                      "line": number}) + "\n"
+                    yield dumps_line(rows.error(f"line {number}: {row}", number, parsed)) + "\n"
                     continue
                 # Keep this batch's runs in flight up to the server's slots, in line order.
                 while next_line < len(lines) and len(pending) < service.limits.max_running:
-                    inputs = lines[next_line][2]
-                    if isinstance(inputs, dict):
+                    run = lines[next_line][2]
+                    if not isinstance(run, str):
                         try:
-                            ticket = await _admit(service, RunRequest(
-                                name, query, inputs, base.for_item(items[next_line]), None,
-                                False, fields), pending)
+                            ticket = await _admit(service, run.for_item(items[next_line]),
+                                                  pending)
                         except RunCancelled as exc:  # the drain's end: no more runs
                             pending[next_line] = loop.create_future()
                             pending[next_line].set_exception(exc)
@@ -682,17 +696,17 @@ async def _batch(service: Service, request: Request, request_id: str) -> Respons
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
                     result = await _unless_abandoned(service, pending[index], left)
-                    line: dict[str, Any] = {**start, **result_row(result, fields)}
+                    line = rows.result(result, parsed)
                 except TimeoutError:
                     error = ApiError(504, "timeout", f"the batch took longer than its "
                                      f"timeout ({timeout} s)")
-                    line = {**start, "error": error.message, "line": number}
+                    line = rows.error(error.message, number, parsed)
                 except (Exception, asyncio.CancelledError) as exc:
                     if isinstance(exc, asyncio.CancelledError) and not pending[index].cancelled():
                         raise  # this stream's own task is cancelled: its client went away
                     failure = service.failure(exc)
-                    line = {**start, "error": f"line {number}: {failure.message}",
-                            "line": number, "code": failure.code}
+                    line = rows.error(f"line {number}: {failure.message}", number, parsed,
+                                      failure.code)
                 pending.pop(index, None)
                 yield dumps_line(line) + "\n"
         finally:
@@ -728,7 +742,7 @@ async def _admit(service: Service, run: RunRequest,
     none in flight, a moment) while the queue is full."""
     while True:
         try:
-            return _submit(service, run, None, None)
+            return _submit(service, run)
         except ApiError:
             if pending:
                 await asyncio.wait(list(pending.values()), return_when=asyncio.FIRST_COMPLETED)
@@ -736,28 +750,19 @@ async def _admit(service: Service, run: RunRequest,
                 await asyncio.sleep(0.05)
 
 
-def _submit(service: Service, run: RunRequest, on_text: Callable[[str], None] | None,
-            on_hole: Callable[[str, Any], None] | None) -> Ticket:
-    def work(engines: Engines) -> Result:
-        executing = Run(run.query.program, service.backend, run.inputs, run.options, on_text,
-                        service.constraints, engines, run.query.functions, run.fill)
-        executing.on_hole = on_hole
-        try:
-            result = executing.execute()
-        except RunCancelled:
-            service.metrics.cancelled.inc()
-            raise
-        service.metrics.count(result)
-        return result
-
+def _submit(service: Service, run: RunRequest) -> Ticket:
+    """Admit `run` to the server's runs (429 when the queue is full); its outcome is counted
+    in the metrics as it ends."""
     try:
-        return service.runs.submit(work)
+        ticket = service.runs.submit(run)
     except QueueFull as exc:
         raise ApiError(429, "queue_full", str(exc),
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    ticket.future.add_done_callback(service.metrics.ended)
+    return ticket
 
 
-def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
+def _stream(service: Service, run: RunBody, request_id: str) -> Response:
     """Server-sent events: `text` chunks as the run produces them, `hole` as each hole ends,
     then `done` (the result row) or `error` (docs/serve.md §2.3)."""
     loop = asyncio.get_running_loop()
@@ -766,8 +771,9 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
     def push(kind: str, data: Any) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
-    ticket = _submit(service, run, lambda text: push("text", {"text": text}),
-                     lambda name, value: push("hole", {"name": name, "value": value}))
+    ticket = _submit(service, run.request.streaming(
+        lambda text: push("text", {"text": text}),
+        lambda name, value: push("hole", {"name": name, "value": value})))
     # After every text and hole event: the run's thread pushed those before its future ended.
     ticket.future.add_done_callback(lambda future: push("end", future))
 
@@ -800,7 +806,7 @@ def _stream(service: Service, run: RunRequest, request_id: str) -> Response:
                     if error.code == "internal_error":
                         log.error("[%s] internal error", request_id, exc_info=data.exception())
                 else:
-                    row = result_row(data.result(), run.fields)
+                    row = data.result().row(run.fields)
                     yield {"event": "done", "data": dumps_line(row)}
                     return
                 log.info("[%s] stream error %s", request_id, error.code)

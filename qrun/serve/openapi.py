@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from qrun.cli.jsonio import FIELDS
+from qrun.jsonio import FIELDS
 
 ERROR = {"type": "object", "required": ["error", "request_id"], "properties": {
     "error": {"type": "object", "required": ["code", "message"], "properties": {

@@ -1,11 +1,12 @@
 """Running a template's test cases (docs/testing.md §3): every case's inputs checked before
-any model work, the greedy cases batched together through `Query.run_many`, a sampled case
+any model work (`Query.request`), the greedy cases batched together by the model's runner
+(qrun/runtime/runner.py `map`, what `Query.run_many` does), a sampled case
 (one that gives a temperature) run on its own with its seed, as `qrun FILE --seed S
 --temperature T` would; then each expectation checked against the result."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from qrun.testing.where import CaseFileError
 if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
+    from qrun.runtime.request import RunRequest
     from qrun.runtime.result import Result
 
 __all__ = ["CaseOutcome", "check_case_inputs", "hole_places", "run_cases"]
@@ -46,67 +48,68 @@ class CaseOutcome:
         return f"{self.template}::{self.case.name}"
 
 
-def check_case_inputs(query: Query, cases: list[Case]) -> list[dict[str, Any]]:
-    """Each case's inputs as the template takes them (Program.check_inputs), its known values
-    checked as far as they can be without a model (runtime/fills.py), before any model work.
+def check_case_inputs(query: Query, cases: list[Case]) -> list[RunRequest]:
+    """Each case's run (Query.request): its inputs as the template takes them and its known
+    values checked as far as they can be without a model (runtime/fills.py), before any model
+    work; greedy unless the case gives a temperature.
 
     Raises:
         CaseFileError: a case's inputs do not fit the template (at the case).
     """
-    from qrun.runtime.fills import Fills
-
-    checked = []
+    requests = []
     for case in cases:
+        options = (RunOptions(temperature=0.0) if case.temperature is None
+                   else RunOptions(temperature=case.temperature, seed=case.seed))
         try:
-            checked.append(query.program.check_inputs(case.inputs))
-            Fills(query.program, case.fill)  # names that are holes, lists for loop holes
+            requests.append(query.request(case.inputs, options=options, fill=case.fill))
         except InputError as exc:
             raise CaseFileError(f"case {case.name!r}: {exc.message}", case.where) from None
         except QrunError as exc:
             raise CaseFileError(f"case {case.name!r}: {exc}", case.where) from None
-    return checked
+    return requests
 
 
 def run_cases(query: Query, template: str, cases: list[Case], backend: Backend,
               batch_size: int = 8,
-              on_outcome: Callable[[CaseOutcome], None] | None = None) -> list[CaseOutcome]:
+              on_outcome: Callable[[CaseOutcome], None] | None = None,
+              requests: list[RunRequest] | None = None) -> list[CaseOutcome]:
     """Run `cases` of `query` (the template named `template` in reports) on `backend` and
     check them; outcomes in case order, `on_outcome` called as each is known (greedy cases
-    when their batch ends).
+    when their batch ends). `requests`: the cases' runs, as check_case_inputs made them.
 
     Raises:
         CaseFileError: a case's inputs do not fit the template (nothing has run).
     """
-    inputs = check_case_inputs(query, cases)
+    if requests is None:
+        requests = check_case_inputs(query, cases)
+    runner = query.runner(backend)
     outcomes: dict[int, CaseOutcome] = {}
 
     def finish(index: int, result: Result | QrunError) -> None:
-        outcome = _judge(template, cases[index], inputs[index], result)
+        outcome = _judge(template, cases[index], requests[index].inputs, result)
         outcomes[index] = outcome
         if on_outcome is not None:
             on_outcome(outcome)
 
     greedy = [i for i, case in enumerate(cases) if case.temperature is None]
     if greedy:
-        results = query.run_many([inputs[i] for i in greedy], model=backend,
-                                 options=RunOptions(temperature=0.0), batch_size=batch_size,
-                                 fill=[cases[i].fill for i in greedy])
+        results = runner.map([requests[i].for_item(k) for k, i in enumerate(greedy)],
+                             min(batch_size, len(greedy)))
         for index, batched in zip(greedy, results, strict=True):
             finish(index, batched)
     for index, case in enumerate(cases):
         if case.temperature is None:
             continue
-        options = RunOptions(temperature=case.temperature, seed=case.seed)
         result: Result | QrunError
         try:
-            result = query.run(inputs[index], model=backend, options=options, fill=case.fill)
+            result = runner.run(requests[index])
         except QrunError as exc:
             result = exc
         finish(index, result)
     return [outcomes[i] for i in range(len(cases))]
 
 
-def _judge(template: str, case: Case, inputs: dict[str, Any],
+def _judge(template: str, case: Case, inputs: Mapping[str, Any],
            result: Result | QrunError) -> CaseOutcome:
     if isinstance(result, QrunError):
         return CaseOutcome(template, case, error=result)

@@ -16,6 +16,7 @@ from hang import alarm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qrun.api import Query
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import QrunError, TemplateError, TemplateErrors, UsageError
 from qrun.lang import compile_source, ir
@@ -23,7 +24,7 @@ from qrun.lang.evaluate import evaluate, evaluate_text
 from qrun.lang.functions import FUNCTIONS, TESTS
 from qrun.lang.inputs import plain_inputs
 from qrun.limits import Budget, Limits
-from qrun.runtime.executor import RunOptions, execute
+from qrun.options import RunOptions
 
 LIMITS = Limits(steps=20_000, output_chars=20_000)
 """Small enough that any run ends in milliseconds; the property does not depend on the size."""
@@ -219,7 +220,8 @@ def test_hole_free_templates_run_to_a_result_or_a_qrun_error(
             return
         inputs = {name: values.get(name, 0) for name in program.inputs}
         try:
-            result = execute(program, tiny, inputs, RunOptions(max_tokens=1, limits=LIMITS))
+            result = Query(program).run(inputs, model=tiny,
+                                        options=RunOptions(max_tokens=1, limits=LIMITS))
         except QrunError as err:
             str(err).encode("utf-8")
             return

@@ -179,3 +179,26 @@ def test_the_servers_warm_up_freezes_its_heap_and_leaves_the_collector_on() -> N
         assert gc.isenabled()  # the analysis's pause (qrun/collector.py) was lifted
     finally:
         gc.unfreeze()
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("template", sorted(EXAMPLES.glob("*.tmpl")), ids=lambda p: p.name)
+def test_every_example_that_check_accepts_has_no_diagnostic(template: Path) -> None:
+    """The editor and `qrun --check --functions` compile through one front end (issue #36):
+    an example whose functions file (the .py of its name, if any) `--check` takes gets no
+    error in the editor when the server has it (`qrun lsp --functions`)."""
+    from qrun.cli.functions_file import load_functions
+
+    beside = template.with_suffix(".py")
+    functions = load_functions(str(beside)).signatures() if beside.is_file() else None
+    compile_file(template, functions=functions)  # what `qrun --check` does: it accepts
+    found = diagnostics(template.read_text(), str(template), functions)
+    assert [d for d in found if d.severity == ERROR] == []
+
+
+def test_a_host_function_is_unknown_to_the_editor_without_its_file() -> None:
+    template = EXAMPLES / "calculator.tmpl"
+    found = diagnostics(template.read_text(), str(template))
+    assert any("unknown function 'calc'" in d.message for d in found if d.severity == ERROR)

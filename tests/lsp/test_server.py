@@ -201,3 +201,28 @@ async def test_a_hover_right_after_a_change_answers_for_the_changed_text(
         types.TextDocumentIdentifier(uri), types.Position(5, 17)))
     assert hover is not None and isinstance(hover.contents, types.MarkupContent)
     assert hover.contents.value.startswith("**pattern** `DATE`")
+
+
+CALCULATOR = ROOT / "examples" / "calculator.tmpl"
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(
+    server_command=[sys.executable, "-m", "qrun.cli", "lsp", "--functions",
+                    str(ROOT / "examples" / "calculator.py")], server_env=ENV))
+async def client_with_functions(lsp_client: LanguageClient) -> AsyncIterator[LanguageClient]:
+    params = types.InitializeParams(capabilities=client_capabilities("visual-studio-code"))
+    await lsp_client.initialize_session(params)
+    yield lsp_client
+    await lsp_client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_a_server_given_functions_knows_them_as_check_does(
+        client_with_functions: LanguageClient, client: LanguageClient) -> None:
+    # `qrun --check examples/calculator.tmpl --functions examples/calculator.py` accepts it.
+    text = CALCULATOR.read_text()
+    assert await _open(client_with_functions, CALCULATOR, text) is not None
+    assert list(client_with_functions.diagnostics[CALCULATOR.as_uri()]) == []
+    await _open(client, CALCULATOR, text)  # without them: calc() is unknown
+    assert any("unknown function 'calc'" in d.message
+               for d in client.diagnostics[CALCULATOR.as_uri()])

@@ -1,5 +1,5 @@
-"""ForwardScheduler (qrun/runtime/scheduler.py), the loop that batches the forwards of runs in
-threads (run_many, qrun serve): what it keeps once a batch is done."""
+"""ForwardScheduler (qrun/runtime/scheduler.py), which batches the forwards of runs in threads
+(qrun/runtime/runner.py): who runs a batch, and what it keeps once a batch is done."""
 
 from __future__ import annotations
 
@@ -30,24 +30,78 @@ class Model:
         return np.zeros((logits_for, 4), dtype=np.float32)
 
 
-def test_an_idle_loop_keeps_no_cache_of_the_last_batch() -> None:
+def test_a_lone_forward_runs_in_its_own_thread_and_nothing_keeps_its_cache() -> None:
     # A served model idle between requests must not hold the last batch's KV (llama.cpp's
-    # sequences, tests/serve/test_serve_llamacpp.py): the loop drops its requests once done.
-    scheduler = ForwardScheduler(Model(), None, None)
-    stop = threading.Event()
-    loop = threading.Thread(target=scheduler.serve, args=(stop.is_set,), daemon=True)
-    loop.start()
+    # sequences, tests/serve/test_serve_llamacpp.py); and a run alone pays no thread hop.
+    threads: list[threading.Thread] = []
+
+    class Watched(Model):
+        def forward(self, token_ids: Sequence[int], cache: Cache,
+                    logits_for: int = 1) -> npt.NDArray[np.float32]:
+            threads.append(threading.current_thread())
+            return super().forward(token_ids, cache, logits_for)
+
+    scheduler = ForwardScheduler(Watched(), None, None)
     cache = Cache()
     alive = weakref.ref(cache)
     scheduler.enter()
     logits = scheduler.submit(False, (0,), [1, 2], cache, 1)
     scheduler.leave()
     assert logits.shape == (1, 4)
+    assert threads == [threading.current_thread()]
     del cache
     gc.collect()
-    try:
-        assert loop.is_alive() and alive() is None
-    finally:
-        stop.set()
-        with alarm(30):
-            wait_until(lambda: not loop.is_alive())
+    assert alive() is None and not scheduler.pending
+
+
+def test_the_worker_that_completes_a_batch_runs_it_for_every_row() -> None:
+    rows: list[int] = []
+
+    class Batched(Model):
+        def forward_batch(self, items: list[tuple[Sequence[int], Cache]],
+                          keep: int) -> list[npt.NDArray[np.float32]]:
+            rows.append(len(items))
+            return [np.full((keep, 4), len(ids), dtype=np.float32) for ids, _ in items]
+
+    model = Batched()
+    scheduler = ForwardScheduler(model, None, model)
+    results: dict[int, float] = {}
+
+    def worker(order: int) -> None:
+        try:
+            logits = scheduler.submit(False, (order,), [0] * (order + 1), Cache(), 1)
+            results[order] = float(logits[0, 0])
+        finally:
+            scheduler.leave()
+
+    for _ in range(3):
+        scheduler.enter()
+    threads = [threading.Thread(target=worker, args=(order,)) for order in range(3)]
+    with alarm(30):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert rows == [3] and results == {0: 1.0, 1: 2.0, 2: 3.0}
+    assert scheduler.active == 0 and not scheduler.running
+
+
+def test_a_worker_that_leaves_lets_the_others_batch_without_it() -> None:
+    # Two workers counted, one never submits: its leave completes the other's batch.
+    scheduler = ForwardScheduler(Model(), None, None)
+    scheduler.enter()
+    scheduler.enter()
+    done = threading.Event()
+
+    def worker() -> None:
+        scheduler.submit(False, (0,), [1], Cache(), 1)
+        done.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    wait_until(lambda: len(scheduler.pending) == 1)
+    assert not done.is_set()
+    scheduler.leave()
+    with alarm(30):
+        thread.join()
+    assert done.is_set()

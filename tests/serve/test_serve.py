@@ -21,7 +21,7 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.runtime.admission import RunCancelled
+from qrun.errors import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
@@ -184,8 +184,8 @@ def test_concurrent_requests_are_batched_and_each_answered_as_alone(
     for q, row in zip(questions, rows, strict=True):
         alone = local.run({"q": q}, model=tiny)
         assert (row["text"], row["vars"]) == (alone.text, alone.vars)
-    assert service.runs.forwards is not None
-    assert service.runs.forwards.largest_batch == 3  # the three runs shared forwards
+    assert service.runner.forwards is not None
+    assert service.largest_batch == 3  # the three runs shared forwards
 
 
 def test_a_full_queue_answers_429_and_every_admitted_run_ends(
@@ -374,7 +374,7 @@ def test_a_run_on_a_backend_that_batches_itself_is_cancelled_at_its_next_call(
                     if kind == "step model" else ScriptedServer(tiny, ["ab", "cd"]))
     asgi = app({"gated": qrun.Query(template, functions={"wait": gate.wait})}, model=backend)
     service = asgi.state.qrun
-    assert service.runs.forwards is None
+    assert service.runner.forwards is None
     with alarm(120), serving(asgi) as url:
         late = post(url, "gated", {"inputs": {"q": "slow"}, "options": {"timeout": 0.2}})
         assert (late.status_code, late.json()["error"]["code"]) == (504, "timeout")

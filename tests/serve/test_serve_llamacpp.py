@@ -21,7 +21,7 @@ import pytest
 from tiers import require_llama_cpp
 
 import qrun
-from qrun.runtime.admission import RunCancelled
+from qrun.errors import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from tests.hang import alarm, wait_until
@@ -70,8 +70,8 @@ def test_concurrent_requests_share_llamacpp_decodes_and_hold_their_constraint(
     for answer in answers:
         assert answer.status_code == 200, answer.text
         jsonschema.validate(answer.json()["vars"]["person"], SCHEMA)
-    assert service.runs.forwards is not None
-    assert service.runs.forwards.largest_batch == 3  # the three runs shared decodes
+    assert service.runner.forwards is not None
+    assert service.largest_batch == 3  # the three runs shared decodes
 
 
 def test_a_stream_on_llamacpp_sends_text_then_the_hole_then_done(

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 import qrun
-from qrun.runtime.admission import RunCancelled
+from qrun.errors import RunCancelled
 from qrun.serve import app
 from qrun.serve.app import Service
 from tests.hang import alarm, wait_until
@@ -48,7 +48,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_concurrent_requests_on_vllm_are_each_answered_under_their_schema(
         server: tuple[str, Service], gate: Gate) -> None:
     url, service = server
-    assert service.runs.forwards is None  # vLLM's engine batches the runs' calls
+    assert service.runner.forwards is None  # vLLM's engine batches the runs' calls
     with alarm(300), ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(post_extract, url, {"inputs": {"bio": bio}}) for bio in BIOS]
         wait_until(lambda: gate.arrived == 3)

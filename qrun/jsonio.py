@@ -1,15 +1,17 @@
-"""JSON at the command line's edge (qrun/cli/command.py): run inputs read strictly, one value or one
-line at a time, so a hostile line fails alone with a message instead of an internal error;
-and output written so that every line is valid JSON that qrun reads back line by line
-(docs/language.md §16.2)."""
+"""JSON at qrun's edges, the one wire format of the command line (qrun/cli/command.py) and the
+server (qrun/serve/app.py): run inputs read strictly, one value or one line at a time, so a
+hostile line fails alone with a message instead of an internal error; and rows written so that
+every line is valid JSON that qrun reads back line by line (docs/language.md §16.2)."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from qrun.errors import QrunError
 
 if TYPE_CHECKING:
     from qrun.runtime.result import Result
@@ -172,16 +174,34 @@ def finite(value: Any) -> Any:
     return value
 
 
-def result_row(result: Result, fields: tuple[str, ...]) -> dict[str, Any]:
-    """The chosen `fields` of a result, as `qrun --json` prints it and `qrun serve` answers
-    (docs/serve.md §2.2)."""
-    whole = {**result.to_dict(), "output": result.output}  # docs/language.md §4.2
-    return {name: hole_records(result) if name == "holes" else whole[name] for name in fields}
+class Rows:
+    """The JSON rows of runs, as `qrun --json` and `--inputs` print them and `qrun serve`
+    answers (docs/serve.md §2.2, §2.5): a result's chosen `fields`, or an error with the number
+    of its input line (and its stable `code` over HTTP); "id" first, that input's value, when
+    `id_field` names one. `hint` may add to a run's error before it is written."""
 
+    def __init__(self, fields: tuple[str, ...], id_field: str | None = None,
+                 hint: Callable[[QrunError], QrunError] | None = None) -> None:
+        self.fields = fields
+        self.id_field = id_field
+        self.hint = hint
 
-def hole_records(result: Result) -> dict[str, Any]:
-    """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a loop."""
-    holes: dict[str, Any] = {name: r.to_dict() for name, r in result.holes.items()}
-    holes.update({name: [r.to_dict() for r in records]
-                  for name, records in result.hole_lists.items()})
-    return holes
+    def start(self, inputs: Any) -> dict[str, Any]:
+        """What a row of `inputs` starts with: {"id": ...} when an id field is named."""
+        if self.id_field is None:
+            return {}
+        return {"id": inputs.get(self.id_field) if isinstance(inputs, dict) else None}
+
+    def result(self, result: Result, inputs: Any = None) -> dict[str, Any]:
+        return {**self.start(inputs), **result.row(self.fields)}
+
+    def error(self, message: str, line: int, inputs: Any = None,
+              code: str | None = None) -> dict[str, Any]:
+        row = {**self.start(inputs), "error": message, "line": line}
+        return row if code is None else {**row, "code": code}
+
+    def outcome(self, outcome: Result | QrunError, inputs: Any, line: int) -> dict[str, Any]:
+        """A run's row: its result's, or its error's (hinted) with its line."""
+        if isinstance(outcome, QrunError):
+            return self.error(str(self.hint(outcome) if self.hint else outcome), line, inputs)
+        return self.result(outcome, inputs)

@@ -1,4 +1,4 @@
-"""The command line's JSON edge (qrun/cli/jsonio.py): the strict reader's limits, line splitting,
+"""The command line's JSON edge (qrun/jsonio.py): the strict reader's limits, line splitting,
 and output that any line splitter reads back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from qrun.cli.jsonio import MAX_DEPTH, BadInput, dumps_line, parse_line, parse_value, split_lines
+from qrun.jsonio import MAX_DEPTH, BadInput, dumps_line, parse_line, parse_value, split_lines
 
 
 def test_nesting_up_to_the_limit_is_read_and_one_more_is_refused() -> None:
