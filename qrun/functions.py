@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from qrun.errors import UsageError
-from qrun.lang.functions import FUNCTIONS
+from qrun.lang.builtins import FUNCTIONS
 from qrun.lang.signature import Signature
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")

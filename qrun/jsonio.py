@@ -1,5 +1,5 @@
 """JSON at qrun's edges, the one wire format of the command line (qrun/cli/command.py) and the
-server (qrun/serve/app.py): run inputs read strictly, one value or one line at a time, so a
+server (qrun/serve/application.py): run inputs read strictly, one value or one line at a time, so a
 hostile line fails alone with a message instead of an internal error; and rows written so that
 every line is valid JSON that qrun reads back line by line (docs/language.md §16.2)."""
 

@@ -164,6 +164,34 @@ def test_no_private_name_crosses_a_module() -> None:
     assert bad == []
 
 
+def test_no_private_member_is_reached_from_another_module() -> None:
+    """`x._name` on any receiver but self/cls reaches only a private name its own module
+    defines (issue #36): a Protocol listing another class's private methods let the
+    executor's `_eval`, `_emit`... be called from four modules."""
+    defined: dict[str, set[str]] = {}
+    uses: list[tuple[str, int, str]] = []
+    for path in python_files("qrun"):
+        module = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = None
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = node.name
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                name = node.id
+            elif isinstance(node, ast.Attribute):
+                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if own and isinstance(node.ctx, ast.Store):
+                    name = node.attr
+                elif not own and node.attr.startswith("_") and not node.attr.startswith("__"):
+                    uses.append((module, node.lineno, node.attr))
+            if name is not None and name.startswith("_") and not name.startswith("__"):
+                defined.setdefault(name, set()).add(module)
+    # A name no module of qrun defines is a library's (os._exit, torch.ops.mkldnn's).
+    bad = [f"{module}:{line} uses .{name}, private to {', '.join(sorted(defined[name]))}"
+           for module, line, name in uses if name in defined and module not in defined[name]]
+    assert bad == []
+
+
 def test_no_import_cycle_between_files() -> None:
     graph: dict[str, set[str]] = {}
     modules = {module_name(p) for p in python_files("qrun")}

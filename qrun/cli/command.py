@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qrun.cli.flags import add_functions_flag, add_model_flags, functions_of, model_options
 from qrun.cli.output import (
     Interrupted,
     LoadingNotice,
@@ -37,7 +38,7 @@ from qrun.jsonio import (
     parse_value,
     split_lines,
 )
-from qrun.options import BACKENDS, DTYPES, ModelOptions, RunOptions
+from qrun.options import ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
@@ -70,17 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="give hole NAME its value (its text; NAME:=JSON for a JSON value, "
                              "a list for a hole in a loop): not generated, checked against "
                              "the hole (repeatable)")
-    parser.add_argument("--model", help="smollm2 (default), a .gguf file, a HF folder or a "
-                                        "hub id (org/name)")
-    parser.add_argument("--backend", default="transformers", choices=BACKENDS,
-                        help="transformers (default); vllm: in this process, or against a "
-                             "vLLM server with --url; llamacpp: a .gguf file on llama.cpp")
-    parser.add_argument("--url", help="with --backend vllm: an OpenAI-compatible `vllm serve` "
-                                      "(http://HOST:PORT); --model names its tokenizer")
-    parser.add_argument("--timeout", type=float, metavar="SECONDS",
-                        help="with --url: how long a request waits for the server (default 30)")
-    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", choices=DTYPES)
+    add_model_flags(parser, backend="transformers", timeout=True,
+                    cache_mb="prefix cache budget shared by runs (default 1024; 0 turns it off)")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--top-k", type=int)
@@ -101,17 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="FILE.html|FILE.json",
                         help="write what the run did, token by token: a self-contained HTML "
                              "page or JSON (docs/trace.md)")
-    parser.add_argument("--functions", metavar="FILE.py",
-                        help="host functions the template may call: the `functions` (a dict "
-                             "or a qrun.Functions) that this Python file defines; it is "
-                             "imported, so name only your own code")
+    add_functions_flag(parser, "the template")
     parser.add_argument("--check", action="store_true", help="parse and compile only")
     parser.add_argument("--dump", action="store_true",
                         help="print the compiled program (one op per line) and exit")
     parser.add_argument("--batch-size", type=int, metavar="B",
                         help="with --inputs: advance up to B runs together (default 1)")
-    parser.add_argument("--cache-mb", type=int, metavar="MB",
-                        help="prefix cache budget shared by runs (default 1024; 0 turns it off)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or loading notice on stderr")
     parser.add_argument("--server", metavar="URL",
@@ -133,13 +120,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", help="as for qrun FILE.tmpl (default smollm2)")
-    parser.add_argument("--backend", default=None, choices=BACKENDS)
-    parser.add_argument("--url", help="with --backend vllm: a `vllm serve` to run on")
-    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", choices=DTYPES)
-    parser.add_argument("--cache-mb", type=int, metavar="MB",
-                        help="prefix cache budget shared by every request (default 1024)")
+    add_model_flags(parser, model_help="as for qrun FILE.tmpl (default smollm2)",
+                    cache_mb="prefix cache budget shared by every request (default 1024)")
     parser.add_argument("--max-running", type=int, default=8, metavar="N",
                         help="runs advanced together (default 8)")
     parser.add_argument("--max-queue", type=int, default=64, metavar="N",
@@ -155,8 +137,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="requests must send `Authorization: Bearer KEY` (default: the "
                              "environment variable QRUN_API_KEY)")
-    parser.add_argument("--functions", metavar="FILE.py",
-                        help="host functions the templates may call (as for qrun FILE.tmpl)")
+    add_functions_flag(parser, "the templates")
     parser.add_argument("--drain-timeout", type=int, default=30, metavar="SECONDS",
                         help="on SIGTERM, how long requests in flight may take to finish "
                              "(default 30)")
@@ -170,10 +151,8 @@ def build_lsp_parser() -> argparse.ArgumentParser:
         prog="qrun lsp",
         description="Run the qrun language server on stdin and stdout (the Language Server "
                     "Protocol): an editor starts it for .tmpl files (docs/editor.md).")
-    parser.add_argument("--functions", metavar="FILE.py", action="append", default=[],
-                        help="host functions the templates may call, checked as `qrun FILE "
-                             "--check --functions FILE.py` checks them (the file is imported "
-                             "once, when the server starts); repeatable")
+    add_functions_flag(parser, "the templates (checked as `qrun FILE --check --functions "
+                               "FILE.py` checks them; imported once, when the server starts)")
     return parser
 
 
@@ -190,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write.open_line = False
     try:
         if testing:
-            from qrun.cli.test_command import run_tests
+            from qrun.cli.run_tests import run_tests
 
             return run_tests(given[1:])
         return _serve(args) if serving else _run(args)
@@ -223,14 +202,12 @@ def _lsp(args: argparse.Namespace) -> int:
         print(f"qrun lsp needs pygls and lsprotocol ({err}): pip install 'qrun[lsp]'",
               file=sys.stderr)
         return EXIT_USAGE
-    from qrun.cli.functions_file import load_all_functions
-
     try:
-        functions = load_all_functions(args.functions).signatures()
+        functions = functions_of(args)
     except QrunError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    return serve(functions)
+    return serve(functions.signatures() if functions is not None else None)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -241,13 +218,8 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args)
     if args.server:
         return _run_on_server(args, fields, options)
-    model_options = _model_options(args)
-    functions = None
-    if args.functions is not None:
-        from qrun.cli.functions_file import load_functions
-
-        functions = load_functions(args.functions)
-    query = Query.from_file(args.file, functions=functions)
+    wanted = model_options(args)
+    query = Query.from_file(args.file, functions=functions_of(args))
     for warning in query.warnings:  # on stderr; the exit code stays the run's
         print(warning.render(), file=sys.stderr)
     if args.dump:
@@ -265,17 +237,17 @@ def _run(args: argparse.Namespace) -> int:
         if fill:
             raise UsageError("--fill cannot go with --inputs (give each run its values with "
                              "Query.run(fill=...))")
-        return _run_lines(query, args, options, model_options, inputs,
+        return _run_lines(query, args, options, wanted, inputs,
                           Rows(fields, args.id, lambda exc: _hint(exc, typed_strings)))
     request = query.request(inputs, options=options, fill=fill)  # before the model loads
     if args.json:
-        model = _load(query, model_options, args.quiet)
+        model = _load(query, wanted, args.quiet)
         result = _hinted(lambda: query.runner(model).run(request), typed_strings)
         print(dumps_line(Rows(fields, args.id).result(result, inputs)))
     else:
         early = leading_text(query.program)
         write(early)  # the template's opening text, before the model loads
-        model = _load(query, model_options, args.quiet)
+        model = _load(query, wanted, args.quiet)
         echo = SkipEcho(early, write)
         result = _hinted(lambda: query.runner(model).run(request.streaming(echo)),
                          typed_strings)
@@ -302,14 +274,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--drain-timeout must be ≥ 0, got {args.drain_timeout}")
     if args.max_body_kb < 1:
         raise UsageError(f"--max-body-kb must be ≥ 1, got {args.max_body_kb}")
-    functions = None
-    if args.functions is not None:
-        from qrun.cli.functions_file import load_functions
-
-        functions = load_functions(args.functions)
-    given = {name: getattr(args, name, None) for name in ModelOptions.names()
-             if name not in ("weights", "timeout")}
-    model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
+    functions = functions_of(args)
+    model = model_options(args)
     api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
     for flag, value, least in (("--max-running", args.max_running, 1),
                                ("--max-queue", args.max_queue, 0),
@@ -460,13 +426,6 @@ def _options(args: argparse.Namespace) -> RunOptions:
     except UsageError as exc:
         name = next((n for n in given if str(exc).startswith(n + " ")), "")
         raise UsageError(f"--{name.replace('_', '-')}: {exc}" if name else str(exc)) from None
-
-
-def _model_options(args: argparse.Namespace) -> ModelOptions:
-    """The model options given as flags, checked as ModelOptions checks them (the message
-    names the flags: `--cache-mb must be ≥ 0`)."""
-    given = {name: getattr(args, name) for name in ModelOptions.names() if name != "weights"}
-    return ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
 
 
 def _validate(args: argparse.Namespace) -> None:

@@ -15,9 +15,9 @@ from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.args import ArgChecker, pattern_name, prefix
 from qrun.lang.build import MAX_ERRORS
+from qrun.lang.builtins import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.evaluate import LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards
-from qrun.lang.functions import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
 from qrun.lang.include import Includes
 from qrun.lang.lint import find_warnings
 from qrun.lang.output import check_output

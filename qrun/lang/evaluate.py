@@ -2,7 +2,7 @@
 eval). Every failure is an EvaluationError at the failing node's span. Results are bounded in
 size, and every node, and work that grows with a value's size, is charged to the run's Budget
 (qrun/limits.py), so an untrusted template can neither exhaust memory nor run for long. Only
-the stdlib functions of lang/functions.py are ever called, never a value; the runtime may
+the stdlib functions of lang/builtins.py are ever called, never a value; the runtime may
 add the template's macros and the host functions its caller registered (`calls`, a Calls),
 which the stdlib's names shadow. An undefined value
 (a missing variable, key or item) is an error except where `is defined`, `is undefined` and
@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Protocol
 
 from qrun.errors import EvaluationError, LimitError, QrunError
 from qrun.lang import expr as ex
-from qrun.lang.functions import (
+from qrun.lang.builtins import (
     CONSTANT_TIME,
     EXTRA_COSTS,
     FUNCTIONS,
@@ -315,7 +315,7 @@ class _Evaluator:
         return self.number(result)
 
     def concat(self, left: Any, right: Any) -> str:
-        """`left ~ right`: both as `{{ }}` writes them (lang/functions.py text_of), joined."""
+        """`left ~ right`: both as `{{ }}` writes them (lang/builtins.py text_of), joined."""
         for value in (left, right):
             if isinstance(value, list | tuple | Mapping):
                 if _size(value) > MAX_SIZE:

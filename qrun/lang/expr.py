@@ -147,7 +147,7 @@ class Filter:
 @dataclass(frozen=True, slots=True)
 class Test:
     """`value is name` or `value is not name` (`negated`): one of the stdlib tests
-    (lang/functions.py TESTS), binding like a filter, as in Jinja. `args` are the parenthesised
+    (lang/builtins.py TESTS), binding like a filter, as in Jinja. `args` are the parenthesised
     arguments a Jinja test may take; no qrun test takes any (the compiler refuses them)."""
 
     value: Expr

@@ -481,6 +481,21 @@ def walk_sources(ops: Iterable[Op], source: Source) -> Iterator[tuple[Op, Source
         yield from walk_sources(children(op), inner)
 
 
+def holes(ops: Iterable[Op], source: Source, macros: bool = False
+          ) -> Iterator[tuple[Gen | Select, Source]]:
+    """Every gen and select hole in `ops` and below, depth first in source order, with the
+    Source its spans point into (an included file's inside an Include). A macro's holes run
+    only in its calls, with captures of their own: left out unless `macros`. The one walk
+    every module that looks for holes uses."""
+    for op in ops:
+        if isinstance(op, Macro) and not macros:
+            continue
+        if isinstance(op, Gen | Select):
+            yield op, source
+        inner = op.source if isinstance(op, Include) else source
+        yield from holes(children(op), inner, macros)
+
+
 def exprs(op: Op) -> Iterator[Expr]:
     """The expressions `op` itself evaluates (not those of nested ops), in source order."""
     match op:

@@ -48,9 +48,8 @@ def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequ
     where = span or source.span_at(0)
     constants = constant_sets(ops)
     holes: dict[str, list[tuple[ir.Gen | ir.Select, Source]]] = {}
-    for op, inner in _top_level(ops, source):
-        if isinstance(op, ir.Gen | ir.Select):
-            holes.setdefault(op.name, []).append((op, inner))
+    for op, inner in ir.holes(ops, source):
+        holes.setdefault(op.name, []).append((op, inner))
     for name, wanted in schema.get("properties", {}).items():
         if name not in holes:
             errors.append(TemplateCompileError(
@@ -76,18 +75,6 @@ def check_output(schema: Mapping[str, Any], ops: Sequence[ir.Op], captures: Sequ
                             "constrain the hole so that it can only give such a value "
                             "(docs/language.md §4.2)"]))
     return errors
-
-
-def _top_level(ops: Sequence[ir.Op], source: Source) -> list[tuple[ir.Op, Source]]:
-    """The ops whose holes bind the template's own captures (not a macro's)."""
-    found: list[tuple[ir.Op, Source]] = []
-    for op in ops:
-        if isinstance(op, ir.Macro):
-            continue
-        found.append((op, source))
-        inner = op.source if isinstance(op, ir.Include) else source
-        found.extend(_top_level(tuple(ir.children(op)), inner))
-    return found
 
 
 def produced_schema(op: ir.Gen | ir.Select, constants: Mapping[str, Any] | None = None

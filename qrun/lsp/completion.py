@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from qrun.constraint.patterns import PATTERNS
 from qrun.lang import ast
 from qrun.lang.args import GEN_ARGS, SELECT_ARGS
-from qrun.lang.functions import FUNCTIONS, KEYWORDS, TESTS
+from qrun.lang.builtins import FUNCTIONS, KEYWORDS, TESTS
 from qrun.lang.parser import BLOCK_KEYWORDS
 from qrun.lsp.analysis import Analysis, analyze, holes, input_names
 

@@ -26,9 +26,9 @@ import numpy as np
 from qrun.errors import BackendError, EvaluationError, GenerationError
 from qrun.lang import ir
 from qrun.lang.args import is_count
+from qrun.lang.builtins import type_name
 from qrun.lang.evaluate import LoopInfo
-from qrun.lang.functions import type_name
-from qrun.runtime.contexts import Run, bind_targets, join_calls, mark_holes
+from qrun.runtime.contexts import BlockRun, bind_targets, join_calls, mark_holes
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
@@ -47,7 +47,7 @@ _SEED_RANGE = 2**63
 _NOT_ADDED = frozenset({"context_tokens", "seed", "wall_s", "load_s", "branch_tokens"})
 
 
-def exec_fork(run: Run, op: ir.Fork) -> None:
+def exec_fork(run: BlockRun, op: ir.Fork) -> None:
     """Run `op.body` once per item as branches from the run's context (see the module)."""
     items = _items(run, op)
     if not items:
@@ -96,13 +96,13 @@ class _Branch:
 
     index: int
     item: Any
-    child: Run | None = None
+    child: BlockRun | None = None
     error: BaseException | None = None
 
 
-def _items(run: Run, op: ir.Fork) -> list[Any]:
+def _items(run: BlockRun, op: ir.Fork) -> list[Any]:
     """The items to branch over (for `gen n=`: range(n)), checked as a loop's are."""
-    value = run._eval(op.iterable)
+    value = run.evaluate(op.iterable)
     if op.samples:
         if not is_count(value):
             raise EvaluationError(f"n must be a positive integer, got {value!r}",
@@ -117,7 +117,7 @@ def _items(run: Run, op: ir.Fork) -> list[Any]:
     return list(value)
 
 
-def share(run: Run, span: Span) -> str:
+def share(run: BlockRun, span: Span) -> str:
     """Feed the whole context once, before it is forked, but its last token's text, returned
     (Session.share); failures are reported at `span`."""
     try:
@@ -126,7 +126,7 @@ def share(run: Run, span: Span) -> str:
         raise GenerationError(str(exc), span, run.source) from None
 
 
-def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
+def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
                 base: int, names: frozenset[str], tail: str) -> None:
     """Run one branch to its end in the calling thread; its error is kept, not raised. `tail`
     is the shared context's last text, not in the fork (Session.share)."""
@@ -162,14 +162,14 @@ def _run_branch(parent: Run, op: ir.Fork, branch: _Branch, count: int, engines: 
     try:
         bind_targets(child.scope, op.targets, branch.item, op.span, child.source)
         child.scope["loop"] = LoopInfo(branch.index, count)
-        child._exec_block(op.body)
+        child.exec_block(op.body)
     except BaseException as exc:  # the run raises it (the first in branch order)
         branch.error = exc
     finally:
         session.close()
 
 
-def _merge(run: Run, op: ir.Fork, index: int, child: Run, names: frozenset[str]) -> None:
+def _merge(run: BlockRun, op: ir.Fork, index: int, child: BlockRun, names: frozenset[str]) -> None:
     """Join one finished branch into the run: captures, records, endings, trace holes and
     counters."""
     for name in sorted(names):
@@ -193,7 +193,7 @@ def add_stats(into: Stats, part: Stats) -> None:
     into.branch_tokens += part.forward_tokens
 
 
-def _drive(run: Run, branches: list[_Branch], one: Callable[[_Branch, Engines], None]
+def _drive(run: BlockRun, branches: list[_Branch], one: Callable[[_Branch, Engines], None]
            ) -> None:
     """Run every branch (`one`) in worker threads, their forwards batched where the backend
     takes batches, until all have ended."""
@@ -212,7 +212,7 @@ def _drive(run: Run, branches: list[_Branch], one: Callable[[_Branch, Engines], 
         model.scheduler.enter()
 
 
-def _engines(run: Run, model: ScheduledModel) -> Engines:
+def _engines(run: BlockRun, model: ScheduledModel) -> Engines:
     """A branch's engines: the run's, with forwards (and select trees) through `model`, a
     ScheduledModel."""
     tree = model if model.scheduler.tree_scorer is not None else None

@@ -23,10 +23,10 @@ from qrun.errors import EvaluationError, LimitError, PositionedError, QrunError,
 from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
+from qrun.lang.builtins import text_of
 from qrun.lang.compiler import CALL, RUN_TOOL, TOOLS
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
-from qrun.lang.functions import text_of
 from qrun.lang.inputs import plain_inputs
 from qrun.limits import Budget
 from qrun.runtime.recorder import Recorder
@@ -35,7 +35,7 @@ from qrun.runtime.stats import Stats
 from qrun.source import Source, Span
 
 
-class Run(Protocol):
+class CallingRun(Protocol):
     """What calls need of the run making them (runtime/executor.py Run)."""
 
     program: ir.Program
@@ -49,11 +49,11 @@ class Run(Protocol):
     quiet: int
     on_text: Callable[[str], None] | None
 
-    def _flush_text(self) -> None: ...
+    def flush_text(self) -> None: ...
 
-    def _eval(self, expr: Expr) -> Any: ...
+    def evaluate(self, expr: Expr) -> Any: ...
 
-    def _emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None: ...
+    def emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None: ...
 
     def enter_scope(self, scope: dict[str, Any], source: Source) -> tuple[Any, ...]: ...
 
@@ -129,14 +129,14 @@ class CallRunner:
     """The Calls of one run (lang/evaluate.py): macros of `run.program`, the host functions
     of `functions`, and run_tool."""
 
-    def __init__(self, run: Run, functions: Functions | None) -> None:
+    def __init__(self, run: CallingRun, functions: Functions | None) -> None:
         self.run = run
         self.functions = functions if functions is not None else Functions()
         self.depth = 0
         # The program whose ops run now: the run's, or a file's that call() runs.
         self.programs = [run.program]
 
-    def for_branch(self, run: Run) -> CallRunner:
+    def for_branch(self, run: CallingRun) -> CallRunner:
         """The calls of a fork branch's run (runtime/branches.py): the same functions, and the
         macros of the program running where the fork is, run in the branch's context."""
         branch = CallRunner(run, self.functions)
@@ -198,8 +198,8 @@ class CallRunner:
                                              and expr.func != CALL):
             return False
         run = self.run
-        args = [run._eval(arg) for arg in expr.args]
-        kwargs = {name: run._eval(value) for name, value in expr.kwargs}
+        args = [run.evaluate(arg) for arg in expr.args]
+        kwargs = {name: run.evaluate(value) for name, value in expr.kwargs}
         if expr.func not in self.macros:
             self.call_file(args, kwargs, expr.span, after)
             return True
@@ -207,7 +207,7 @@ class CallRunner:
         returns = any(isinstance(op, ir.Return) for op in ir.walk(macro.body))
         value = self.macro(macro, args, kwargs, expr.span, None if returns else after)
         if value is not _NO_RETURN:
-            run._emit(text_of(value), op=call)
+            run.emit(text_of(value), op=call)
         return True
 
     def macro(self, macro: ir.Macro, args: list[Any], kwargs: dict[str, Any], span: Span,
@@ -381,8 +381,8 @@ class Mark:
     until release() shows it, or take_back() drops it from the session (the KV cache cropped,
     nothing re-encoded), the result text and the stream. Captures made since stay."""
 
-    def __init__(self, run: Run) -> None:
-        run._flush_text()
+    def __init__(self, run: CallingRun) -> None:
+        run.flush_text()
         session = run.session
         if session.overshoot is not None:
             # A hole's tokens past its value, held until the next text says whether they stay:
@@ -432,7 +432,7 @@ class Taken:
 
 
 @contextmanager
-def hidden(run: Run) -> Iterator[Taken]:
+def hidden(run: CallingRun) -> Iterator[Taken]:
     """Run the body in the current context, then take its text back (Mark.take_back), also
     when it fails."""
     taken = Taken()

@@ -15,11 +15,10 @@ import numpy as np
 from qrun.backends.base import Backend
 from qrun.errors import BackendError, EvaluationError, GenerationError
 from qrun.lang import ir
+from qrun.lang.builtins import type_name
 from qrun.lang.expr import Expr
-from qrun.lang.functions import type_name
 from qrun.limits import Budget
-from qrun.runtime.calls import CallRunner
-from qrun.runtime.calls import Run as CallingRun
+from qrun.runtime.calls import CallingRun, CallRunner
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import HoleRecord
@@ -29,7 +28,7 @@ from qrun.runtime.stats import Stats
 from qrun.source import Source, Span
 
 
-class Run(CallingRun, Protocol):
+class BlockRun(CallingRun, Protocol):
     """What the blocks of this module and of runtime/branches.py use of a run: the
     executor's Run (runtime/executor.py), which dispatches to them (so they do not import
     it); what calls use of it too (a branch's macros run in the branch)."""
@@ -53,11 +52,11 @@ class Run(CallingRun, Protocol):
     calls: CallRunner
     in_branch: bool  # a fork branch's run (runtime/branches.py)
     in_role: str | None  # the chat turn being run (runtime/executor.py)
-    _last_text: tuple[Span, Source]
+    last_text: tuple[Span, Source]
 
-    def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
+    def exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
 
-    def _eval(self, expr: Expr) -> Any: ...
+    def evaluate(self, expr: Expr) -> Any: ...
 
 
 def bind_targets(scope: dict[str, Any], targets: tuple[str, ...], item: Any, span: Span,
@@ -78,7 +77,7 @@ def bind_targets(scope: dict[str, Any], targets: tuple[str, ...], item: Any, spa
     scope.update(zip(targets, item, strict=True))
 
 
-def settle_at(run: Run, span: Span) -> None:
+def settle_at(run: BlockRun, span: Span) -> None:
     """Tokenize the text collected so far and resolve a pending overshoot; a context too long
     for the model, or a backend failure, is reported at `span` (the block's tag)."""
     try:
@@ -88,7 +87,7 @@ def settle_at(run: Run, span: Span) -> None:
 
 
 @contextmanager
-def unseen(run: Run) -> Iterator[None]:
+def unseen(run: BlockRun) -> Iterator[None]:
     """Text emitted inside is neither streamed nor kept in the result text."""
     on_text, pieces = run.on_text, len(run.pieces)
     run.on_text = None
@@ -113,7 +112,7 @@ def join_calls(recorder: Recorder, inner: Recorder, context: str) -> None:
         recorder.calls.append(call)
 
 
-def exec_hidden(run: Run, op: ir.Hidden) -> None:
+def exec_hidden(run: BlockRun, op: ir.Hidden) -> None:
     """Run the body, then take the context back to where it began. Token healing inside the
     block stops at its start (a hole there cannot take back the text before it), so the
     context is exactly the one before the block, fed as far as it was."""
@@ -128,18 +127,18 @@ def exec_hidden(run: Run, op: ir.Hidden) -> None:
     first = len(run.recorder.holes)
     try:
         with unseen(run):
-            run._exec_block(op.body)
+            run.exec_block(op.body)
     finally:
         session.take_back(start, fixed)
         session.append_text(text)
         mark_holes(run.recorder, first, "hidden")
 
 
-def exec_fresh(run: Run, op: ir.Fresh) -> None:
+def exec_fresh(run: BlockRun, op: ir.Fresh) -> None:
     """Run the body in a new session (same model, counters and prefix cache; its own
     recorder, whose holes join the run's), then go back to the run's session as it was: its
     collected text, overshoot and KV cache untouched."""
-    main, recorder, drafter, last_text = run.session, run.recorder, run.drafter, run._last_text
+    main, recorder, drafter, last_text = run.session, run.recorder, run.drafter, run.last_text
     role, run.in_role = run.in_role, None  # the new context has no turn open
     inner = Recorder(recorder.vocab, recorder.detailed)
     main.pause()  # the new context feeds next, not this one (vLLM: its live request ends)
@@ -151,14 +150,14 @@ def exec_fresh(run: Run, op: ir.Fresh) -> None:
         run.drafter = PromptLookup(drafter.min_rate)
     try:
         with unseen(run):
-            run._exec_block(op.body)
+            run.exec_block(op.body)
     finally:
         run.session.close()
         # What the block fed is beside the run's context (its own branches counted already).
         stats.branch_tokens += (stats.forward_tokens - fed) - (stats.branch_tokens - aside)
         run.session, run.recorder, run.drafter = main, recorder, drafter
         run.in_role = role
-        run._last_text = last_text
+        run.last_text = last_text
         first = len(recorder.holes)
         recorder.holes.extend(inner.holes)
         mark_holes(recorder, first, "fresh")

@@ -41,7 +41,6 @@ from qrun.runtime.fills import (
     check_gen_fill,
     check_select_fill,
     fill_text,
-    holes_outside_macros,
 )
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
@@ -96,7 +95,7 @@ class Run:
         self.source = program.source  # what the op being run points into (an included file's)
         # Where the last fixed text came from: a ContextFull when its stretch is tokenized
         # (before the next hole, or at the end) is reported there.
-        self._last_text: tuple[Span, Source] = (program.source.span_at(0), program.source)
+        self.last_text: tuple[Span, Source] = (program.source.span_at(0), program.source)
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
                      and backend.capabilities.lookahead)
@@ -106,7 +105,7 @@ class Run:
         self.in_branch = False  # a fork branch's run (runtime/branches.py)
         self.in_role: str | None = None  # the chat turn being run, if any
         # Told each top-level capture (name, value) as its hole ends: the server's stream of
-        # hole events (qrun/serve/app.py). A macro call's captures are its own, not told.
+        # hole events (qrun/serve/application.py). A macro call's captures are its own, not told.
         self.on_hole: Callable[[str, Any], None] | None = request.on_hole
         self._top_vars = self.vars
         self._start_lists(program.ops)
@@ -114,8 +113,8 @@ class Run:
     def _start_lists(self, ops: Sequence[ir.Op]) -> None:
         """A loop capture exists (as a list) even when its loop never runs (a macro's, in
         each call)."""
-        for op in _walk_outside_macros(ops):
-            if isinstance(op, ir.Gen | ir.Select) and op.in_loop:
+        for op, _ in ir.holes(ops, self.source):
+            if op.in_loop:
                 self.vars[op.name] = self.scope[op.name] = []
                 self.hole_lists[op.name] = []
                 self.endings[op.name] = []
@@ -136,9 +135,9 @@ class Run:
 
     def exec_body(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
         """A macro's body (or a called file's): its loop captures start as empty lists;
-        `after` as for _exec_block."""
+        `after` as for exec_block."""
         self._start_lists(ops)
-        self._exec_block(ops, after)
+        self.exec_block(ops, after)
 
     def execute(self) -> Result:
         started = time.perf_counter()
@@ -146,8 +145,8 @@ class Run:
         self._check_constraints()
         self._check_fills()
         try:
-            self._exec_block(self.program.ops)
-            self._flush_text()
+            self.exec_block(self.program.ops)
+            self.flush_text()
             self.session.finish()
         finally:
             self.session.close()
@@ -187,16 +186,8 @@ class Run:
     def _hole_of(self, name: str) -> tuple[Span | None, Source | None]:
         """The span (and its file) of the first hole of the template that captures `name`;
         (None, None) when there is none."""
-        def holes(ops: Sequence[ir.Op], source: Source) -> Iterator[tuple[ir.Op, Source]]:
-            for op in ops:
-                if isinstance(op, ir.Macro):
-                    continue  # a macro's captures are its own
-                yield op, source
-                inner = op.source if isinstance(op, ir.Include) else source
-                yield from holes(tuple(ir.children(op)), inner)
-
-        for op, source in holes(self.program.ops, self.program.source):
-            if isinstance(op, ir.Gen | ir.Select) and op.name == name:
+        for op, source in ir.holes(self.program.ops, self.program.source):
+            if op.name == name:
                 return op.span, source
         return None, None
 
@@ -220,7 +211,7 @@ class Run:
         (not built from captures) fits its hole (its first value, for a loop's hole). A name
         with holes both in and out of loops is checked at each hole when the run reaches it:
         its list fits only the loop's, and a branch may never run."""
-        holes = list(holes_outside_macros(self.program.ops))
+        holes = [op for op, _ in ir.holes(self.program.ops, self.program.source)]
         mixed = {op.name for op in holes if op.in_loop} & \
             {op.name for op in holes if not op.in_loop}
         for op in holes:
@@ -241,7 +232,7 @@ class Run:
 
     # ---- ops -------------------------------------------------------------------------------------
 
-    def _exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
+    def exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None:
         """Run `ops`; `after` is the template text known to follow the block (a chat turn's
         closing marker, the text after an `if`), or None."""
         for index, op in enumerate(ops):
@@ -251,12 +242,12 @@ class Run:
     def _exec(self, op: ir.Op, after: str | None = None) -> None:
         match op:
             case ir.EmitText():
-                self._emit(op.text, special=True, op=op)
+                self.emit(op.text, special=True, op=op)
             case ir.EmitValue():
                 if not self.calls.inline(op, after):
                     text = evaluate_text(op.expr, self.scope, self.source, self.budget,
                                          self.calls)
-                    self._emit(text, op=op)
+                    self.emit(text, op=op)
             case ir.Gen():
                 self._exec_gen(op, after)
             case ir.Select():
@@ -266,7 +257,7 @@ class Run:
             case ir.For():
                 self._exec_for(op)
             case ir.Set():
-                self.scope[op.name] = self._eval(op.expr)
+                self.scope[op.name] = self.evaluate(op.expr)
             case ir.Role():
                 self._exec_role(op)
             case ir.Break():
@@ -282,7 +273,7 @@ class Run:
             case ir.Macro():
                 pass  # defined here, run where called (runtime/calls.py)
             case ir.Return():
-                self.calls.returned(self._eval(op.expr))
+                self.calls.returned(self.evaluate(op.expr))
             case ir.Fork():
                 exec_fork(self, op)
             case ir.Hidden():
@@ -292,13 +283,13 @@ class Run:
             case _:
                 assert_never(op)
 
-    def _emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None:
+    def emit(self, text: str, special: bool = False, op: ir.Op | None = None) -> None:
         """Append text that is not the model's: only the template's own text (`special`) may
         spell control tokens; a value's text is always encoded as text."""
         if not text:
             return
         self.budget.output(text)
-        self._last_text = (op.span if op is not None else self.source.span_at(0), self.source)
+        self.last_text = (op.span if op is not None else self.source.span_at(0), self.source)
         try:
             self.session.append_text(text, special=special)
         except ContextFull as exc:
@@ -306,13 +297,13 @@ class Run:
             raise GenerationError(str(exc), where, self.source) from None
         self._show(text)
 
-    def _flush_text(self) -> None:
+    def flush_text(self) -> None:
         """Tokenize the text collected since the last hole (Session.flush), before a hole or
         at the end; a context too long for the model is reported at that text."""
         try:
             self.session.flush()
         except ContextFull as exc:
-            span, source = self._last_text
+            span, source = self.last_text
             raise GenerationError(str(exc), span, source) from None
 
     def _show(self, text: str) -> None:
@@ -320,7 +311,7 @@ class Run:
         if self.on_text is not None and text and not self.quiet:
             self.on_text(text)
 
-    def _eval(self, expr: Expr) -> Any:
+    def evaluate(self, expr: Expr) -> Any:
         return evaluate(expr, self.scope, self.source, self.budget, self.calls)
 
     @contextmanager
@@ -328,7 +319,7 @@ class Run:
         """Around filling a hole: failures become a GenerationError at the hole; afterwards
         the backend may let go of what it holds for the next token."""
         kind = "gen" if isinstance(op, ir.Gen) else "select"
-        self._flush_text()
+        self.flush_text()
         self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
         try:
             yield
@@ -357,7 +348,7 @@ class Run:
         # (runtime/tool_calls.py), which is the template's text the model reads next.
         call = call_format(self.backend, op)
         if call is not None:
-            self._emit(call.prefix, special=True, op=op)
+            self.emit(call.prefix, special=True, op=op)
             after = call.suffix or after
         with self._filling(op):
             request = self._gen_request(op, after)
@@ -368,7 +359,7 @@ class Run:
                                text=record.text, finish=record.finish, seconds=record.seconds)
         self._capture(op.name, record, op.in_loop)
         if call is not None:
-            self._emit(call.suffix, special=True, op=op)
+            self.emit(call.suffix, special=True, op=op)
 
     def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params
@@ -442,7 +433,7 @@ class Run:
                      constraint: str | None) -> None:
         kind = "gen" if isinstance(op, ir.Gen) else "select"
         self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
-        self._emit(record.text, op=op)
+        self.emit(record.text, op=op)
         # A filled select scored no option: its trace lists none.
         extra: dict[str, Any] = {"options": []} if kind == "select" else {}
         self.recorder.end_hole(constraint=constraint, value=record.value, text=record.text,
@@ -471,7 +462,7 @@ class Run:
     def _stop(self, expr: Expr | None, span: Span) -> tuple[str, ...]:
         if expr is None:
             return ()
-        value = self._eval(expr)
+        value = self.evaluate(expr)
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
             raise self._bad_arg(expr, "stop must be a non-empty string or a list of them")
@@ -482,7 +473,7 @@ class Run:
         or the run's value when the hole does not give it."""
         if expr is None:
             return default
-        value = self._eval(expr)
+        value = self.evaluate(expr)
         wanted = CHECKS[name](value)
         if wanted is not None:
             raise self._bad_arg(expr, f"{name} must be {wanted}, got {value!r}")
@@ -491,7 +482,7 @@ class Run:
     def _flag(self, expr: Expr | None, name: str, default: bool) -> bool:
         if expr is None:
             return default
-        value = self._eval(expr)
+        value = self.evaluate(expr)
         if not isinstance(value, bool):
             raise self._bad_arg(expr, f"{name} must be true or false, got {value!r}")
         return value
@@ -500,7 +491,7 @@ class Run:
         return EvaluationError(message, expr.span, self.source)
 
     def _select_options(self, op: ir.Select) -> list[str]:
-        options = self._eval(op.options)
+        options = self.evaluate(op.options)
         if (not isinstance(options, list | tuple) or not options
                 or not all(isinstance(o, str) and o for o in options)):
             raise self._bad_arg(op.options,
@@ -522,7 +513,7 @@ class Run:
         temperature = float(self._arg(op.temperature, "temperature", self.options.temperature))
         normalize = "sum"
         if op.normalize is not None:
-            normalize = self._eval(op.normalize)
+            normalize = self.evaluate(op.normalize)
             if normalize not in ("sum", "mean"):
                 raise self._bad_arg(op.normalize, 'normalize must be "sum" or "mean"')
         scoring = self.engines.scoring
@@ -559,13 +550,13 @@ class Run:
 
     def _exec_if(self, op: ir.If, after: str | None) -> None:
         for branch in op.branches:
-            if self._eval(branch.condition):
-                self._exec_block(branch.body, after)
+            if self.evaluate(branch.condition):
+                self.exec_block(branch.body, after)
                 return
-        self._exec_block(op.orelse, after)
+        self.exec_block(op.orelse, after)
 
     def _exec_for(self, op: ir.For) -> None:
-        items = self._eval(op.iterable)
+        items = self.evaluate(op.iterable)
         if isinstance(items, dict):
             items = list(items)
         if not isinstance(items, list | tuple | str | range):
@@ -580,7 +571,7 @@ class Run:
             bind_targets(self.scope, op.targets, item, op.span, self.source)
             self.scope["loop"] = LoopInfo(index, len(items))
             try:
-                self._exec_block(op.body)
+                self.exec_block(op.body)
             except _Continue:
                 continue
             except _Break:
@@ -593,10 +584,10 @@ class Run:
         """Each round costs a step: the run's budget ends a loop that never does."""
         while True:
             self.budget.step(op.span)
-            if not self._eval(op.test):
+            if not self.evaluate(op.test):
                 return
             try:
-                self._exec_block(op.body)
+                self.exec_block(op.body)
             except _Continue:
                 continue
             except _Break:
@@ -609,19 +600,19 @@ class Run:
         the context and the result, and the handler runs with the message bound."""
         mark = Mark(self)
         try:
-            self._exec_block(op.body, after)
+            self.exec_block(op.body, after)
         except LimitError:
             mark.release()
             raise
         except EvaluationError as err:
             mark.take_back()
             if op.name is None:
-                self._exec_block(op.handler, after)
+                self.exec_block(op.handler, after)
                 return
             saved = {op.name: self.scope[op.name]} if op.name in self.scope else {}
             self.scope[op.name] = err.message
             try:
-                self._exec_block(op.handler, after)
+                self.exec_block(op.handler, after)
             finally:
                 self.scope.pop(op.name, None)
                 self.scope.update(saved)
@@ -635,7 +626,7 @@ class Run:
         outer = self.source
         self.source = self.budget.source = op.source
         try:
-            self._exec_block(op.body, after)
+            self.exec_block(op.body, after)
         finally:
             self.source = self.budget.source = outer
 
@@ -656,14 +647,14 @@ class Run:
         before: Pieces = ((markers[0], True),)
         after: Pieces = ((markers[1], True),)
         if op.tools is not None:  # the tools' text is data: never control tokens
-            tools = checked_tools(self._eval(op.tools), op.tools.span, self.source)
+            tools = checked_tools(self.evaluate(op.tools), op.tools.span, self.source)
             before, after = system_pieces(self.backend, tools, markers)
         for text, special in before:
-            self._emit(text, special=special, op=op)
+            self.emit(text, special=special, op=op)
         follows = "".join(text for text, _ in after)
         self.in_role = op.role
         try:
-            self._exec_block(op.body, follows)
+            self.exec_block(op.body, follows)
         except (_LoopControl, MacroReturn):  # a break, continue or return inside the turn
             self.in_role = None                # still ends the turn
             self._end_role(op, after)
@@ -675,7 +666,7 @@ class Run:
     def _end_role(self, op: ir.Role, after: Pieces) -> None:
         self.budget.step(op.span)  # output from here on is reported at the role
         for text, special in after:
-            self._emit(text, special=special, op=op)
+            self.emit(text, special=special, op=op)
 
 
 class _LoopControl(Exception):
@@ -699,14 +690,6 @@ def _text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | No
             continue
         return op.text if isinstance(op, ir.EmitText) and op.text else None
     return after
-
-
-def _walk_outside_macros(ops: Sequence[ir.Op]) -> Iterator[ir.Op]:
-    """As ir.walk, not entering macro definitions (their ops run only in a call)."""
-    for op in ops:
-        yield op
-        if not isinstance(op, ir.Macro):
-            yield from _walk_outside_macros(tuple(ir.children(op)))
 
 
 def _constraint_span(op: ir.Gen) -> Span:

@@ -8,7 +8,7 @@ filled."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from qrun.constraint.spec import ConstraintSpec, Cursor, typed_value
@@ -166,11 +166,3 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def holes_outside_macros(ops: Sequence[ir.Op]) -> Iterator[ir.Gen | ir.Select]:
-    """The holes a fill can name, in source order."""
-    for op in ops:
-        if isinstance(op, ir.Macro):
-            continue
-        if isinstance(op, ir.Gen | ir.Select):
-            yield op
-        yield from holes_outside_macros(tuple(ir.children(op)))

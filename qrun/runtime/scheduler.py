@@ -46,7 +46,7 @@ class ForwardScheduler:
     cond: threading.Condition = field(default_factory=threading.Condition)
     submitted: int = 0
     # The most rows one batched forward had, and a hook told each batch's rows (the server's
-    # metrics, qrun/serve/app.py).
+    # metrics, qrun/serve/application.py).
     largest_batch: int = 0
     on_batch: Callable[[int], None] | None = None
     running: bool = False  # a worker is running a batch (_lead)

@@ -3,7 +3,7 @@ ASGI app, for embedding in an existing service; `run_server` serves it with uvic
 DrainingServer (SIGTERM drains it). Imports Starlette and uvicorn, so `import qrun` does not
 load this package."""
 
-from qrun.serve.app import app
+from qrun.serve.application import app
 from qrun.serve.server import DrainingServer, run_server
 
 __all__ = ["DrainingServer", "app", "run_server"]

@@ -63,8 +63,8 @@ def describe(name: str, query: Query) -> dict[str, Any]:
     return {"name": name, "inputs": list(program.inputs),
             "optional_inputs": list(program.optional_inputs),
             "input_schema": query.input_schema, "output_schema": query.output_schema,
-            "holes": [_hole(op) for op in ir.walk(program.ops)
-                      if isinstance(op, ir.Gen | ir.Select)],
+            "holes": [_hole(op) for op, _ in ir.holes(program.ops, program.source,
+                                                        macros=True)],
             "options": options}
 
 

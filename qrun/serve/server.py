@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from qrun.serve.app import Service
+from qrun.serve.service import Service
 
 log = logging.getLogger("qrun.serve")
 
@@ -35,8 +35,8 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server with qrun serve's shutdown (docs/serve.md §5, issue #26 item 7): the
     first SIGTERM or Ctrl-C does not close the listening socket (uvicorn's own shutdown would:
     new connections refused) but drains: `service` answers each new request 503 `draining`
-    (qrun/serve/app.py DrainGate) while the accepted ones, queued and running, go on; once they
-    are all answered, or `drain_timeout` seconds have passed and the runs left have been
+    (qrun/serve/application.py DrainGate) while the accepted ones, queued and running, go on;
+    once they are all answered, or `drain_timeout` seconds have passed and the runs left have been
     cancelled (each answered 503 `draining`), uvicorn shuts down (up to `CLOSE_GRACE_S` more
     for the last responses to be sent). A second signal shuts down at once as uvicorn does."""
 

@@ -126,8 +126,8 @@ def hole_places(query: Query) -> dict[str, str]:
     """`FILE:LINE:COL` of each capture's hole (its first, for one written twice), for the
     report of a failed expectation about it."""
     places: dict[str, str] = {}
-    for op, source in ir.walk_sources(query.program.ops, query.program.source):
-        if isinstance(op, ir.Gen | ir.Select) and op.name not in places:
+    for op, source in ir.holes(query.program.ops, query.program.source, macros=True):
+        if op.name not in places:
             places[op.name] = f"{source.name}:{op.span.line}:{op.span.column}"
     return places
 

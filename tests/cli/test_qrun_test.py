@@ -1,4 +1,4 @@
-"""`qrun test` end to end (qrun/cli/test_command.py): the examples' cases on the tiny and the
+"""`qrun test` end to end (qrun/cli/run_tests.py): the examples' cases on the tiny and the
 real model, failures reported with the expectation, what was found and the hole, exit codes
 0/1/2, -k and JUnit XML."""
 

@@ -10,9 +10,9 @@ import pytest
 from qrun.errors import EvaluationError
 from qrun.lang import ast as ast_nodes
 from qrun.lang import build_ast, parse
+from qrun.lang.builtins import FUNCTIONS, MAX_RANGE
 from qrun.lang.evaluate import LoopInfo, evaluate
 from qrun.lang.expr import Attr, Const, Expr, Name
-from qrun.lang.functions import FUNCTIONS, MAX_RANGE
 from qrun.source import Source, Span
 
 

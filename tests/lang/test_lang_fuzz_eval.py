@@ -20,8 +20,8 @@ from qrun.api import Query
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import QrunError, TemplateError, TemplateErrors, UsageError
 from qrun.lang import compile_source, ir
+from qrun.lang.builtins import FUNCTIONS, TESTS
 from qrun.lang.evaluate import evaluate, evaluate_text
-from qrun.lang.functions import FUNCTIONS, TESTS
 from qrun.lang.inputs import plain_inputs
 from qrun.limits import Budget, Limits
 from qrun.options import RunOptions

@@ -18,8 +18,8 @@ import qrun.lang.inputs
 from qrun.errors import EvaluationError, TemplateErrors, UsageError
 from qrun.lang import ast as ast_nodes
 from qrun.lang import build_ast, compile_source, parse
+from qrun.lang.builtins import FUNCTIONS, KEYWORDS
 from qrun.lang.evaluate import evaluate
-from qrun.lang.functions import FUNCTIONS, KEYWORDS
 from qrun.lang.inputs import MAX_INPUT_DEPTH, MAX_INPUT_ITEMS, plain_inputs
 from qrun.source import Source
 

@@ -14,8 +14,8 @@ import pytest
 
 from qrun.errors import EvaluationError, InputError, TemplateErrors
 from qrun.lang import compile_source, ir
+from qrun.lang.builtins import FUNCTIONS, METHODS, TESTS
 from qrun.lang.evaluate import evaluate, evaluate_text
-from qrun.lang.functions import FUNCTIONS, METHODS, TESTS
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, TAG_HINTS, TEST_HINTS
 from qrun.limits import Budget, Limits
 

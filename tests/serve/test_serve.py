@@ -23,8 +23,8 @@ import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import RunCancelled
 from qrun.serve import app
-from qrun.serve.app import Service
 from qrun.serve.server import is_loopback
+from qrun.serve.service import Service
 from tests.doubles import ScriptedServer
 from tests.hang import alarm, wait_until
 from tests.serve.serving import GATE, Gate, serving, sse_events

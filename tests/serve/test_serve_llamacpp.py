@@ -23,7 +23,7 @@ from tiers import require_llama_cpp
 import qrun
 from qrun.errors import RunCancelled
 from qrun.serve import app
-from qrun.serve.app import Service
+from qrun.serve.service import Service
 from tests.hang import alarm, wait_until
 from tests.serve.serving import (
     BIOS,

@@ -18,7 +18,7 @@ import pytest
 import qrun
 from qrun.errors import RunCancelled
 from qrun.serve import app
-from qrun.serve.app import Service
+from qrun.serve.service import Service
 from tests.hang import alarm, wait_until
 from tests.serve.serving import BIOS, EXTRACT, GATE, SCHEMA, Gate, post_extract, serving
 from tests.vllm_serving import vllm_serve

@@ -1,11 +1,11 @@
-"""`qrun test -k` (qrun/testing/select.py): pytest's keyword expressions, parsed, not eval'd."""
+"""`qrun test -k` (qrun/testing/keyword.py): pytest's keyword expressions, parsed, not eval'd."""
 
 from __future__ import annotations
 
 import pytest
 
 from qrun.errors import UsageError
-from qrun.testing.select import keyword_filter
+from qrun.testing.keyword import keyword_filter
 
 IDS = ["ex/classify.tmpl::praise", "ex/classify.tmpl::sampled", "ex/extract.tmpl::invoice"]
 

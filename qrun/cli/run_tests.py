@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qrun.cli.flags import add_functions_flag, add_model_flags, functions_of, model_options
 from qrun.errors import UsageError
-from qrun.options import BACKENDS, DTYPES, ModelOptions
+from qrun.options import ModelOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
@@ -37,40 +38,30 @@ def build_test_parser() -> argparse.ArgumentParser:
                         help="only the cases whose id TEMPLATE::CASE matches: words "
                              "(substrings) with and, or, not, as pytest's -k")
     parser.add_argument("--junit-xml", metavar="PATH", help="also write a JUnit XML report")
-    parser.add_argument("--model", help="as for qrun FILE.tmpl (default: the template's, "
-                                        "else smollm2)")
-    parser.add_argument("--backend", default=None, choices=BACKENDS)
-    parser.add_argument("--url", help="with --backend vllm: a `vllm serve` to run on")
-    parser.add_argument("--device", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", choices=DTYPES)
+    add_model_flags(parser, model_help="as for qrun FILE.tmpl (default: the template's, else "
+                                       "smollm2)")
     parser.add_argument("--batch-size", type=int, default=8, metavar="N",
                         help="greedy cases run together, N at a time (default 8)")
-    parser.add_argument("--functions", metavar="FILE.py", action="append", default=[],
-                        help="host functions the templates may call (as for qrun FILE.tmpl); "
-                             "repeatable: the files' functions together, a name in two of "
-                             "them is an error")
+    add_functions_flag(parser, "the templates")
     return parser
 
 
 def run_tests(argv: Sequence[str]) -> int:
     """`qrun test ARGS`: the exit code (QrunErrors propagate to qrun.cli's main, exit 2)."""
     from qrun.api import Query
-    from qrun.cli.functions_file import load_all_functions
     from qrun.cli.output import LoadingNotice
     from qrun.testing import CaseFileError, cases_file_of, load_cases
     from qrun.testing.cases import front_matter_cases
+    from qrun.testing.keyword import keyword_filter
     from qrun.testing.report import Report, write_junit
     from qrun.testing.runner import check_case_inputs, hole_places, run_cases
-    from qrun.testing.select import keyword_filter
 
     args = build_test_parser().parse_args(list(argv))
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     chosen = keyword_filter(args.keyword) if args.keyword is not None else None
-    functions = load_all_functions(args.functions) if args.functions else None
-    given = {name: getattr(args, name, None) for name in ModelOptions.names()
-             if name not in ("weights", "timeout", "cache_mb")}
-    model = ModelOptions.checked(given, lambda name: "--" + name.replace("_", "-"))
+    functions = functions_of(args)
+    model = model_options(args)
     # Everything that can be wrong without a model is found first.
     suites: list[tuple[str, Query, list[Case], list[RunRequest]]] = []
     deselected = 0

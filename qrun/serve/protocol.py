@@ -1,0 +1,265 @@
+"""The wire protocol of `qrun serve` (docs/serve.md §2, §4): the limits and errors of a request,
+and its body, options and fields read and checked; nothing here runs anything (vLLM's
+entrypoints keep the same split: protocol, serving, router)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+
+from qrun.errors import (
+    BackendError,
+    EvaluationError,
+    GenerationError,
+    InputError,
+    PositionedError,
+    QrunError,
+    RunCancelled,
+    TemplateError,
+    UsageError,
+)
+from qrun.jsonio import (
+    DEFAULT_FIELDS,
+    FIELDS,
+    BadInput,
+    parse_value,
+)
+from qrun.options import RunOptions
+
+if TYPE_CHECKING:
+    from qrun.api import (
+        Query,  # the runtime and backends are reached through Query, never imported here
+    )
+    from qrun.runtime.request import RunRequest
+
+
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body read (413 beyond it)."""
+
+
+RETRY_AFTER_S = 1
+"""What a 429 or a draining 503 answers in Retry-After: runs of small templates end within
+about a second (and a server draining is usually being replaced)."""
+
+
+MAX_INPUT_CHARS = 100_000
+"""The longest string an input may hold, at any depth (422 `input_too_large` beyond): a few
+times the context of the models served here; the body's limit alone would let one string
+fill it."""
+
+
+MAX_INPUT_DEPTH = 32
+"""How deep an input's lists and objects may nest (the body's JSON may nest 100 levels,
+qrun/jsonio.py, for the body's own wrapping and the other inputs)."""
+
+
+REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
+"""The run options a request may set (RunOptions; limits and trace stay the server's)."""
+
+
+BODY_KEYS = ("inputs", "options", "stream", "fields", "fill")
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class ApiError(Exception):
+    """A request answered with an error: HTTP `status`, a stable `code`, a message, and for
+    errors about a place in a template its position."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 position: dict[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.position = position
+        self.headers = dict(headers or {})
+
+    def body(self, request_id: str) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.position is not None:
+            error["position"] = self.position
+        return {"error": error, "request_id": request_id}
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """The answer to a run's failure (docs/serve.md §4)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InputError | UsageError) and not isinstance(exc, TemplateError):
+        return ApiError(422, "input_error", message_of(exc), position_of(exc))
+    if isinstance(exc, GenerationError):
+        return ApiError(500, "generation_error", message_of(exc), position_of(exc))
+    if isinstance(exc, EvaluationError):
+        return ApiError(500, "evaluation_error", message_of(exc), position_of(exc))
+    if isinstance(exc, TemplateError):
+        return ApiError(500, "template_error", message_of(exc), position_of(exc))
+    if isinstance(exc, BackendError):
+        return ApiError(502, "backend_error", message_of(exc), position_of(exc))
+    if isinstance(exc, RunCancelled):
+        return ApiError(504, "timeout", "the run was cancelled: its deadline passed")
+    if isinstance(exc, QrunError):
+        return ApiError(500, "run_error", str(exc))
+    return ApiError(500, "internal_error", "internal error (the server's log has it)")
+
+
+def message_of(exc: QrunError) -> str:
+    return exc.message if isinstance(exc, PositionedError) else str(exc)
+
+
+def position_of(exc: QrunError) -> dict[str, Any] | None:
+    if not isinstance(exc, PositionedError):
+        return None
+    return {"template": exc.source.name, "line": exc.span.line, "column": exc.span.column,
+            "rendered": exc.render(), "notes": list(exc.notes)}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """A server's admission and request limits (the flags of `qrun serve`)."""
+
+    max_running: int = 8
+    max_queue: int = 64
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_input_chars: int = MAX_INPUT_CHARS
+    max_input_depth: int = MAX_INPUT_DEPTH
+
+
+@dataclass
+class RunBody:
+    """A checked POST /v1/templates/{name}/run body: the run it asks for (Query.request), and
+    how to answer it."""
+
+    name: str
+    request: RunRequest
+    timeout: float | None
+    stream: bool
+    fields: tuple[str, ...]
+
+
+def request_id_of(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as strict JSON (qrun/jsonio.py), read up to `limit` bytes."""
+    data = await read_body(request, limit)
+    try:
+        return parse_value(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_request", f"the body is not UTF-8 (byte {exc.start + 1})") \
+            from None
+    except BadInput as exc:
+        raise ApiError(400, "bad_request", f"the body: {exc}") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, at most `limit` (413 beyond, with or without a Content-Length)."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def run_body(query: Query, name: str, limits: ServerLimits, body: Any,
+             request: Request) -> RunBody:
+    """The body of a run request of template `name` (`query`), checked: unknown keys, options
+    and fields are 400; inputs that do not fit the template 422 (before the run is
+    admitted)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - set(BODY_KEYS))
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown key(s) {', '.join(map(repr, unknown))}: "
+                       f"the body may have {', '.join(BODY_KEYS)}")
+    inputs = body.get("inputs", {})
+    given = body.get("options", {})
+    if not isinstance(inputs, dict) or not isinstance(given, dict):
+        raise ApiError(400, "bad_request", '"inputs" and "options" must be JSON objects')
+    options, timeout = run_options(given)
+    fields = fields_of(body.get("fields", list(DEFAULT_FIELDS)))
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "bad_request", '"stream" must be true or false')
+    stream = stream or "text/event-stream" in request.headers.get("accept", "")
+    fill = body.get("fill", {})
+    if not isinstance(fill, dict):
+        raise ApiError(400, "bad_request", '"fill" must be a JSON object')
+    # Sizes first, on the request's own values: the template's checks (its patterns) never
+    # scan an oversized string, and a long default of the template is not the client's.
+    check_input_sizes(inputs, limits)
+    check_input_sizes(fill, limits, "fill")
+    # InputError, UsageError (a name that is no hole): 422, before the run is admitted
+    run = query.request(inputs, options=options, fill=fill)
+    return RunBody(name, run, timeout, stream, fields)
+
+
+def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
+                      what: str = "input") -> None:
+    """Each input's strings at most `limits.max_input_chars` long and its lists and objects
+    nested at most `limits.max_input_depth` deep (inputs are JSON data, as a body reads;
+    `what`: "fill" for a request's known values, which the same limits bound).
+
+    Raises:
+        ApiError: 422 `input_too_large`, naming the input and the place in it.
+    """
+    # (place, value, depth): iterative, as deep inputs are what this refuses.
+    todo: list[tuple[str, Any, int]] = [(name, value, 0) for name, value in inputs.items()]
+    while todo:
+        place, value, depth = todo.pop()
+        if isinstance(value, str) and len(value) > limits.max_input_chars:
+            raise ApiError(422, "input_too_large", f"{what} {place} is a string of {len(value)} "
+                           f"characters; this server takes at most {limits.max_input_chars} "
+                           "(--max-input-chars)")
+        items: Iterable[tuple[str, Any]]
+        if isinstance(value, Mapping):
+            items = ((f"{place}[{json.dumps(key)}]", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            items = ((f"{place}[{index}]", item) for index, item in enumerate(value))
+        else:
+            continue
+        if depth >= limits.max_input_depth:
+            raise ApiError(422, "input_too_large", f"{what} {place} nests lists and objects "
+                           f"deeper than {limits.max_input_depth} levels (--max-input-depth)")
+        todo.extend((where, item, depth + 1) for where, item in items)
+
+
+def run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:
+    """A request's run options and its timeout, checked (400)."""
+    given = dict(given)
+    timeout = given.pop("timeout", None)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not timeout > 0):
+        raise ApiError(400, "bad_request", f"options.timeout must be a positive number of "
+                       f"seconds, got {json.dumps(timeout)}")
+    unknown = sorted(set(given) - set(REQUEST_OPTIONS))
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown option(s) {', '.join(map(repr, unknown))}: "
+                       f"choose among {', '.join(REQUEST_OPTIONS)}, timeout")
+    try:
+        options = RunOptions(**given)
+    except UsageError as exc:
+        raise ApiError(400, "bad_request", f"options: {exc}") from None
+    return options, float(timeout) if timeout is not None else None
+
+
+def fields_of(fields: Any) -> tuple[str, ...]:
+    if not isinstance(fields, list) or not fields or any(f not in FIELDS for f in fields):
+        raise ApiError(400, "bad_request", f'"fields" must be a list among {", ".join(FIELDS)}')
+    return tuple(dict.fromkeys(fields))
