@@ -6,6 +6,7 @@ fails here with the file and line."""
 from __future__ import annotations
 
 import ast
+import gc
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,6 +42,20 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def parse(path: Path) -> ast.Module:
+    """The file's AST, parsed with the cycle collector paused: CPython 3.11 (before 3.11.9,
+    gh-106905) keeps the AST constructor's recursion depth in state shared by every parse, so
+    a collection run inside one (the finalizers of a previous test's garbage) can fail it with
+    "AST constructor recursion depth mismatch" (seen after tests/runtime and tests/serve)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), str(path))
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def python_files(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
@@ -49,7 +64,7 @@ def imports(path: Path) -> Iterator[Import]:
     """Every import in the file, at any depth (inside functions and TYPE_CHECKING too)."""
     source = module_name(path)
     package = source if path.name == "__init__.py" else source.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(source, alias.name, None, node.lineno)
@@ -140,7 +155,7 @@ def test_no_private_name_crosses_a_module() -> None:
     included); CPython's private regex parser is read in one module only."""
     bad = []
     for path in python_files("qrun", "tests", "bench"):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path)
         aliases: set[str] = set()
         for i in imports(path):
             private = i.name is not None and i.name.startswith("_") and i.name != "__future__"
@@ -172,7 +187,7 @@ def test_no_private_member_is_reached_from_another_module() -> None:
     uses: list[tuple[str, int, str]] = []
     for path in python_files("qrun"):
         module = module_name(path)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             name = None
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = node.name
@@ -244,7 +259,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def runtime_imports(path: Path) -> Iterator[Import]:
     """As `imports`, less those under `if TYPE_CHECKING:` (type-only arrows, never run)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     typing_only = {node.lineno for block in ast.walk(tree)
                    if isinstance(block, ast.If) and isinstance(block.test, ast.Name)
                    and block.test.id == "TYPE_CHECKING"
@@ -293,7 +308,7 @@ def constructions(name: str) -> list[str]:
     """Where `name(...)` is called in qrun/ (as a name or an attribute)."""
     found = []
     for path in python_files("qrun"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Call) and (
                     isinstance(node.func, ast.Name) and node.func.id == name
                     or isinstance(node.func, ast.Attribute) and node.func.attr == name):
@@ -347,3 +362,14 @@ def test_test_modules_have_unique_names() -> None:
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         assert path.name not in names, f"{path} and {names[path.name]} share a name"
         names[path.name] = path
+
+
+def test_the_constraint_core_has_a_face_of_names_that_resolve() -> None:
+    """qrun/constraint/__init__.py (issue #36 item 3): its names, imported when asked for."""
+    import qrun.constraint as core
+
+    assert sorted(core.__all__) == sorted(vars(core)["_FACE"])
+    for name in core.__all__:
+        assert getattr(core, name) is not None
+    with pytest.raises(AttributeError):
+        _ = core.nothing_of_the_kind

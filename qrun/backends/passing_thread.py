@@ -6,10 +6,11 @@ that enters a parallel region gets a team of worker threads that stays with it u
 thread ends, and libgomp counts every such worker: once they outnumber the CPUs, its workers
 spin about 100 times instead of ~300,000 before they sleep, so every op of a forward wakes them
 through the kernel. A server loads its model in the main thread and runs the forwards in
-another one (qrun/runtime/admission.py, the `qrun-forwards` thread): with the loading's team
+another one (qrun/runtime/scheduler.py, the `qrun-forwards` thread): with the loading's team
 kept by the main thread, SmolLM2 on 2 cores and 2 torch threads ran the bench's extraction
 runs 30 % slower in that thread than in the main one (2.7 against 3.9 runs/s); loaded in a
-passing thread instead, 4.0 (issue #26's one-client target, bench/serve.py)."""
+passing thread instead, 4.0 (issue #26's one-client target, bench/serve.py). The same is why
+batches run in that one thread, not in the threads of the runs (issue #36)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ runs' calls concurrently, through wrappers that stop a cancelled run at its next
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 import threading
@@ -43,12 +44,13 @@ Outcome = Result | QrunError
 
 @dataclass(eq=False)
 class Ticket:
-    """One admitted run: its place in the batch (`order`: rows go in this order), its outcome
-    (`future`), the flag its run checks at every forward, and `forwarded`, set once its first
-    forward has returned (or the run has ended)."""
+    """One admitted run: its place in the batch (`order`: rows go in this order), its runner,
+    its outcome (`future`), the flag its run checks at every forward, and `forwarded`, set once
+    its first forward has returned (or the run has ended)."""
 
     request: RunRequest
     order: int
+    runner: Runner  # held until the run ends, whoever else lets it go
     future: Future[Result] = field(default_factory=Future)
     cancelled: threading.Event = field(default_factory=threading.Event)
     forwarded: threading.Event = field(default_factory=threading.Event)
@@ -69,12 +71,21 @@ class Runner:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.constraints = ConstraintCompiler(backend)
+        # Nothing it owns points back at it (the listeners are told through a closure over
+        # their list, admissions hold it weakly): a runner nobody holds goes at once, with its
+        # model, instead of waiting for the cycle collector.
+        listeners: list[Callable[[int], None]] = []
+
+        def batched(rows: int) -> None:
+            for listener in list(listeners):
+                listener(rows)
+
+        self.batch_listeners = listeners
         self.forwards: ForwardScheduler | None = None
         model = backend.step_model()
         if model is not None and not backend.capabilities.batches_itself:
             self.forwards = ForwardScheduler(model, backend.tree_scorer(),
-                                             backend.batch_forward(), on_batch=self._batched)
-        self.batch_listeners: list[Callable[[int], None]] = []
+                                             backend.batch_forward(), on_batch=batched)
         self._orders = itertools.count()
         self.shared = Admission(self, DEFAULT_MAX_RUNNING, sys.maxsize)
 
@@ -198,17 +209,24 @@ class Runner:
             ticket.forwarded.set()
 
     def watch_batches(self, listener: Callable[[int], None]) -> Callable[[], None]:
-        """Tell `listener` the rows of each batched forward (a server's metrics); returns what
-        stops it."""
-        self.batch_listeners.append(listener)
-        return lambda: self.batch_listeners.remove(listener)
+        """Tell `listener` the rows of each batched forward (a server's metrics) while it
+        lives (a bound method is held weakly, so a server that is never closed does not stay
+        alive through its runner); returns what stops it."""
+        told: Callable[[int], None] = listener
+        if inspect.ismethod(listener):
+            method = weakref.WeakMethod(listener)
+
+            def told(rows: int) -> None:
+                alive = method()
+                if alive is not None:
+                    alive(rows)
+
+        self.batch_listeners.append(told)
+        return lambda: self.batch_listeners.remove(told) if told in self.batch_listeners \
+            else None
 
     def new_order(self) -> int:
         return next(self._orders)
-
-    def _batched(self, rows: int) -> None:
-        for listener in list(self.batch_listeners):
-            listener(rows)
 
     def _engines(self, ticket: Ticket) -> Engines:
         if self.forwards is None:
@@ -228,7 +246,9 @@ class Admission:
     starts until it ends), at most `max_queue` waiting."""
 
     def __init__(self, runner: Runner, max_running: int, max_queue: int) -> None:
-        self.runner = runner
+        # Weakly (the runner holds its shared admission); each admitted ticket holds it
+        # until its run ends.
+        self._runner = weakref.ref(runner)
         self.max_running = max_running
         self.max_queue = max_queue
         self.lock = threading.Lock()  # guards queue, running, refusing
@@ -267,9 +287,15 @@ class Admission:
             ticket.future.set_running_or_notify_cancel()
             return ticket
 
+    @property
+    def runner(self) -> Runner:
+        runner = self._runner()
+        assert runner is not None, "an admission is used by whoever holds its runner"
+        return runner
+
     def finished(self, ticket: Ticket) -> None:
         """`ticket`'s run has ended: its slot goes to the next queued run."""
-        forwards = self.runner.forwards
+        forwards = ticket.runner.forwards
         if forwards is not None:
             forwards.leave()
         with self.lock:
@@ -316,13 +342,14 @@ class Admission:
     def _ticket(self, request: RunRequest) -> Ticket:
         if self.refusing:
             raise RunCancelled("the server is shutting down: it takes no more runs")
-        return Ticket(request, self.runner.new_order())
+        runner = self.runner
+        return Ticket(request, runner.new_order(), runner)
 
     def _count_in(self, ticket: Ticket) -> None:
         """Count `ticket` as running (lock held): in the scheduler before its thread can
         submit a forward, so no batch runs without it."""
         self.running.add(ticket)
-        forwards = self.runner.forwards
+        forwards = ticket.runner.forwards
         if forwards is not None:
             forwards.enter()
 
@@ -336,7 +363,7 @@ class Admission:
         try:
             if ticket.future.set_running_or_notify_cancel():
                 try:
-                    ticket.future.set_result(self.runner.execute(ticket))
+                    ticket.future.set_result(ticket.runner.execute(ticket))
                 except BaseException as exc:  # handed to whoever waits on the future
                     ticket.future.set_exception(exc)
         finally:

@@ -6,6 +6,7 @@ mask) once every active worker is waiting on one."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ import numpy.typing as npt
 
 from qrun.backends.base import BatchForward, KVCache, StepModel, TreeScorer
 from qrun.backends.prefix_cache import PrefixCache
+
+IDLE_S = 5.0
+"""How long the forward thread waits for work before it ends (a later batch starts it again)."""
 
 
 @dataclass(eq=False)
@@ -49,19 +53,22 @@ class ForwardScheduler:
     # metrics, qrun/serve/application.py).
     largest_batch: int = 0
     on_batch: Callable[[int], None] | None = None
-    running: bool = False  # a worker is running a batch (_lead)
+    running: bool = False  # a batch is being run (_lead)
+    thread: threading.Thread | None = None  # the forward thread, while it runs
 
     def submit(self, tree: bool, order: tuple[int, ...], *args: Any) -> Any:
-        """Wait for this forward's row of a batch; the worker whose forward completes the
-        batch (every active worker waiting) runs it in its own thread."""
+        """Wait for this forward's row of a batch. A worker alone runs its forward in its own
+        thread (a plain `Query.run` pays no hop); batches of several rows run in the
+        scheduler's forward thread."""
         request = _Request(tree, order, args)
         with self.cond:
             self.submitted += 1
             self.pending.append(request)
-            while not request.done:
-                if not self.running and self.pending and len(self.pending) >= self.active:
-                    self._lead()
-                else:
+            if self.active <= 1 and len(self.pending) == 1 and not self.running:
+                self._lead()
+            else:
+                self._wake()
+                while not request.done:
                     self.cond.wait()
         if request.error is not None:
             raise request.error
@@ -74,13 +81,43 @@ class ForwardScheduler:
     def leave(self) -> None:
         with self.cond:
             self.active -= 1
-            self.cond.notify_all()  # the workers left waiting may now be a whole batch
+            if self.pending:
+                self._wake()  # the workers left waiting may now be a whole batch
+
+    def _wake(self) -> None:
+        """Tell the forward thread of new work (lock held), starting it if it is not running:
+        one long-lived thread runs the batches, so torch's OpenMP team lives in one thread
+        (qrun/backends/passing_thread.py says what more teams cost). Measured on bench.serve
+        --threads 2 (2-core AVX2, SmolLM2, 32 requests): batches led by the runs' own threads
+        served 2.0-2.1 requests/s at 4 clients and 3.5-3.7 at 16, against 2.6-2.7 and 4.7-4.8
+        here."""
+        self.cond.notify_all()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="qrun-forwards",
+                                           daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        """The forward thread: run each batch once every active worker waits on one; end
+        after IDLE_S without work, so that nothing holds the model once its runs are over."""
+        with self.cond:
+            idle = 0.0
+            while True:
+                if not self.running and self.pending and len(self.pending) >= self.active:
+                    self._lead()
+                    idle = 0.0
+                    continue
+                if idle >= IDLE_S and not self.pending:
+                    self.thread = None
+                    return
+                started = time.monotonic()
+                self.cond.wait(timeout=IDLE_S)
+                idle += time.monotonic() - started
 
     def _lead(self) -> None:
-        """Run the pending forwards as one batch, in the calling worker's thread (the lock is
-        held on entry and on return, not while the model runs). There is no thread of the
-        scheduler's own: a lone run's forwards run in its thread, with no hop, and nothing
-        keeps a finished batch's requests (they hold their runs' KV caches)."""
+        """Run the pending forwards as one batch in the calling thread (the lock is held on
+        entry and on return, not while the model runs); nothing keeps a finished batch's
+        requests (they hold their runs' KV caches)."""
         requests, self.pending = self.pending, []
         self.running = True
         self.cond.release()
