@@ -94,7 +94,7 @@ test: setup vllm llamacpp editors
 	$(MAKE) --no-print-directory browser
 
 check: setup
-	$(PY) -m ruff check qrun tests bench scripts
+	$(PY) -m ruff check qrun tests bench scripts corpus
 	$(PY) -m mypy
 
 # On a shared machine add `--threads 1` (steadier figures when other jobs hold a core).

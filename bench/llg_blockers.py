@@ -15,9 +15,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from corpus.schema_corpus import load_corpus
 from qrun.constraint.grammar import JsonFormat, check_schema
 from qrun.constraint.grammar.schema import schema_positions
-from tests.constraint.corpus.schema_corpus import load_corpus
 
 _MAX_ROUNDS = 8
 

@@ -1,4 +1,4 @@
-"""The schema corpus checker (tests/constraint/corpus/llg_check.py: `qrun.Matcher` against the
+"""The schema corpus checker (corpus/llg_check.py: `qrun.Matcher` against the
 `jsonschema` validator) with the engine json= holes had before llguidance beside it
 (bench/old_json_schema.py: schema -> regex -> DFA), fed the same instances: for
 bench/llg_corpus.py's comparison table."""
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.old_json_schema import schema_to_regex
+from corpus.llg_check import Checker, SchemaReport, Timeout, limited
 from qrun.constraint.regex_index import DEAD, TokenIndex
 from qrun.constraint.vocab import Vocabulary
-from tests.constraint.corpus.llg_check import Checker, SchemaReport, Timeout, limited
 
 __all__ = ["CorpusReport", "OldEngine", "OldEngineChecker"]
 

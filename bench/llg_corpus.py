@@ -1,5 +1,5 @@
-"""json= engines over the schema corpus (tests/constraint/corpus/schema_corpus.py): `qrun.Matcher`
-on llguidance against the `jsonschema` validator (tests/constraint/corpus/llg_check.py), and the
+"""json= engines over the schema corpus (corpus/schema_corpus.py): `qrun.Matcher`
+on llguidance against the `jsonschema` validator (corpus/llg_check.py), and the
 old engine (schema -> regex -> DFA, bench/llg_check.py) in the same run, both with the default
 model's vocabulary.
 
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from bench.llg_check import CorpusReport, OldEngineChecker
-from tests.constraint.corpus.schema_corpus import load_corpus
+from corpus.schema_corpus import load_corpus
 
-__all__ = ["corpus_section", "main", "summarize"]
+__all__ = ["main", "summarize"]
 
 HERE = Path(__file__).parent
 
@@ -97,50 +97,6 @@ def _category(reason: str) -> str:
     if reason.startswith(("Unknown format", "unknown format")):
         return "unknown format"
     return reason.split(" (at ", 1)[0].split("\n", 1)[0][:80]
-
-
-def corpus_section(result: dict[str, Any]) -> list[str]:
-    """The RESULTS.md section (bench/report.py render) for a stored summary."""
-    s, llg, old = result["summary"], result["summary"]["llguidance"], result["summary"].get("old")
-    lines = ["## json= engines over the schema corpus", "",
-             f"`{result['command']}` ({result['date']}; {s['schemas']} schemas, the first "
-             "in corpus order when a run was cut short, from the pip packages of the dev "
-             "extra, tests/constraint/corpus/schema_corpus.py; the default model's "
-             f"tokenizer; Matcher layout {result['layout']}). Each schema is compiled once, "
-             "one at a time; the old "
-             "engine (schema -> regex -> DFA, closed objects, 10 s limit) gets the same "
-             "schemas and the same token sequences. Wall-clock times on the shared 2-core "
-             "VM: p99s include preemption.", "",
-             "| | llguidance (qrun.Matcher) | old engine |", "| --- | --- | --- |"]
-
-    def row(label: str, key: str, sub: str | None = None) -> str:
-        def get(d: dict[str, Any] | None) -> Any:
-            if d is None:
-                return "-"
-            return d[key][sub] if sub else d[key]
-        return f"| {label} | {get(llg)} | {get(old)} |"
-
-    lines += [row("schemas compiled", "compiled"), row("schemas/s (compile to first mask)",
-                                                       "schemas_per_s"),
-              row("compile ms p50", "compile_ms", "p50"), row("compile ms p99", "compile_ms",
-                                                              "p99"),
-              row("compile ms max", "compile_ms", "max"),
-              row("first mask ms p50", "first_mask_ms", "p50"),
-              row("first mask ms p99", "first_mask_ms", "p99"),
-              row("mask per token ms p50", "mask_ms", "p50"),
-              row("mask per token ms p99", "mask_ms", "p99"),
-              row("masks timed", "mask_ms", "n"),
-              row("valid instances rejected", "valid_rejected"),
-              row("invalid instances accepted", "invalid_accepted"), ""]
-    lines += [f"llguidance: {llg['valid']} valid instances (each walked with the tokenizer's "
-              f"tokens and a random tokenization) on {llg['with_instances']} schemas, "
-              f"{llg['invalid']} invalid mutants, {llg['walks']} random budgeted generations "
-              f"({llg['walks_invalid']} invalid, {llg['walks_unfinished']} unfinished). "
-              "The old engine's counts are over the schemas both compile."
-              + (f" Old engine timeouts (10 s): {old['timeouts']}." if old else ""), "",
-              "Compile errors (llguidance, first cause): "
-              + "; ".join(f"{k} {v}" for k, v in llg["compile_errors"].items()) + ".", ""]
-    return lines
 
 
 def _load(path: str) -> list[CorpusReport]:

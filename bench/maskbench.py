@@ -20,9 +20,9 @@ maskbench/maskbench/runner.py, llguidance json_stats/src/json_stats.rs):
 - key order: JSON objects are unordered and llguidance generates properties in the schema's
   order (the "Property order" section of llguidance's JSON Schema documentation), with no
   option to take any order. Each instance is fed with its keys in the schema's order
-  (tests/constraint/corpus/json_instances.py schema_key_order, a heuristic of llguidance's
+  (corpus/json_instances.py schema_key_order, a heuristic of llguidance's
   rules; a valid instance it places wrongly is searched for an order the grammar takes,
-  tests/constraint/corpus/llg_check.py search_order, untimed) and, where that text
+  corpus/llg_check.py search_order, untimed) and, where that text
   differs, also in the instance's own order (the harnesses' way); both counts are reported,
   the schema order's are the headline.
 - a schema passes when it compiles and every test comes out right (schema order), as in the
@@ -61,15 +61,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SchemaResult", "check_schema_file", "main", "maskbench_section", "summarize"]
+from bench.engine_sections import TARGETS, targets
+
+__all__ = ["SchemaResult", "check_schema_file", "main", "summarize"]
 
 HERE = Path(__file__).parent
 DEFAULT_DATA = "/work/maskbench/data"
 MODEL = "smollm2"
-# Targets of issue #24 (the MaskBench method on the public suite).
-TARGETS = {"passing": (">=", 10_500), "invalid_accepted": ("<=", 0),
-           "valid_rejected": ("<=", 20), "refused": ("<=", 600),
-           "mask_us_p99": ("<=", 500.0), "first_mask_ms_p99": ("<=", 20.0)}
 # Per-schema lists of failures keep at most this many examples.
 _EXAMPLES = 3
 # Seconds the key-order search may take per instance (Github_ultra---o46322's 5,000-token
@@ -119,12 +117,12 @@ class Runner:
     def __init__(self, compact: bool = False, formats: str = "known") -> None:
         from transformers import AutoTokenizer
 
+        from corpus.json_instances import schema_key_order
+        from corpus.llg_check import limited, search_order
         from qrun.backends.loading import ensure_converted, locate_model
         from qrun.constraint.grammar import FLEXIBLE
         from qrun.constraint.grammar_index import LlgCache
         from qrun.matcher import Matcher
-        from tests.constraint.corpus.json_instances import schema_key_order
-        from tests.constraint.corpus.llg_check import limited, search_order
 
         self.matcher_class = Matcher
         self.key_order = schema_key_order
@@ -225,7 +223,7 @@ class Runner:
 
     def _searched(self, schema: Any, value: Any) -> str | None:
         """`value` as text in a key order the schema's grammar accepts (a bounded search,
-        tests/constraint/corpus/llg_check.py search_order), or None."""
+        corpus/llg_check.py search_order), or None."""
         try:
             index = self._indexes.schema(schema, self.vocab, self.layout)
             found = self.limited(_SEARCH_S, lambda: self.search_order(index, value))
@@ -418,18 +416,6 @@ def summarize(results: list[SchemaResult]) -> dict[str, Any]:
     }
 
 
-def targets(summary: dict[str, Any]) -> dict[str, bool]:
-    values = {"passing": summary["passing"], "invalid_accepted": summary["invalid_accepted"],
-              "valid_rejected": summary["valid_rejected"], "refused": summary["refused"],
-              "mask_us_p99": summary["mask_us"]["p99"],
-              "first_mask_ms_p99": summary["first_mask_ms"]["p99"]}
-    out = {}
-    for name, (op, bound) in TARGETS.items():
-        value = values[name]
-        out[name] = value is not None and (value >= bound if op == ">=" else value <= bound)
-    return out
-
-
 def _files(data: Path, match: str, limit: int, spread: bool) -> list[Path]:
     paths = sorted(p for p in data.glob("*.json") if match in p.name)
     if not limit or limit >= len(paths):
@@ -470,49 +456,6 @@ def _text(summary: dict[str, Any]) -> str:
         f"wall {s['wall_s']} s on {s['workers']} worker(s)",
         "refused: " + "; ".join(f"{k} {v}" for k, v in s["refused_reasons"].items()),
     ])
-
-
-def maskbench_section(result: dict[str, Any]) -> list[str]:
-    """The RESULTS.md section (bench/report.py render) for a stored summary."""
-    s = result["summary"]
-    verdict = targets(s)
-    rows = [("passing schemas", s["passing"], "passing"),
-            ("refused (compile errors)", s["refused"], "refused"),
-            ("errors / timeouts", f"{s['errors']} / {s['timeouts']}", None),
-            ("valid instances rejected (schema key order)", s["valid_rejected"],
-             "valid_rejected"),
-            ("invalid instances accepted (schema key order)", s["invalid_accepted"],
-             "invalid_accepted"),
-            ("valid rejected / invalid accepted, instances' own key order",
-             f"{s['own_order_valid_rejected']} / {s['own_order_invalid_accepted']}", None),
-            ("valid accepted only in a searched key order", s.get("searched_order", "-"),
-             None),
-            ("mask µs p50 / p99 / max", f"{s['mask_us']['p50']} / {s['mask_us']['p99']} / "
-             f"{s['mask_us']['max']}", "mask_us_p99"),
-            ("first mask ms p50 / p99 / max", f"{s['first_mask_ms']['p50']} / "
-             f"{s['first_mask_ms']['p99']} / {s['first_mask_ms']['max']}",
-             "first_mask_ms_p99"),
-            ("first mask ms in the worker's CPU time p50 / p99",
-             f"{s['first_mask_cpu_ms']['p50']} / {s['first_mask_cpu_ms']['p99']}", None),
-            ("wall time", f"{s['wall_s']} s, {s['workers']} worker(s)", None)]
-    lines = ["## MaskBench (qrun.Matcher on the jsonschemabench suite)", "",
-             f"`{result['command']}` ({result['date']}; {s['schemas']:,} schemas, "
-             f"{s['tests_valid']:,} valid and {s['tests_invalid']:,} invalid instances, "
-             f"{s['tokens']:,} masks; llguidance {result.get('llguidance', '?')}; "
-             f"SmolLM2's tokenizer; formats=\"{s.get('formats', 'known')}\"; "
-             "bench/maskbench.py says the method). Wall-clock times on "
-             "the shared VM: p99s include preemption.", "",
-             "| | qrun.Matcher | target |", "| --- | ---: | --- |"]
-    for label, value, key in rows:
-        target = ""
-        if key is not None:
-            op, bound = TARGETS[key]
-            target = f"{op} {bound:,} {'PASS' if verdict[key] else 'MISS'}"
-        shown = f"{value:,}" if isinstance(value, int) else value
-        lines.append(f"| {label} | {shown} | {target} |")
-    lines += ["", "Refused (first cause): " + "; ".join(
-        f"{k} {v}" for k, v in s["refused_reasons"].items()) + ".", ""]
-    return lines
 
 
 def _write(summary: dict[str, Any], command: str) -> None:

@@ -11,13 +11,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
+from bench.engine_sections import corpus_section, maskbench_section
 
 WORKLOAD_ORDER = ("rpg", "longdoc", "batch", "regex")
 
 
 def machine(backend: Any | None = None) -> dict[str, Any]:
     """CPU, cores, torch threads, versions, dtype, load: what the figures depend on."""
+    # Here, not at the top: the torch-free benchmarks (bench/maskbench.py) write RESULTS.md.
+    import torch
     import transformers
 
     info: dict[str, Any] = {
@@ -141,12 +143,8 @@ def render(results: Mapping[str, Any]) -> str:
     if any(k.startswith("ttft-") for k in results):
         lines += _ttft_section({k: v for k, v in results.items() if k.startswith("ttft-")})
     if "json_corpus" in results:
-        from bench.llg_corpus import corpus_section
-
         lines += corpus_section(results["json_corpus"])
     if "maskbench" in results:
-        from bench.maskbench import maskbench_section
-
         lines += maskbench_section(results["maskbench"])
     lines += _notes(results)
     return "\n".join(lines).rstrip() + "\n"

@@ -141,12 +141,15 @@ def test_backends_do_not_import_the_language() -> None:
     assert bad == []
 
 
-def test_tests_do_not_import_the_benchmarks() -> None:
-    """Tests stand alone (issue #24 item 5): what they share with bench/ lives under tests/
-    (tests/constraint/corpus/), and bench/ imports it from there, never the reverse."""
+def test_tests_and_benchmarks_do_not_import_each_other() -> None:
+    """Tests stand alone, and bench/ is tooling beside them (issue #36 item 5): what they share
+    lives in corpus/, which imports neither."""
     bad = [f"{path.relative_to(ROOT)}:{i.line} imports {i.module}"
-           for path in python_files("tests") for i in imports(path)
+           for path in python_files("tests", "corpus") for i in imports(path)
            if i.module == "bench" or i.module.startswith("bench.")]
+    bad += [f"{path.relative_to(ROOT)}:{i.line} imports {i.module}"
+            for path in python_files("bench", "corpus") for i in imports(path)
+            if i.module == "tests" or i.module.startswith("tests.")]
     assert bad == []
 
 

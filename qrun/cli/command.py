@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,23 +156,38 @@ def build_lsp_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_command(argv: list[str]) -> int:
+    return _run(build_parser().parse_args(argv))
+
+
+def _serve_command(argv: list[str]) -> int:
+    return _serve(build_serve_parser().parse_args(argv))
+
+
+def _test_command(argv: list[str]) -> int:
+    from qrun.cli.run_tests import run_tests
+
+    return run_tests(argv)
+
+
+def _lsp_command(argv: list[str]) -> int:
+    return _lsp(build_lsp_parser().parse_args(argv))
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "serve": _serve_command, "test": _test_command, "lsp": _lsp_command}
+"""`qrun NAME ARGS...`, by the first word; anything else is `qrun FILE.tmpl ...`."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    serving = bool(given) and given[0] == "serve"
-    testing = bool(given) and given[0] == "test"
-    if given and given[0] == "lsp":
-        return _lsp(build_lsp_parser().parse_args(given[1:]))
-    if serving:
-        args = build_serve_parser().parse_args(given[1:])
-    elif not testing:
-        args = build_parser().parse_args(given)
+    name = given[0] if given and given[0] in SUBCOMMANDS else None
+    command, rest = (SUBCOMMANDS[name], given[1:]) if name is not None else (_run_command, given)
+    if name == "lsp":
+        return command(rest)  # the protocol owns stdout: nothing is printed around it
     write.open_line = False
     try:
-        if testing:
-            from qrun.cli.run_tests import run_tests
-
-            return run_tests(given[1:])
-        return _serve(args) if serving else _run(args)
+        return command(rest)
     except QrunError as exc:
         write.end_line()
         print(str(exc), file=sys.stderr)
@@ -192,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(set QRUN_DEBUG=1 for a traceback, and please report it)", file=sys.stderr)
         # qrun test's 1 means "a case failed": a CI job must tell a crash from that (3, as
         # pytest's internal error).
-        return EXIT_INTERNAL if testing else EXIT_RUNTIME
+        return EXIT_INTERNAL if name == "test" else EXIT_RUNTIME
 
 
 def _lsp(args: argparse.Namespace) -> int:
