@@ -20,10 +20,10 @@ from typing import Any
 
 import jsonschema
 import pytest
+
 from corpus.json_instances import invalid_instances
 from corpus.llg_check import Checker, SchemaReport, counts
 from corpus.schema_corpus import load_corpus
-
 from qrun.constraint.vocab import Vocabulary
 from qrun.matcher import Matcher
 
