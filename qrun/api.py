@@ -292,7 +292,6 @@ class Query:
             UsageError: batch_size < 1, an invalid or unknown run option, or `fill` not one
                 per input.
         """
-
         chosen, unknown = RunOptions.split(option_values)
         if unknown:
             raise UsageError(f"run_many() got unknown keyword argument(s): "
@@ -363,5 +362,3 @@ class Query:
         if model is None or isinstance(model, str):
             return self.load(model)
         return model
-
-

@@ -46,14 +46,15 @@ class FrontEnd:
         return self.template
 
     def compile(self, includes: Includes, functions: Signatures | None = None) -> ir.Program:
-        """The program: parsed first if it is not yet; `includes` resolves `{% include %}`,
-        `functions` are the host functions the template may call (their arguments checked).
+        """The program of the parsed template (`parse` first: its size counts towards the
+        includes' limits); `includes` resolves `{% include %}`, `functions` are the host
+        functions the template may call (their arguments checked).
 
         Raises:
             TemplateErrors: every error found, in source order.
         """
-        template = self.template if self.template is not None else self.parse()
-        return compile_template(template, self.source, includes, functions)
+        assert self.template is not None, "parse() comes first"
+        return compile_template(self.template, self.source, includes, functions)
 
     def includes_from(self, include_dir: PathLike | None) -> Includes:
         """Includes of a template given as text: refused unless `include_dir` names the

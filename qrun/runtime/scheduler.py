@@ -6,7 +6,6 @@ mask) once every active worker is waiting on one."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +15,6 @@ import numpy.typing as npt
 
 from qrun.backends.base import BatchForward, KVCache, StepModel, TreeScorer
 from qrun.backends.prefix_cache import PrefixCache
-
-IDLE_S = 5.0
-"""How long the forward thread waits for work before it ends (a later batch starts it again)."""
 
 
 @dataclass(eq=False)
@@ -45,13 +41,10 @@ class ForwardScheduler:
     tree_scorer: TreeScorer | None
     batcher: BatchForward | None
     active: int = 0
-    batches: int = 0
     pending: list[_Request] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
-    submitted: int = 0
-    # The most rows one batched forward had, and a hook told each batch's rows (the server's
-    # metrics, qrun/serve/application.py).
-    largest_batch: int = 0
+    # Told each batch's rows (the runner's listeners: a server's metrics,
+    # qrun/serve/service.py).
     on_batch: Callable[[int], None] | None = None
     running: bool = False  # a batch is being run (_lead)
     thread: threading.Thread | None = None  # the forward thread, while it runs
@@ -62,7 +55,6 @@ class ForwardScheduler:
         scheduler's forward thread."""
         request = _Request(tree, order, args)
         with self.cond:
-            self.submitted += 1
             self.pending.append(request)
             if self.active <= 1 and len(self.pending) == 1 and not self.running:
                 self._lead()
@@ -83,10 +75,12 @@ class ForwardScheduler:
             self.active -= 1
             if self.pending:
                 self._wake()  # the workers left waiting may now be a whole batch
+            elif self.active == 0:
+                self.cond.notify_all()  # the forward thread, if any, ends
 
     def _wake(self) -> None:
         """Tell the forward thread of new work (lock held), starting it if it is not running:
-        one long-lived thread runs the batches, so torch's OpenMP team lives in one thread
+        one thread runs the batches while runs go, so torch's OpenMP team lives in one thread
         (qrun/backends/passing_thread.py says what more teams cost). Measured on bench.serve
         --threads 2 (2-core AVX2, SmolLM2, 32 requests): batches led by the runs' own threads
         served 2.0-2.1 requests/s at 4 clients and 3.5-3.7 at 16, against 2.6-2.7 and 4.7-4.8
@@ -99,20 +93,18 @@ class ForwardScheduler:
 
     def _loop(self) -> None:
         """The forward thread: run each batch once every active worker waits on one; end
-        after IDLE_S without work, so that nothing holds the model once its runs are over."""
+        when no worker is left (the next batch of several rows starts it again), so that no
+        thread that ran the model outlives its runs (one left waiting at the interpreter's
+        exit aborted it: "terminate called without an active exception")."""
         with self.cond:
-            idle = 0.0
             while True:
                 if not self.running and self.pending and len(self.pending) >= self.active:
                     self._lead()
-                    idle = 0.0
-                    continue
-                if idle >= IDLE_S and not self.pending:
+                elif not self.pending and self.active == 0:
                     self.thread = None
                     return
-                started = time.monotonic()
-                self.cond.wait(timeout=IDLE_S)
-                idle += time.monotonic() - started
+                else:
+                    self.cond.wait()
 
     def _lead(self) -> None:
         """Run the pending forwards as one batch in the calling thread (the lock is held on
@@ -137,8 +129,6 @@ class ForwardScheduler:
         requests = sorted(requests, key=lambda r: r.order)
         forwards = [r for r in requests if not r.tree]
         if forwards:
-            self.batches += 1
-            self.largest_batch = max(self.largest_batch, len(forwards))
             if self.on_batch is not None:
                 self.on_batch(len(forwards))
             try:
