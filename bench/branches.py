@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import qrun
-from qrun.backends.base import Backend
+from qrun.backends import Backend
 
 # ~1k tokens of shared context: a numbered list of facts, then one question per branch.
 PLACES = (("Oak", "apples", "Monday"), ("Mill", "bolts", "Tuesday"), ("King", "paper", "Friday"),

@@ -210,7 +210,7 @@ class GuidancePeer:
 
     def __init__(self, python: str, names: Sequence[str], threads: int) -> None:
         from bench.workloads import WORKLOADS
-        from qrun.backends.loading import locate_model
+        from qrun.backends import locate_model
 
         location = locate_model("smollm2")
         programs = {name: [_steps_json(WORKLOADS[name].steps(inputs))

@@ -1,7 +1,7 @@
 """json= engines over the schema corpus (corpus/schema_corpus.py): `qrun.Matcher`
 on llguidance against the `jsonschema` validator (corpus/llg_check.py), and the
-old engine (schema -> regex -> DFA, bench/llg_check.py) in the same run, both with the default
-model's vocabulary.
+old engine (schema -> regex -> DFA: the frozen baseline bench/old_json_schema.py, compared in
+bench/llg_check.py) in the same run, both with the default model's vocabulary.
 
 Prints, per engine: schemas compiled (and schemas/s), compile time and time to first mask
 p50/p99/max, mask time per token p50/p99 (the old engine's over the same token sequences, up
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from qrun.backends.loading import ensure_converted, locate_model
+    from qrun.backends import ensure_converted, locate_model
 
     hf = AutoTokenizer.from_pretrained(ensure_converted(locate_model("smollm2")))
     checker = OldEngineChecker("smollm2", lambda text: hf.encode(text, add_special_tokens=False),

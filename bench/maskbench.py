@@ -119,7 +119,7 @@ class Runner:
 
         from corpus.json_instances import schema_key_order
         from corpus.llg_check import limited, search_order
-        from qrun.backends.loading import ensure_converted, locate_model
+        from qrun.backends import ensure_converted, locate_model
         from qrun.constraint.grammar import FLEXIBLE
         from qrun.constraint.grammar_index import LlgCache
         from qrun.matcher import Matcher

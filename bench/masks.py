@@ -1,9 +1,11 @@
 """Benchmark of the constraint engine on the SmolLM2 vocabulary (not a test).
 
-For DATE, EMAIL, INT and a 6-field JSON schema: DFA compile time, TokenIndex build time, and the
-per-token cost of a hole step (mask for the current state with the remaining budget + advance)
-while replaying the canonical tokenization of real valid values. "first" = the first replay on
-a fresh index (lazily built states pay their vocabulary walk here), "cached" = a second replay.
+For DATE, EMAIL, INT and a 6-field JSON schema (made a regex by the frozen baseline
+bench/old_json_schema.py, the engine json= holes had before llguidance): DFA compile time,
+TokenIndex build time, and the per-token cost of a hole step (mask for the current state with
+the remaining budget + advance) while replaying the canonical tokenization of real valid
+values. "first" = the first replay on a fresh index (lazily built states pay their vocabulary
+walk here), "cached" = a second replay.
 The "lazy" rows force per-state first-visit computation (EAGER_MAX_STATES = 0) to show its cost.
 
 Run: .venv/bin/python bench/masks.py [--values 40]
@@ -22,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from bench.old_json_schema import schema_to_regex
+from qrun.backends import ensure_converted, locate_model
 from qrun.backends.hf_tokenizer import vocabulary_of
-from qrun.backends.loading import ensure_converted, locate_model
 from qrun.constraint.patterns import PATTERNS
 from qrun.constraint.regex_index import EAGER_MAX_STATES, TokenIndex
 from qrun.regex.dfa import compile_dfa

@@ -1,4 +1,15 @@
-"""JSON Schema -> regex for a documented, non-recursive subset, so a `json` hole is masked by
+"""FROZEN BASELINE, NOT MAINTAINED. This is qrun/stdlib/json_schema.py as it stood at d60a45e,
+the parent of 44c0399 ("json= holes on llguidance"), the last commit whose json= holes used it:
+the engine behind the "old engine" column of bench/RESULTS.md's "json= engines over the schema
+corpus" (measured at 5ae83ee, 2026-11-23, `python -m bench.llg_corpus --write`). Only its
+import of PATTERNS has changed since, when the module moved here (6cdf23b). Do not fix, extend
+or restyle it: its figures compare with that table only while it stays as it was. Its readers
+are bench/llg_check.py (the corpus comparison) and bench/masks.py (a regex to time); qrun/,
+tests/ and corpus/ never import it (tests/test_structure.py).
+
+The module as it was:
+
+JSON Schema -> regex for a documented, non-recursive subset, so a `json` hole is masked by
 the same byte DFA as any regex (regex/dfa.py). Output is compact but fixed-format JSON:
 `{"a": 1, "b": [1, 2]}` (separators ", " and ": ", properties in schema order), because
 flexible whitespace both destroys fast-forward forcing and lets small models emit blanks

