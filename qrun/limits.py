@@ -18,7 +18,7 @@ from qrun.errors import LimitError, UsageError
 from qrun.source import Source, Span
 
 if TYPE_CHECKING:
-    from qrun.constraint.grammar.limits import ConstraintLimits
+    from qrun.constraint import ConstraintLimits
 
 ITEMS_PER_STEP = 4
 """Building, comparing, measuring or printing a list or dict costs a step per 4 items (entries
@@ -75,7 +75,7 @@ class Limits:
         """The constraint limits among these, for check_lark/check_schema and the grammar
         cache (qrun/constraint/grammar/limits.py; imported here on use, so that qrun.limits
         stays free of llguidance)."""
-        from qrun.constraint.grammar.limits import ConstraintLimits
+        from qrun.constraint import ConstraintLimits
 
         return ConstraintLimits(grammar_chars=self.grammar_chars,
                                 grammar_depth=self.grammar_depth,

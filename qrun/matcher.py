@@ -9,18 +9,25 @@ import json as json_module
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import ConstraintLimits, JsonFormat
-from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
-from qrun.constraint.grammar_index import LlgCache, LlgCursor, greedy_tokens
-from qrun.constraint.regex_index import DEAD, IndexCache, TokenIndex
-from qrun.constraint.spec import LLGUIDANCE, LoweringError, lower
-from qrun.constraint.vocab import Vocabulary
+from qrun.constraint import (
+    ConstraintLimits,
+    Cursor,
+    IndexCache,
+    JsonFormat,
+    JsonFormatError,
+    LlgCache,
+    LoweringError,
+    Vocabulary,
+    lower,
+)
+from qrun.constraint.grammar_index import greedy_tokens
+from qrun.constraint.spec import LLGUIDANCE
 from qrun.errors import ConstraintError, UsageError
 from qrun.limits import Limits
 from qrun.source import Source
@@ -28,20 +35,14 @@ from qrun.source import Source
 __all__ = ["Matcher"]
 
 # Compiled constraints and tokenizers are shared by every Matcher of the process: a checker
-# that builds one Matcher per instance compiles each schema once.
+# that builds one Matcher per instance compiles each schema once. Module-level on purpose:
+# they are per vocabulary (a cache key holds it), and Matcher is a face that runs nothing, so
+# it has no loaded backend to hang them on (tests hand it a bare vocabulary). A run's state
+# per backend (its constraint compiler, its forward scheduler) is qrun/runtime/runner.py's.
 _GRAMMARS = LlgCache(64)
 _INDEXES = IndexCache(64)
 _MODELS: dict[str, Backend] = {}
 _MODELS_LOCK = threading.Lock()
-LAYOUTS = ("flexible", "fixed")
-
-
-class _Engine(Protocol):
-    def mask(self) -> npt.NDArray[np.bool_]: ...
-    def consume(self, token_id: int) -> bool: ...
-    def accepting(self) -> bool: ...
-    def rollback(self, tokens: int) -> None: ...
-    def reset(self) -> None: ...
 
 
 class Matcher:
@@ -56,6 +57,10 @@ class Matcher:
     "assert" (every `format` asserted, an unknown one is an error), "known" (unknown formats
     ignored) or "annotation" (formats ignored): docs/language.md §7.4. `limits` (a
     `qrun.Limits`) raises the size limits of a grammar or schema, as a run's does.
+
+    It moves a hole's own cursor (qrun/constraint/spec.py Cursor). Compiled constraints and
+    loaded tokenizers are kept per process, for every Matcher (module-level, per vocabulary:
+    a Matcher runs no model); a run's per-backend state is qrun/runtime/runner.py's.
 
     Raises:
         ConstraintError: the constraint is invalid or unsupported (the message says why and,
@@ -75,21 +80,18 @@ class Matcher:
         if len(given) != 1:
             raise UsageError("a Matcher takes exactly one of json=, regex=, grammar=, pattern= "
                              f"and options= (got {', '.join(given) or 'none'})")
-        if layout not in LAYOUTS:
-            raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        if formats not in FORMAT_MODES:
-            raise UsageError(f"formats must be one of {', '.join(FORMAT_MODES)}, got "
-                             f"{formats!r}")
+        try:
+            fmt = JsonFormat.checked(closed, formats, layout)
+        except JsonFormatError as error:
+            raise UsageError(str(error)) from None
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
         self.vocab: Vocabulary = _vocabulary(model)
         self.eos_token_ids = frozenset(self.vocab.eos_token_ids)
         (kind, value), = given.items()
-        if not isinstance(closed, bool):
-            raise UsageError(f"closed must be True or False, got {closed!r}")
-        if limits is not None and not isinstance(limits, Limits):
-            raise UsageError(f"limits must be a qrun.Limits, got {type(limits).__name__}")
-        fmt = JsonFormat(whitespace_flexible=layout == "flexible", closed=closed,
-                         formats=formats)
-        self._engine = self._build(kind, value, fmt, (limits or Limits()).constraints())
+        # The cursor at the constraint's start, kept for reset, and the one that moves.
+        self._start = self._build(kind, value, fmt, (limits or Limits()).constraints())
+        self._cursor = self._start.copy()
         self._consumed = 0
         self._ended = False
 
@@ -103,17 +105,17 @@ class Matcher:
         a valid value, EOS where the text so far is complete; all False after EOS."""
         if self._ended:
             return np.zeros(self.vocab.size, dtype=np.bool_)
-        return self._engine.mask().copy()
+        return self._cursor.allowed().copy()
 
     def consume(self, token_id: int) -> bool:
         """Take `token_id` if `allowed()` has it; False and no change if not."""
         if self._ended or not 0 <= token_id < self.vocab.size:
             return False
         if token_id in self.eos_token_ids:
-            if not self._engine.accepting():
+            if not self._cursor.can_end():
                 return False
             self._ended = True
-        elif not self._engine.consume(token_id):
+        elif not self._cursor.consume(token_id):
             return False
         self._consumed += 1
         return True
@@ -133,7 +135,7 @@ class Matcher:
 
     def accepting(self) -> bool:
         """Whether the text so far is a complete value."""
-        return self._ended or self._engine.accepting()
+        return self._ended or self._cursor.can_end()
 
     def rollback(self, tokens: int) -> None:
         """Take back the last `tokens` tokens consumed (EOS counts as one).
@@ -147,26 +149,26 @@ class Matcher:
             self._ended = False
             self._consumed -= 1
             tokens -= 1
-        self._engine.rollback(tokens)
+        self._cursor.rollback(tokens)
         self._consumed -= tokens
 
     def reset(self) -> None:
         """Back to the start of the constraint."""
-        self._engine.reset()
+        self._cursor = self._start.copy()
         self._consumed = 0
         self._ended = False
 
     def _build(self, kind: str, value: Any, fmt: JsonFormat,
-               limits: ConstraintLimits) -> _Engine:
-        """The engine of the constraint lowered as a hole's is (qrun/constraint/spec.py)."""
+               limits: ConstraintLimits) -> Cursor:
+        """A cursor at the start of the constraint, lowered as a hole's is
+        (qrun/constraint/spec.py)."""
         if kind == "json" and isinstance(value, dict | bool | str | bytes):
             # One llguidance compile, which is also the check (LlgCache.schema); lower()
             # checks without the tokenizer, so it and then a build would compile twice. A
             # refused schema goes on to lower(), which raises the located error.
             try:
                 schema = json_module.loads(value) if isinstance(value, str | bytes) else value
-                index = _GRAMMARS.schema(schema, self.vocab, fmt, limits, locate=False)
-                return _LlgEngine(index.start())
+                return _GRAMMARS.schema(schema, self.vocab, fmt, limits, locate=False).start()
             except (ValueError, RecursionError):  # GrammarError is a ValueError
                 pass
         try:
@@ -176,8 +178,8 @@ class Matcher:
                 raise UsageError(f"{kind}= takes {_TAKES[kind]}") from None
             raise _positioned(error, kind, value) from None
         if spec.engine == LLGUIDANCE:
-            return _LlgEngine(_GRAMMARS.get(spec.pattern, self.vocab, spec.limits).start())
-        return _DfaEngine(_INDEXES.get(spec.pattern, self.vocab))
+            return _GRAMMARS.get(spec.pattern, self.vocab, spec.limits).start()
+        return _INDEXES.get(spec.pattern, self.vocab).start()
 
 
 # What each keyword takes, for a value of the wrong type.
@@ -203,56 +205,6 @@ def _positioned(error: LoweringError, kind: str, value: Any) -> ConstraintError:
     if error.limit is not None:
         notes.append(f"raise the limit with Matcher(..., limits=qrun.Limits({error.limit}=...))")
     return ConstraintError(error.message, where, source, notes)
-
-
-class _LlgEngine:
-    """llguidance's matcher behind a cursor (rollback is its own)."""
-
-    def __init__(self, cursor: LlgCursor) -> None:
-        self.cursor = cursor
-
-    def mask(self) -> npt.NDArray[np.bool_]:
-        return self.cursor.mask()
-
-    def consume(self, token_id: int) -> bool:
-        return self.cursor.consume(token_id)
-
-    def accepting(self) -> bool:
-        return self.cursor.can_end()
-
-    def rollback(self, tokens: int) -> None:
-        self.cursor.rollback(tokens)
-
-    def reset(self) -> None:
-        self.cursor.reset()
-
-
-class _DfaEngine:
-    """A DFA state with the states before it (a DFA cannot go back by itself)."""
-
-    def __init__(self, index: TokenIndex) -> None:
-        self.index = index
-        self.states = [index.start_state]
-
-    def mask(self) -> npt.NDArray[np.bool_]:
-        return self.index.allowed(self.states[-1])
-
-    def consume(self, token_id: int) -> bool:
-        state = self.index.advance(self.states[-1], token_id)
-        if state == DEAD:
-            return False
-        self.states.append(state)
-        return True
-
-    def accepting(self) -> bool:
-        return self.index.is_accepting(self.states[-1])
-
-    def rollback(self, tokens: int) -> None:
-        if tokens:
-            del self.states[-tokens:]
-
-    def reset(self) -> None:
-        del self.states[1:]
 
 
 def _vocabulary(model: Any) -> Vocabulary:

@@ -153,6 +153,60 @@ def test_tests_and_benchmarks_do_not_import_each_other() -> None:
     assert bad == []
 
 
+# bench/old_json_schema.py is a frozen copy of the JSON-Schema -> regex engine json= holes had
+# before llguidance, kept for the "old engine" column of bench/RESULTS.md; these read it.
+FROZEN_BASELINE = "bench.old_json_schema"
+BASELINE_READERS = ("bench.llg_check", "bench.masks")
+
+
+def test_the_frozen_json_baseline_is_read_by_the_engine_comparisons_alone() -> None:
+    """The product never imports its tooling, and nothing outside the two comparisons imports
+    the frozen baseline (issue #36 item 5)."""
+    bad = [f"{path.relative_to(ROOT)}:{i.line} imports {i.module}"
+           for path in python_files("qrun") for i in imports(path)
+           if i.module == "bench" or i.module.startswith("bench.")]
+    bad += [f"{path.relative_to(ROOT)}:{i.line} imports {FROZEN_BASELINE}"
+            for path in python_files("tests", "corpus", "bench") for i in imports(path)
+            if FROZEN_BASELINE in (i.module, f"{i.module}.{i.name}")
+            and module_name(path) not in BASELINE_READERS]
+    assert bad == []
+
+
+# The package faces bench/ takes names from (issue #36 item 5: "a public way to find model
+# files"): what such a face offers, bench imports from it, not from the module behind it; and
+# these modules bench does not import at all.
+BENCH_FACES = ("qrun.backends",)
+NOT_FOR_BENCH = ("qrun.backends.loading",)
+
+
+def face_names(package: str) -> set[str]:
+    """The names a package's __init__.py offers: those it imports from qrun at the top level
+    (under `if TYPE_CHECKING:` too, as a lazy face lists them; not inside a function) and
+    those in its __all__."""
+    names: set[str] = set()
+    body = parse(ROOT.joinpath(*package.split("."), "__init__.py")).body
+    for node in [*body, *(n for block in body if isinstance(block, ast.If) for n in block.body)]:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qrun"):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names.update(ast.literal_eval(node.value))
+    return names
+
+
+def test_bench_takes_model_files_and_backends_from_the_package_face() -> None:
+    offered = {face: face_names(face) for face in BENCH_FACES}
+    bad = []
+    for path in python_files("bench"):
+        for i in imports(path):
+            face = next((f for f in BENCH_FACES if i.module.startswith(f + ".")), None)
+            if i.module in NOT_FOR_BENCH or (
+                    face is not None and i.name is not None and i.name in offered[face]):
+                bad.append(f"{path.relative_to(ROOT)}:{i.line} imports {i.name or i.module} "
+                           f"from {i.module}, not from {face}")
+    assert bad == []
+
+
 def test_no_private_name_crosses_a_module() -> None:
     """No `from m import _x` and no `m._x` for another module m of the project (tests and bench
     included); CPython's private regex parser is read in one module only."""
@@ -376,3 +430,15 @@ def test_the_constraint_core_has_a_face_of_names_that_resolve() -> None:
         assert getattr(core, name) is not None
     with pytest.raises(AttributeError):
         _ = core.nothing_of_the_kind
+
+
+LONGEST_MODULE = 700
+
+
+def test_no_module_grows_past_one_job() -> None:
+    """A module over LONGEST_MODULE lines has held several jobs each time it was read (issue
+    #36 split serve/app.py 812, lang/compiler.py 807, runtime/executor.py 746 and
+    cli/command.py 596 by job): split it by job rather than raise the bound."""
+    long = {module_name(path): n for path in python_files("qrun")
+            if (n := len(path.read_text().splitlines())) > LONGEST_MODULE}
+    assert long == {}

@@ -20,7 +20,7 @@ from qrun.backends.kv_cache import KVCache
 if TYPE_CHECKING:
     from qrun.backends.chat_template import ToolCallFormat, ToolTurn
     from qrun.backends.prefix_cache import PrefixCache
-    from qrun.constraint.vocab import Vocabulary
+    from qrun.constraint import Vocabulary
 
 __all__ = [
     "Backend", "BackendDefaults", "BatchForward", "Capabilities", "Completion", "HoleSampler",

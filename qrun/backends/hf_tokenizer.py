@@ -18,7 +18,8 @@ from qrun.backends.chat_template import (
     tool_call_format,
     tools_turn,
 )
-from qrun.constraint.vocab import Vocabulary, VocabularyError
+from qrun.constraint import Vocabulary
+from qrun.constraint.vocab import VocabularyError
 from qrun.errors import ModelLoadError
 
 # transformers' fast tokenizers implement `split_special_tokens` by setting a flag on the one

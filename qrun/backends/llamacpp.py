@@ -45,7 +45,7 @@ from qrun.backends.chat_template import (
 from qrun.backends.llama_threads import llama_threads
 from qrun.backends.llamacpp_api import DECODE_NO_ROOM, Batch, Context, Model, last_log
 from qrun.backends.prefix_cache import PrefixCache
-from qrun.constraint.vocab import Vocabulary
+from qrun.constraint import Vocabulary
 from qrun.errors import BackendError
 
 # llama.cpp's limit on sequence ids in one context (LLAMA_MAX_SEQ in llama-cparams.h).

@@ -281,29 +281,24 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """`qrun serve`: load the templates and the model, then serve until interrupted."""
-    from qrun.serve import app, run_server
+    from qrun.serve import ServeOptions, app, run_server
 
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
     if not args.drain_timeout >= 0:
         raise UsageError(f"--drain-timeout must be ≥ 0, got {args.drain_timeout}")
-    if args.max_body_kb < 1:
+    if args.max_body_kb < 1:  # the command line's unit; ServeOptions checks the bytes
         raise UsageError(f"--max-body-kb must be ≥ 1, got {args.max_body_kb}")
+    limits = ServeOptions.checked(
+        {"max_running": args.max_running, "max_queue": args.max_queue,
+         "max_body_bytes": args.max_body_kb * 1024, "max_input_chars": args.max_input_chars,
+         "max_input_depth": args.max_input_depth}, lambda name: "--" + name.replace("_", "-"))
     functions = functions_of(args)
     model = model_options(args)
     api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
-    for flag, value, least in (("--max-running", args.max_running, 1),
-                               ("--max-queue", args.max_queue, 0),
-                               ("--max-input-chars", args.max_input_chars, 1),
-                               ("--max-input-depth", args.max_input_depth, 1)):
-        if value < least:
-            raise UsageError(f"{flag} must be ≥ {least}, got {value}")
     with LoadingNotice(str(model.model or "the model")):
-        asgi = app(args.paths, model=model, functions=functions,
-                   max_running=args.max_running, max_queue=args.max_queue,
-                   max_body_bytes=args.max_body_kb * 1024,
-                   max_input_chars=args.max_input_chars, max_input_depth=args.max_input_depth,
-                   api_key=api_key)
+        asgi = app(args.paths, model=model, functions=functions, api_key=api_key,
+                   **limits.keywords())
     run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
     return EXIT_OK
 

@@ -235,14 +235,16 @@ class LlgCursor:
         """Bool mask [V] of the ids that may come next, EOS ids included where the text so
         far is complete. With `tokens_left`, near the end of the budget only the first token
         of a shortest completion (or EOS where complete) is allowed, so the value ends
-        complete instead of cut off (see `_closing_token`). A fresh array."""
+        complete instead of cut off (see `_closing_token`). Read-only, as MaskCursor's are
+        (the mask cached until the state changes): the runtime copies a mask it changes
+        (runtime/generate.py), so a fresh copy at every step would be waste."""
         if tokens_left is not None:
             closing = self._closing_token(tokens_left)
             if closing is not None:
                 only = np.zeros(self.index.vocab.size, dtype=np.bool_)
                 only[closing] = True
                 return only
-        return self.mask().copy()
+        return self.mask()
 
     def can_end(self) -> bool:
         """The text so far is complete (EOS may come next)."""
@@ -300,8 +302,10 @@ class LlgCursor:
         """Take back the last `tokens` consumed tokens.
 
         Raises:
-            ValueError: more tokens than were consumed.
+            ValueError: more tokens than were consumed, or a negative count.
         """
+        if tokens < 0:
+            raise ValueError(f"cannot roll back {tokens} tokens")
         self._mask_cache, self._need, self._tail, self._way = None, None, b"", None
         if tokens and not self.matcher.rollback(tokens):
             raise ValueError(f"cannot roll back {tokens} tokens: "
@@ -458,8 +462,10 @@ class LlgCursor:
         words = self._words
         self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].view(np.bool_)
-        self._mask_cache = bits & self.index.ordinary
-        return self._mask_cache
+        mask = bits & self.index.ordinary
+        mask.flags.writeable = False  # handed out until the state changes
+        self._mask_cache = mask
+        return mask
 
 
 def _cycling(out: bytearray) -> bool:

@@ -60,6 +60,11 @@ class PrefixMasks:
         return self._everything
 
 
+# What a HealCursor had left to produce before each token, newest first (regex_index.py's
+# MaskCursor keeps its states so): shared by copies.
+_Past = tuple[bytes, "_Past"] | None
+
+
 class HealCursor:
     """The cursor of an unconstrained hole whose first bytes must be `prefix` (the healed
     text): masks tokens until the prefix is produced, then allows every ordinary token."""
@@ -68,10 +73,11 @@ class HealCursor:
         self.masks = masks
         self.prefix = prefix
         self.remaining = prefix
+        self.past: _Past = None
 
     def copy(self) -> HealCursor:
         clone = HealCursor(self.masks, self.prefix)
-        clone.remaining = self.remaining
+        clone.remaining, clone.past = self.remaining, self.past
         return clone
 
     def forced_bytes(self) -> bytes:
@@ -80,7 +86,7 @@ class HealCursor:
     def accepts(self, data: bytes) -> bool:
         return data.startswith(self.prefix)
 
-    def allowed(self, tokens_left: int) -> npt.NDArray[np.bool_]:
+    def allowed(self, tokens_left: int | None = None) -> npt.NDArray[np.bool_]:
         if self.remaining:
             return self.masks.compatible(self.remaining)
         return self.masks.everything()
@@ -94,8 +100,25 @@ class HealCursor:
     def advance(self, token_id: int) -> None:
         data = self.masks.vocab.token_bytes[token_id] or b""
         if self.remaining.startswith(data):
-            self.remaining = self.remaining[len(data) :]
+            remaining = self.remaining[len(data) :]
         elif data.startswith(self.remaining):
-            self.remaining = b""
+            remaining = b""
         else:
             raise ValueError(f"token {token_id} does not continue the healed prefix")
+        self.remaining, self.past = remaining, (self.remaining, self.past)
+
+    def consume(self, token_id: int) -> bool:
+        if not (0 <= token_id < self.masks.vocab.size and bool(self.allowed()[token_id])):
+            return False
+        self.advance(token_id)
+        return True
+
+    def rollback(self, tokens: int) -> None:
+        if tokens < 0:
+            raise ValueError(f"cannot roll back {tokens} tokens")
+        remaining, past = self.remaining, self.past
+        for _ in range(tokens):
+            if past is None:
+                raise ValueError(f"cannot roll back {tokens} tokens: fewer were consumed")
+            remaining, past = past
+        self.remaining, self.past = remaining, past

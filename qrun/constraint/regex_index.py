@@ -326,18 +326,26 @@ def _walk(
     return np.concatenate(out_rows), np.concatenate(out_tokens), np.concatenate(out_ends)
 
 
+# The states a cursor went through, newest first, as nested pairs (state, the ones before): a
+# copy shares them, so forking a cursor stays O(1) however long its hole (the runtime forks
+# one at every step it drafts or fast-forwards, runtime/generate.py).
+_Past = tuple[int, "_Past"] | None
+
+
 class MaskCursor:
-    """Where one hole is inside its constraint: the current DFA state over a shared TokenIndex.
-    Mutable and cheap; one per hole (fork with `copy`)."""
+    """Where one hole is inside its constraint: the current DFA state over a shared TokenIndex,
+    and the states before it (a DFA cannot go back by itself: `rollback`). Mutable and cheap;
+    one per hole (fork with `copy`)."""
 
-    __slots__ = ("index", "state")
+    __slots__ = ("index", "state", "past")
 
-    def __init__(self, index: TokenIndex, state: int) -> None:
+    def __init__(self, index: TokenIndex, state: int, past: _Past = None) -> None:
         self.index = index
         self.state = state
+        self.past = past
 
     def copy(self) -> MaskCursor:
-        return MaskCursor(self.index, self.state)
+        return MaskCursor(self.index, self.state, self.past)
 
     def allowed(self, tokens_left: int | None = None, eos: bool = True) -> npt.NDArray[np.bool_]:
         """Mask [V] of the ids that may come next (EOS ids when the constraint accepts); with
@@ -361,13 +369,20 @@ class MaskCursor:
         Raises:
             IllegalTokenError: the token is not allowed in the current state.
         """
+        if not self.consume(token_id):
+            raise IllegalTokenError(f"token id {token_id} is not allowed in state {self.state}")
+
+    def consume(self, token_id: int) -> bool:
+        """Consume `token_id` if allowed; False (and no change) if not (EOS included)."""
         nxt = self.index.advance(self.state, token_id)
         if nxt == DEAD:
-            raise IllegalTokenError(f"token id {token_id} is not allowed in state {self.state}")
-        self.state = nxt
+            return False
+        self.state, self.past = nxt, (self.state, self.past)
+        return True
 
     def advance_bytes(self, data: bytes) -> None:
-        """Consume bytes fed by other means (forced bytes, a token-healing prefix).
+        """Consume bytes fed by other means (forced bytes, a token-healing prefix): one step
+        for `rollback`, as a token is.
 
         Raises:
             IllegalTokenError: the bytes leave the constraint's language.
@@ -375,7 +390,22 @@ class MaskCursor:
         nxt = self.index.advance_bytes(self.state, data)
         if nxt == DEAD:
             raise IllegalTokenError(f"bytes {data!r} are not allowed in state {self.state}")
-        self.state = nxt
+        self.state, self.past = nxt, (self.state, self.past)
+
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` steps (tokens consumed, or byte feeds).
+
+        Raises:
+            ValueError: more steps than were taken (no change then), or a negative count.
+        """
+        if tokens < 0:
+            raise ValueError(f"cannot roll back {tokens} tokens")
+        state, past = self.state, self.past
+        for _ in range(tokens):
+            if past is None:
+                raise ValueError(f"cannot roll back {tokens} tokens: fewer were consumed")
+            state, past = past
+        self.state, self.past = state, past
 
     def forced_bytes(self) -> bytes:
         """Bytes every completion must continue with (fast-forward; docs/internals.md §6.1)."""

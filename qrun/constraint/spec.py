@@ -1,8 +1,9 @@
 """What a constraint is, in one place for every part that uses one (the compiler, the runtime,
 qrun.Matcher): `lower(kind, value, options)` turns `regex=`, a named pattern, `json=`,
-`grammar=` or `options=` into its spec (the text its engine reads, a description, the type of
-its values) or a LoweringError saying why not and where inside the constraint's own text; the
-cursor interface every engine's state offers; and the reading of a finished value.
+`grammar=`, `tools=` or `options=` into its spec (the text its engine reads, a description,
+the type of its values) or a LoweringError saying why not and where inside the constraint's
+own text; the cursor interface every engine's state offers; and the reading of a finished
+value.
 
 A constraint is lowered once per distinct value per process (an LRU below): the compiler
 lowers the literal ones and keeps the spec in the IR (lang/args.py), the runtime the ones a
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +26,14 @@ from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
 from qrun.constraint.grammar.limits import ConstraintLimits
 from qrun.constraint.lru import Lru
 from qrun.constraint.patterns import PATTERNS
+from qrun.constraint.tools import (
+    DEFAULT_KEYS,
+    CallKeys,
+    ToolsError,
+    call_schema,
+    pointer_inside,
+    read_tools,
+)
 from qrun.errors import suggest
 from qrun.regex import PatternError, compile_dfa, escape
 
@@ -37,7 +46,7 @@ __all__ = ["DFA", "KINDS", "LLGUIDANCE", "PATTERN_TYPES", "ConstraintSpec", "Cur
 DFA = "dfa"
 LLGUIDANCE = "llguidance"
 # What a constraint can be given as.
-KINDS = ("regex", "pattern", "json", "grammar", "options")
+KINDS = ("regex", "pattern", "json", "grammar", "tools", "options")
 # Named patterns whose values are read as Python values (docs/language.md §15.2).
 PATTERN_TYPES = {"INT": "int", "FLOAT": "float", "BOOL": "bool"}
 # Lowered constraints kept per process (a hole in a loop, a Matcher per instance, a schema
@@ -47,11 +56,13 @@ _LOWERED_MAX = 512
 
 class Cursor(Protocol):
     """A hole's constraint state (regex_index.py MaskCursor, grammar_index.py LlgCursor,
-    healing.py HealCursor)."""
+    healing.py HealCursor): what the runtime's holes and qrun.Matcher (matcher.py) read and
+    move."""
 
-    def allowed(self, tokens_left: int) -> npt.NDArray[np.bool_]:
+    def allowed(self, tokens_left: int | None = None) -> npt.NDArray[np.bool_]:
         """Bool mask [V] of tokens that keep a full match reachable within
-        `tokens_left` tokens, EOS included where the text so far is a full match."""
+        `tokens_left` tokens (None: any number), EOS included where the text so far is a
+        full match. Shared with the engine's caches: copy it before changing it."""
         ...
 
     def can_end(self) -> bool:
@@ -64,6 +75,19 @@ class Cursor(Protocol):
 
     def advance(self, token_id: int) -> None:
         """Consume a token (one that allowed() admitted)."""
+        ...
+
+    def consume(self, token_id: int) -> bool:
+        """Consume `token_id` if allowed() would admit it, an EOS id aside (ending is the
+        caller's); False, and no change, if not."""
+        ...
+
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` tokens consumed (by advance or consume).
+
+        Raises:
+            ValueError: more tokens than were consumed, or a negative count.
+        """
         ...
 
     def copy(self) -> Cursor:
@@ -154,11 +178,14 @@ class LoweringError(ValueError):
 
 
 def lower(kind: str, value: Any, options: JsonFormat = FIXED,
-          limits: ConstraintLimits = DEFAULT_LIMITS) -> ConstraintSpec:
+          limits: ConstraintLimits = DEFAULT_LIMITS, *,
+          keys: CallKeys = DEFAULT_KEYS) -> ConstraintSpec:
     """The spec of a constraint given as `kind` (one of KINDS) with `value`: a regex pattern,
     a pattern name ("EMAIL"), a JSON Schema (a dict, a bool or its JSON text), a Lark
-    grammar, or a list of option strings. `options` is the JSON layout, closedness and
-    format policy of a schema (ignored by the other kinds); `limits` bound the size of a
+    grammar, a list of tools in OpenAI's function format (tools.py; the spec is that of one
+    call, its object written with `keys`: the model's own tool-call format), or a list of
+    option strings. `options` is the JSON layout, closedness and format policy of a schema
+    or of the tools' parameters (ignored by the other kinds); `limits` bound the size of a
     grammar or schema (grammar/limits.py). Checked as its engine will compile it, so every
     error shows here; remembered per process.
 
@@ -170,12 +197,12 @@ def lower(kind: str, value: Any, options: JsonFormat = FIXED,
         raise ValueError(f"unknown constraint kind {kind!r}")
     key = _key(kind, value, options)
     if key is None:  # unhashable and not JSON: only a type error can come of it
-        return _lower(kind, value, options, limits)
-    key = (*key, limits)
+        return _lower(kind, value, options, limits, keys)
+    key = (*key, limits, keys if kind == "tools" else None)
     found = _LOWERED.get(key)
     if found is None:  # lowered outside the cache's lock: a schema may take seconds
         try:
-            found = _lower(kind, value, options, limits)
+            found = _lower(kind, value, options, limits, keys)
         except LoweringError as exc:
             found = exc
         _LOWERED.put(key, found)
@@ -188,11 +215,13 @@ _LOWERED: Lru[tuple[Any, ...], ConstraintSpec | LoweringError] = Lru(_LOWERED_MA
 
 
 def _key(kind: str, value: Any, options: JsonFormat) -> tuple[Any, ...] | None:
-    """What identifies a lowered constraint: the value itself when it is text, a schema's
-    JSON text in its own key order (llguidance keeps the schema's property order)."""
+    """What identifies a lowered constraint: the value itself when it is text, a schema's (or
+    a tools list's) JSON text in its own key order (llguidance keeps the schema's property
+    order, and a call schema the tools' order)."""
+    schema = kind in ("json", "tools")
     if isinstance(value, str):
-        return (kind, value, options if kind == "json" else None)
-    if kind == "json":
+        return (kind, value, options if schema else None)
+    if schema:
         try:
             return (kind, "", json.dumps(value, ensure_ascii=False, allow_nan=True), options)
         except (TypeError, ValueError, RecursionError):
@@ -203,8 +232,8 @@ def _key(kind: str, value: Any, options: JsonFormat) -> tuple[Any, ...] | None:
     return None
 
 
-def _lower(kind: str, value: Any, options: JsonFormat,
-           limits: ConstraintLimits) -> ConstraintSpec:
+def _lower(kind: str, value: Any, options: JsonFormat, limits: ConstraintLimits,
+           keys: CallKeys) -> ConstraintSpec:
     match kind:
         case "regex":
             if not isinstance(value, str):
@@ -241,6 +270,8 @@ def _lower(kind: str, value: Any, options: JsonFormat,
                                     limit=error.limit)
             return ConstraintSpec(lark_text(value), "grammar=" + json.dumps(
                 value, ensure_ascii=False), "text", LLGUIDANCE, limits)
+        case "tools":
+            return _lower_tools(value, options, limits, keys)
         case _:
             return _lower_schema(value, options, limits)
 
@@ -265,6 +296,29 @@ def _lower_schema(schema: Any, options: JsonFormat, limits: ConstraintLimits) ->
         f' formats="{options.formats}"' if options.formats != "assert" else "")
     return ConstraintSpec(json_grammar(schema, options), description, "json", LLGUIDANCE,
                           limits)
+
+
+def _lower_tools(value: Any, options: JsonFormat, limits: ConstraintLimits,
+                 keys: CallKeys) -> ConstraintSpec:
+    """The spec of a call to one of the tools `value` lists (tools.py call_schema, lowered as
+    json= is): each tool's parameters are lowered alone first, so a refusal names the tool
+    and points into the list (`tool "search": JSON Schema: ... (at
+    /0/function/parameters/...)`). The description lists the names (`tools=["search",
+    "calc"]`); the values are JSON."""
+    try:
+        tools = read_tools(value)
+    except ToolsError as error:
+        raise LoweringError(str(error), wrong_type=True) from None
+    for tool in tools:
+        try:
+            lower("json", tool.parameters, options, limits)
+        except LoweringError as error:
+            message = pointer_inside(error.message, tool.pointer)
+            raise LoweringError(f'tool "{tool.name}": {message}', limit=error.limit,
+                                notes=error.notes) from None
+    spec = lower("json", call_schema(tools, keys), options, limits)
+    names = json.dumps([t.name for t in tools])
+    return replace(spec, description=f"tools={names}")
 
 
 def _check_regex(pattern: str) -> None:

@@ -1,27 +1,24 @@
 """Tool calls (`{{ gen NAME tools=TOOLS }}`, docs/language.md §7.7): a list of tools in OpenAI's
 function format read and checked (names distinct, parameters a JSON Schema of an object), and the
-constraint of one call to one of them, `{"name": <one of the names>, "arguments": <that tool's
-parameters>}`, a JSON Schema `anyOf` with one branch per tool lowered as a json= schema is
-(spec.py lower, so llguidance writes it and every call is valid). Free of models: the key names
-and their order come from the caller (the model's own tool-call format, backends/chat_template.py,
-or the default `name` then `arguments`)."""
+JSON Schema of one call to one of them, `{"name": <one of the names>, "arguments": <that tool's
+parameters>}`, an `anyOf` with one branch per tool. Lowering it is spec.py's (`lower("tools",
+...)`, as a json= schema is, so llguidance writes it and every call is valid): this module sits
+below spec.py, which reads it. Free of models: the key names and their order come from the caller
+(the model's own tool-call format, backends/chat_template.py, or the default `name` then
+`arguments`)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from qrun.constraint.grammar import FIXED, JsonFormat
-from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
-from qrun.constraint.grammar.limits import ConstraintLimits
 from qrun.constraint.grammar.schema import escape, schema_positions
-from qrun.constraint.spec import ConstraintSpec, LoweringError, lower
 
-__all__ = ["CallKeys", "DEFAULT_KEYS", "Tool", "ToolsError", "call_schema", "lower_tools",
-           "openai_tools", "read_tools"]
+__all__ = ["CallKeys", "DEFAULT_KEYS", "Tool", "ToolsError", "call_schema", "openai_tools",
+           "pointer_inside", "read_tools"]
 
 # OpenAI's rule for a function name (the API refuses others); it also keeps a name plain text
 # wherever a chat template writes it unquoted (Qwen's writes `{"name": "` + name + `"`).
@@ -158,33 +155,8 @@ def call_schema(tools: tuple[Tool, ...], keys: CallKeys = DEFAULT_KEYS) -> dict[
     return {**root, "anyOf": branches}
 
 
-def lower_tools(value: Any, fmt: JsonFormat = FIXED, keys: CallKeys = DEFAULT_KEYS,
-                limits: ConstraintLimits = DEFAULT_LIMITS) -> ConstraintSpec:
-    """The spec of a call to one of the tools `value` lists (call_schema, lowered as json=
-    is): each tool's parameters are lowered alone first, so a refusal names the tool and
-    points into the list (`tool "search": JSON Schema: ... (at /0/function/parameters/...)`).
-    The spec's description lists the names (`tools=["search", "calc"]`); its values are JSON.
-
-    Raises:
-        LoweringError: not a list of tools (`wrong_type`), or a schema llguidance refuses.
-    """
-    try:
-        tools = read_tools(value)
-    except ToolsError as error:
-        raise LoweringError(str(error), wrong_type=True) from None
-    for tool in tools:
-        try:
-            lower("json", tool.parameters, fmt, limits)
-        except LoweringError as error:
-            message = _inside(error.message, tool.pointer)
-            raise LoweringError(f'tool "{tool.name}": {message}', limit=error.limit,
-                                notes=error.notes) from None
-    spec = lower("json", call_schema(tools, keys), fmt, limits)
-    names = json.dumps([t.name for t in tools])
-    return replace(spec, description=f"tools={names}")
-
-
-def _inside(message: str, base: str) -> str:
+def pointer_inside(message: str, base: str) -> str:
     """A schema error's JSON pointer (`... (at /properties/x)`) as a pointer into the tools
-    list (`... (at /0/function/parameters/properties/x)`)."""
+    list (`... (at /0/function/parameters/properties/x)`), `base` being the tool's
+    `pointer`."""
     return _POINTER_AT.sub(lambda m: f" (at {base}{m.group(1).rstrip('/')})", message)

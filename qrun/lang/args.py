@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from qrun.constraint.grammar import FIXED, JsonFormat
+from qrun.constraint import ConstraintSpec, JsonFormat, JsonFormatError, LoweringError, lower
+from qrun.constraint.grammar import FIXED
 from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
-from qrun.constraint.spec import ConstraintSpec, LoweringError, lower
-from qrun.constraint.tools import ToolsError, lower_tools, read_tools
+from qrun.constraint.tools import ToolsError, read_tools
 from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
@@ -101,11 +101,11 @@ class ArgChecker:
     def check_literal(self, arg: ast.HoleArg) -> None:
         """Literal arguments are type-checked now; others when the runtime evaluates them."""
         value = literal(arg.expr)
-        check = _CHECKS.get(arg.name)
+        check = HOLE_ARG_CHECKS.get(arg.name)
         wanted = None if value is MISSING or check is None else check(value)
         if wanted is not None:
             error = ConstraintError if arg.name in CONSTRAINT_ARGS else TemplateCompileError
-            self.errors.append(error(f"{arg.name} must be {wanted}, got {_show(value)}",
+            self.errors.append(error(f"{arg.name} must be {wanted}, got {show_value(value)}",
                                      arg.expr.span, self.source))
 
     def constraint(self, args: dict[str, ast.HoleArg]) -> ir.Constraint | None:
@@ -187,7 +187,7 @@ class ArgChecker:
         offending character of a regex written without escapes, at the line and column of a
         grammar, else at the whole literal."""
         try:
-            return lower_tools(value, fmt) if kind == "tools" else lower(kind, value, fmt)
+            return lower(kind, value, fmt)
         except LoweringError as error:
             notes = list(error.notes)
             if error.limit is not None:
@@ -285,7 +285,7 @@ class ArgChecker:
         else:
             wanted = MODEL_CHECKS[entry.key](raw) if entry.scalar is not None else "a name"
         if wanted is not None:
-            self.fail(f"front matter '{entry.key}' must be {wanted}, got {_show(value)}",
+            self.fail(f"front matter '{entry.key}' must be {wanted}, got {show_value(value)}",
                       entry.value_span)
             return MISSING
         return value
@@ -393,14 +393,15 @@ def literal(node: ex.Expr) -> Any:
 
 
 def _want_stop(value: Any) -> str | None:
-    items = value if isinstance(value, list) else [value]
+    items = value if isinstance(value, list | tuple) else [value]
     if items and all(isinstance(s, str) and s for s in items):
         return None
     return "a non-empty string or a non-empty list of them"
 
 
 def _want_options(value: Any) -> str | None:
-    if not (isinstance(value, list) and value and all(isinstance(s, str) and s for s in value)):
+    if not (isinstance(value, list | tuple) and value
+            and all(isinstance(s, str) and s for s in value)):
         return "a non-empty list of non-empty strings"
     return want_distinct(value)
 
@@ -410,10 +411,10 @@ def want_distinct(options: Iterable[str]) -> str | None:
     the compile-time check of a literal list and the runtime's of any other."""
     counts = Counter(options)  # one pass: 50,000 options compile in milliseconds
     duplicates = sorted(s for s, n in counts.items() if n > 1)
-    return None if not duplicates else f"distinct strings ({_show(duplicates[0])} repeats)"
+    return None if not duplicates else f"distinct strings ({show_value(duplicates[0])} repeats)"
 
 
-_CHECKS: dict[str, Callable[[Any], str | None]] = {
+HOLE_ARG_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     **CHECKS,
     "stop": _want_stop,
     "heal": lambda v: None if isinstance(v, bool) else "true or false",
@@ -422,8 +423,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "normalize": lambda v: None if v in ("sum", "mean") else '"sum" or "mean"',
     "options": _want_options,
     "json": lambda v: None if isinstance(v, dict) else "a JSON Schema (a dict or a variable)",
-    "closed": lambda v: None if isinstance(v, bool) else "true or false",
-    "formats": lambda v: None if v in FORMAT_MODES else '"assert", "known" or "annotation"',
+    "closed": lambda v: _format_wants(closed=v),
+    "formats": lambda v: _format_wants(formats=v),
     "tools": lambda v: None if isinstance(v, list) else
     "a list of tools (a list or a variable)",
     "grammar": lambda v: None if isinstance(v, str) and v.strip() else
@@ -431,6 +432,20 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
     "n": lambda v: None if is_count(v) else "a positive integer",
 }
+"""Per hole argument: what its value must be (for the message), or None when it is fine. The
+compiler checks literal arguments with it (ArgChecker.check_literal), the runtime every value it
+evaluates (runtime/hole_args.py), so both say the same; the run options' own checks
+(qrun/options.py CHECKS) are among them."""
+
+
+def _format_wants(**option: Any) -> str | None:
+    """What a JSON format option must be, from its one check (JsonFormat.checked, which the
+    runtime and qrun.Matcher use too), or None when it is fine."""
+    try:
+        JsonFormat.checked(**option)
+    except JsonFormatError as error:
+        return error.wanted
+    return None
 
 
 def is_count(value: Any) -> bool:
@@ -448,6 +463,7 @@ def _scalar(text: str) -> Any:
     return text
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A value as an error message shows it: strings quoted, anything long cut short."""
     text = f'"{value}"' if isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

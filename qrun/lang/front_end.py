@@ -11,8 +11,9 @@ import os
 
 from qrun.errors import TemplateErrors, UsageError
 from qrun.lang import ast, ir
-from qrun.lang.compiler import Signatures, compile_template
+from qrun.lang.compiler import compile_template
 from qrun.lang.include import Includes, load_template
+from qrun.lang.names import Signatures
 from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, Size, read_template, too_large
 from qrun.lang.text import normalize_text
 from qrun.source import Source

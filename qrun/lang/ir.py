@@ -481,19 +481,20 @@ def walk_sources(ops: Iterable[Op], source: Source) -> Iterator[tuple[Op, Source
         yield from walk_sources(children(op), inner)
 
 
-def holes(ops: Iterable[Op], source: Source, macros: bool = False
+def holes(ops: Iterable[Op], source: Source, macros: bool = False, forks: bool = True
           ) -> Iterator[tuple[Gen | Select, Source]]:
     """Every gen and select hole in `ops` and below, depth first in source order, with the
     Source its spans point into (an included file's inside an Include). A macro's holes run
-    only in its calls, with captures of their own: left out unless `macros`. The one walk
-    every module that looks for holes uses."""
+    only in its calls, with captures of their own: left out unless `macros`. A fork's (and
+    `gen n=`'s) run in branches side by side: left out when not `forks`. The one walk every
+    module that looks for holes uses."""
     for op in ops:
-        if isinstance(op, Macro) and not macros:
+        if isinstance(op, Macro) and not macros or isinstance(op, Fork) and not forks:
             continue
         if isinstance(op, Gen | Select):
             yield op, source
         inner = op.source if isinstance(op, Include) else source
-        yield from holes(children(op), inner, macros)
+        yield from holes(children(op), inner, macros, forks)
 
 
 def exprs(op: Op) -> Iterator[Expr]:

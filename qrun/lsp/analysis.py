@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from qrun.errors import QrunError, TemplateError, TemplateErrors, TemplateWarning
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.compiler import Signatures
 from qrun.lang.front_end import FrontEnd
+from qrun.lang.names import Signatures
 from qrun.source import Source, Span
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from qrun.constraint.patterns import PATTERNS
+from qrun.constraint import PATTERNS
 from qrun.lang import ast
 from qrun.lang.args import GEN_ARGS, SELECT_ARGS
 from qrun.lang.builtins import FUNCTIONS, KEYWORDS, TESTS

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from qrun.errors import PositionedError, QrunError, TemplateWarning
-from qrun.lang.compiler import Signatures
+from qrun.lang.names import Signatures
 from qrun.lsp.analysis import Analysis, Range, analyze
 
 ERROR, WARNING = "error", "warning"

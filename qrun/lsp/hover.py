@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from qrun.constraint.patterns import PATTERNS
+from qrun.constraint import PATTERNS
 from qrun.lang import ast
 from qrun.lang import expr as ex
 from qrun.lang.args import CONSTRAINT_ARGS, pattern_name

@@ -26,7 +26,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from qrun.collector import collector_paused
-from qrun.lang.compiler import Signatures
+from qrun.lang.names import Signatures
 from qrun.lsp import completion as completing
 from qrun.lsp import definition as defining
 from qrun.lsp import diagnostics as diagnosing

@@ -15,7 +15,6 @@ first failing branch (in order) fails the run with its own positioned error."""
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -33,7 +32,6 @@ from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
 from qrun.runtime.session import ContextFull
-from qrun.runtime.speculate import PromptLookup
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
@@ -134,30 +132,8 @@ def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engi
     recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
     session = parent.session.fork(engines.model, stats, recorder)
     session.append_text(tail)
-    child = copy.copy(parent)  # program, options, constraints, source...: the run's own
-    child.session, child.engines, child.stats, child.recorder = session, engines, stats, recorder
-    child.calls = parent.calls.for_branch(child)  # macros called here run in the branch
-    child.generator = np.random.default_rng([base, branch.index])
-    child.on_text = None
-    child.pieces = []
-    child.budget = parent.budget if parent.in_branch else copy.copy(parent.budget)
-    child.in_branch = True
-    # Branches batched by the scheduler do not speculate (docs/language.md §14.10): a batched
-    # step costs its widest row, so one branch's guesses widen every row, and guesses from
-    # the shared prefix are mostly refused (measured with bench.branches: more positions fed
-    # and no wall time saved).
-    batched = isinstance(engines.model, ScheduledModel)
-    child.drafter = (PromptLookup(parent.drafter.min_rate)
-                     if parent.drafter is not None and not batched else None)
-    child.scope = dict(parent.scope)
-    child.vars, child.holes = dict(parent.vars), dict(parent.holes)
-    child.hole_lists = dict(parent.hole_lists)
-    child.endings = dict(parent.endings)
-    child.scope["holes"] = child.endings
-    for name in names:  # the branch's captures: its own lists, joined afterwards
-        child.vars[name] = child.scope[name] = []
-        child.hole_lists[name] = []
-        child.endings[name] = []
+    child = parent.branch(session, engines, stats, recorder,
+                          np.random.default_rng([base, branch.index]), names)
     branch.child = child
     try:
         bind_targets(child.scope, op.targets, branch.item, op.span, child.source)

@@ -24,10 +24,10 @@ from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
 from qrun.lang.builtins import text_of
-from qrun.lang.compiler import CALL, RUN_TOOL, TOOLS
 from qrun.lang.evaluate import evaluate
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import plain_inputs
+from qrun.lang.names import CALL, RUN_TOOL, TOOLS
 from qrun.limits import Budget
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.session import Session

@@ -10,14 +10,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from qrun.backends.base import Backend
-from qrun.constraint.grammar import FIXED, ConstraintLimits, JsonFormat, with_prefix
-from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
+from qrun.constraint import (
+    ConstraintLimits,
+    ConstraintSpec,
+    Cursor,
+    IndexCache,
+    JsonFormat,
+    JsonFormatError,
+    LlgCache,
+    LoweringError,
+    lower,
+)
+from qrun.constraint.grammar import FIXED, with_prefix
 from qrun.constraint.grammar.limits import DEFAULT as DEFAULT_LIMITS
-from qrun.constraint.grammar_index import LlgCache
 from qrun.constraint.healing import HealCursor, PrefixMasks
-from qrun.constraint.regex_index import IndexCache
-from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec, Cursor, LoweringError, lower
-from qrun.constraint.tools import DEFAULT_KEYS, CallKeys, lower_tools
+from qrun.constraint.spec import DFA, LLGUIDANCE
+from qrun.constraint.tools import DEFAULT_KEYS, CallKeys
 from qrun.errors import ConstraintError, EvaluationError
 from qrun.lang import ir
 from qrun.lang.evaluate import Calls, evaluate
@@ -54,30 +62,27 @@ class ConstraintCompiler:
             lowered = None  # the compiler wrote the default call; this model writes its own
         if lowered is not None and (lowered.engine == DFA or lowered.limits == limits):
             return lowered  # the compiler's (a regex's size is no constraint limit's)
+        # A named pattern (regex=INT) is never here: the compiler lowers it (lang/args.py),
+        # and a regex's spec is kept whatever the run's limits.
         match constraint:
-            case ir.Regex(stdlib_name=str(name)):
-                return _lowered("pattern", name, constraint.pattern, source, FIXED, limits)
             case ir.Regex(pattern=expr):
                 return _lowered("regex", evaluate(expr, scope, source, budget, calls), expr, source,
                                 FIXED, limits)
             case ir.JsonSchema(schema=expr, closed=closed_expr, formats=formats_expr) | ir.ToolCall(
                     tools=expr, closed=closed_expr, formats=formats_expr):
                 # A tool's arguments are closed unless the hole says otherwise (lang/args.py).
-                closed = isinstance(constraint, ir.ToolCall)
+                closed: Any = isinstance(constraint, ir.ToolCall)
                 if closed_expr is not None:
                     closed = evaluate(closed_expr, scope, source, budget, calls)
-                    if not isinstance(closed, bool):
-                        raise EvaluationError(f"closed must be true or false, got {closed!r}",
-                                              closed_expr.span, source)
-                formats = "assert"
+                formats: Any = "assert"
                 if formats_expr is not None:
                     formats = evaluate(formats_expr, scope, source, budget, calls)
-                    if formats not in FORMAT_MODES:
-                        raise EvaluationError(
-                            f'formats must be "assert", "known" or "annotation", got '
-                            f"{formats!r}", formats_expr.span, source)
+                try:
+                    fmt = JsonFormat.checked(closed, formats)
+                except JsonFormatError as error:
+                    wrong = closed_expr if error.name == "closed" else formats_expr
+                    raise EvaluationError(str(error), (wrong or expr).span, source) from None
                 schema = evaluate(expr, scope, source, budget, calls)
-                fmt = JsonFormat(closed=closed, formats=formats)
                 if isinstance(constraint, ir.ToolCall):
                     return _lowered("tools", schema, expr, source, fmt, limits,
                                     self.call_keys())
@@ -119,9 +124,7 @@ def _lowered(kind: str, value: Any, where: Expr, source: Source, fmt: JsonFormat
     value of the wrong type is an evaluation error, one its engine refuses a constraint
     error."""
     try:
-        if kind == "tools":
-            return lower_tools(value, fmt, keys, limits)
-        return lower(kind, value, fmt, limits)
+        return lower(kind, value, fmt, limits, keys=keys)
     except LoweringError as error:
         kind_of_error = EvaluationError if error.wrong_type else ConstraintError
         notes = list(error.notes)

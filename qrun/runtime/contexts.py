@@ -58,6 +58,9 @@ class BlockRun(CallingRun, Protocol):
 
     def evaluate(self, expr: Expr) -> Any: ...
 
+    def branch(self, session: Session, engines: Engines, stats: Stats, recorder: Recorder,
+               generator: np.random.Generator, captures: frozenset[str]) -> BlockRun: ...
+
 
 def bind_targets(scope: dict[str, Any], targets: tuple[str, ...], item: Any, span: Span,
                  source: Source) -> None:

@@ -4,6 +4,7 @@ Runs are built by qrun/runtime/runner.py alone."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,8 +14,8 @@ from typing import Any, assert_never
 import numpy as np
 
 from qrun.backends.base import Backend
+from qrun.constraint import Cursor
 from qrun.constraint.grammar import GrammarError
-from qrun.constraint.spec import Cursor
 from qrun.errors import (
     BackendError,
     ConstraintError,
@@ -25,12 +26,10 @@ from qrun.errors import (
     UsageError,
 )
 from qrun.lang import ir
-from qrun.lang.args import want_distinct
 from qrun.lang.declared import first_problem, where
 from qrun.lang.evaluate import LoopInfo, evaluate, evaluate_text
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
-from qrun.options import CHECKS
 from qrun.regex import PatternError
 from qrun.runtime.branches import exec_fork
 from qrun.runtime.calls import CallRunner, MacroReturn, Mark
@@ -44,10 +43,12 @@ from qrun.runtime.fills import (
 )
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
+from qrun.runtime.hole_args import HoleArgs
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.request import RunRequest
 from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
-from qrun.runtime.sampler import SamplingParams, new_generator
+from qrun.runtime.sampler import new_generator
+from qrun.runtime.scheduler import ScheduledModel
 from qrun.runtime.select import SelectRequest, select
 from qrun.runtime.session import ContextFull, Session
 from qrun.runtime.speculate import PromptLookup
@@ -109,6 +110,41 @@ class Run:
         self.on_hole: Callable[[str, Any], None] | None = request.on_hole
         self._top_vars = self.vars
         self._start_lists(program.ops)
+
+    def branch(self, session: Session, engines: Engines, stats: Stats, recorder: Recorder,
+               generator: np.random.Generator, captures: frozenset[str]) -> Run:
+        """A fork branch's run (runtime/branches.py): this run's program, options,
+        constraints, scope and captures so far, with its own session, engines, counters,
+        trace, random generator and text (dropped), and its own empty lists for the fork's
+        `captures`, joined into this run's afterwards. A branch of a branch shares its
+        budget; a top-level fork's branches each get a copy (not one per level of nesting,
+        which would grow as fan-out ** depth)."""
+        child = copy.copy(self)
+        child.session, child.engines, child.stats, child.recorder = (session, engines, stats,
+                                                                     recorder)
+        child.calls = self.calls.for_branch(child)  # macros called there run in the branch
+        child.generator = generator
+        child.on_text = None
+        child.pieces = []
+        child.budget = self.budget if self.in_branch else copy.copy(self.budget)
+        child.in_branch = True
+        # Branches batched by the scheduler do not speculate (docs/language.md §14.10): a
+        # batched step costs its widest row, so one branch's guesses widen every row, and
+        # guesses from the shared prefix are mostly refused (measured with bench.branches:
+        # more positions fed and no wall time saved).
+        batched = isinstance(engines.model, ScheduledModel)
+        child.drafter = (PromptLookup(self.drafter.min_rate)
+                         if self.drafter is not None and not batched else None)
+        child.scope = dict(self.scope)
+        child.vars, child.holes = dict(self.vars), dict(self.holes)
+        child.hole_lists = dict(self.hole_lists)
+        child.endings = dict(self.endings)
+        child.scope["holes"] = child.endings
+        for name in captures:
+            child.vars[name] = child.scope[name] = []
+            child.hole_lists[name] = []
+            child.endings[name] = []
+        return child
 
     def _start_lists(self, ops: Sequence[ir.Op]) -> None:
         """A loop capture exists (as a list) even when its loop never runs (a macro's, in
@@ -224,7 +260,8 @@ class Run:
                 value = value[0]
             try:
                 if isinstance(op, ir.Select):
-                    check_select_fill(op, value, self._select_options(op), self.source)
+                    check_select_fill(op, value, self._hole_args().select_options(op),
+                                      self.source)
                 else:
                     self._check_gen_fill(op, value)
             except EvaluationError:
@@ -361,11 +398,13 @@ class Run:
         if call is not None:
             self.emit(call.suffix, special=True, op=op)
 
+    def _hole_args(self) -> HoleArgs:
+        return HoleArgs(self.evaluate, self.source, self.options)
+
     def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params
-        max_tokens = self._arg(p.max_tokens, "max_tokens", self.options.max_tokens)
-        stop = self._stop(p.stop, op.span)
-        sampling, generator = self._sampling(p)
+        args = self._hole_args().gen(p)
+        generator = self.generator if args.seed is None else new_generator(args.seed)
         spec = None
         if p.constraint is not None:
             spec = self.constraints.spec(p.constraint, self.scope, self.source,
@@ -375,7 +414,7 @@ class Run:
         # forward where one forward can return the logits of two positions (transformers).
         # Elsewhere it is taken back (backends/base.py Capabilities).
         in_context = self.engines.heals_in_context
-        if self._flag(p.heal, "heal", True):
+        if args.heal:
             prefix = self._heal(keep_last=in_context)
         cursor: Cursor | None = None
         if spec is not None:
@@ -390,11 +429,11 @@ class Run:
         # (docs/language.md §14.5): a constrained one always, an unconstrained one where no
         # stop of its own says where it ends; ends_at_text=false turns this off.
         follow = None
-        if self._flag(p.ends_at_text, "ends_at_text", True) and (spec is not None or not stop):
+        if args.ends_at_text and (spec is not None or not args.stop):
             follow = after
-        return GenRequest(op.name, max_tokens, stop, sampling, generator, cursor, spec, prefix,
-                          healed_in_context=bool(prefix) and in_context, drafter=self.drafter,
-                          follow=follow, keep_stop=self._flag(p.keep_stop, "keep_stop", False))
+        return GenRequest(op.name, args.max_tokens, args.stop, args.sampling, generator, cursor,
+                          spec, prefix, healed_in_context=bool(prefix) and in_context,
+                          drafter=self.drafter, follow=follow, keep_stop=args.keep_stop)
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""
@@ -413,9 +452,7 @@ class Run:
         p = op.params
         if isinstance(p.constraint, ir.ToolCall):
             raise UsageError(f"hole '{op.name}' is a tool call, which cannot be filled")
-        max_tokens = self._arg(p.max_tokens, "max_tokens", self.options.max_tokens)
-        stop = self._stop(p.stop, op.span)
-        keep_stop = self._flag(p.keep_stop, "keep_stop", False)
+        args = self._hole_args().gen(p)
         spec = cursor = None
         if p.constraint is not None:
             spec = self.constraints.spec(p.constraint, self.scope, self.source, self.budget,
@@ -425,8 +462,8 @@ class Run:
             except (PatternError, GrammarError) as exc:
                 raise ConstraintError(str(exc), _constraint_span(op), self.source) from None
         text = fill_text(op.name, value, spec)
-        typed = check_gen_fill(op, text, spec, cursor, stop, keep_stop, max_tokens,
-                               len(self.backend.encode(text)), self.source)
+        typed = check_gen_fill(op, text, spec, cursor, args.stop, args.keep_stop,
+                               args.max_tokens, len(self.backend.encode(text)), self.source)
         return text, typed, spec.description if spec is not None else None
 
     def _emit_filled(self, op: ir.Gen | ir.Select, record: HoleRecord,
@@ -450,59 +487,9 @@ class Run:
         count = healable_tail(vocab, self.session.token_ids, self.session.fixed_tail)
         return self.session.heal(count, keep_last)
 
-    def _sampling(self, p: ir.GenParams) -> tuple[SamplingParams, np.random.Generator]:
-        temperature = float(self._arg(p.temperature, "temperature", self.options.temperature))
-        top_p = float(self._arg(p.top_p, "top_p", self.options.top_p))
-        top_k = int(self._arg(p.top_k, "top_k", self.options.top_k))
-        generator = self.generator
-        if p.seed is not None:
-            generator = new_generator(self._arg(p.seed, "seed", 0))
-        return SamplingParams(temperature, top_p, top_k), generator
-
-    def _stop(self, expr: Expr | None, span: Span) -> tuple[str, ...]:
-        if expr is None:
-            return ()
-        value = self.evaluate(expr)
-        stops = [value] if isinstance(value, str) else value
-        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
-            raise self._bad_arg(expr, "stop must be a non-empty string or a list of them")
-        return tuple(stops)
-
-    def _arg(self, expr: Expr | None, name: str, default: Any) -> Any:
-        """A run option given as a hole argument, checked as the option is (qrun/options.py),
-        or the run's value when the hole does not give it."""
-        if expr is None:
-            return default
-        value = self.evaluate(expr)
-        wanted = CHECKS[name](value)
-        if wanted is not None:
-            raise self._bad_arg(expr, f"{name} must be {wanted}, got {value!r}")
-        return value
-
-    def _flag(self, expr: Expr | None, name: str, default: bool) -> bool:
-        if expr is None:
-            return default
-        value = self.evaluate(expr)
-        if not isinstance(value, bool):
-            raise self._bad_arg(expr, f"{name} must be true or false, got {value!r}")
-        return value
-
-    def _bad_arg(self, expr: Expr, message: str) -> EvaluationError:
-        return EvaluationError(message, expr.span, self.source)
-
-    def _select_options(self, op: ir.Select) -> list[str]:
-        options = self.evaluate(op.options)
-        if (not isinstance(options, list | tuple) or not options
-                or not all(isinstance(o, str) and o for o in options)):
-            raise self._bad_arg(op.options,
-                                "options must be a non-empty list of non-empty strings")
-        repeats = want_distinct(options)
-        if repeats is not None:
-            raise self._bad_arg(op.options, f"options must be {repeats}")
-        return list(options)
-
     def _exec_select(self, op: ir.Select) -> None:
-        options = self._select_options(op)
+        args = self._hole_args()
+        options = args.select_options(op)
         known, value = self._known(op)
         if known:
             chosen = check_select_fill(op, value, options, self.source)
@@ -510,12 +497,7 @@ class Run:
             self._emit_filled(op, SelectRecord(op.name, chosen, chosen, finish="filled",
                                                start=len(self.session.token_ids)), description)
             return
-        temperature = float(self._arg(op.temperature, "temperature", self.options.temperature))
-        normalize = "sum"
-        if op.normalize is not None:
-            normalize = self.evaluate(op.normalize)
-            if normalize not in ("sum", "mean"):
-                raise self._bad_arg(op.normalize, 'normalize must be "sum" or "mean"')
+        temperature, normalize = args.select_scoring(op)
         scoring = self.engines.scoring
         if scoring is None:
             raise GenerationError(f"backend '{self.backend.name}' cannot score select options",

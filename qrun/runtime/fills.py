@@ -8,10 +8,12 @@ filled."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from qrun.constraint.spec import ConstraintSpec, Cursor, typed_value
+from qrun.constraint import ConstraintSpec, Cursor
+from qrun.constraint.spec import typed_value
 from qrun.errors import InputError, UsageError, suggest
 from qrun.lang import ir
 from qrun.lang.inputs import plain_inputs
@@ -24,7 +26,7 @@ class Fills:
     def __init__(self, program: ir.Program, values: Mapping[str, Any]) -> None:
         self.values = plain_inputs(values, "fill")  # plain data, as inputs (lang/inputs.py)
         self.used: dict[str, int] = {}
-        holes = _fillable(program.ops)
+        holes = _fillable(program)
         for name, value in self.values.items():
             where = holes.get(name)
             if where is None:
@@ -65,28 +67,20 @@ class Fills:
         return True, value[index]
 
 
-_RANK = {"": 0, "loop": 1, "fork": 2}
-
-
-def _fillable(ops: Sequence[ir.Op], inside: str = "") -> dict[str, str]:
-    """Hole name -> "" (plain), "loop" or "fork", for the holes outside macros. A name with
-    holes of several kinds takes the strictest: "fork" when any is in a fork, else "loop" when
-    any is in a loop (its value is a list whichever branch runs)."""
-    found: dict[str, str] = {}
-
-    def note(name: str, where: str) -> None:
-        if _RANK[where] >= _RANK[found.get(name, "")]:
-            found[name] = where
-
-    for op in ops:
-        if isinstance(op, ir.Macro):
-            continue
-        if isinstance(op, ir.Gen | ir.Select):
-            note(op.name, inside or ("loop" if op.in_loop else ""))
-        inner = "fork" if isinstance(op, ir.Fork) else inside
-        for name, where in _fillable(tuple(ir.children(op)), inner).items():
-            note(name, where)
-    return found
+def _fillable(program: ir.Program) -> dict[str, str]:
+    """Hole name -> "" (plain), "loop" or "fork", for the holes outside macros, in source
+    order. A name with holes of several kinds takes the strictest: "fork" when any is in a
+    fork (it has more holes than the walk that skips forks finds), else "loop" when any is
+    in a loop (its value is a list whichever branch runs)."""
+    everywhere = Counter(op.name for op, _ in ir.holes(program.ops, program.source))
+    outside = Counter[str]()
+    looped: set[str] = set()
+    for op, _ in ir.holes(program.ops, program.source, forks=False):
+        outside[op.name] += 1
+        if op.in_loop:
+            looped.add(op.name)
+    return {name: "fork" if count > outside[name] else "loop" if name in looped else ""
+            for name, count in everywhere.items()}
 
 
 def _hint(name: str, holes: Mapping[str, str]) -> str:

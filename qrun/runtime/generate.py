@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from qrun.constraint.spec import ConstraintSpec, Cursor
+from qrun.constraint import ConstraintSpec, Cursor
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import sample

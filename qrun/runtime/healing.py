@@ -7,7 +7,7 @@ it (docs/internals.md §4.1)."""
 
 from __future__ import annotations
 
-from qrun.constraint.vocab import Vocabulary
+from qrun.constraint import Vocabulary
 
 
 def healable_tail(vocab: Vocabulary, token_ids: list[int], fixed_tail: int) -> int:

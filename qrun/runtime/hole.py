@@ -13,7 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from qrun.constraint.spec import ConstraintSpec, Cursor, typed_value
+from qrun.constraint import ConstraintSpec, Cursor
+from qrun.constraint.spec import typed_value
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
 from qrun.runtime.session import Overshoot, Session

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from qrun.constraint.vocab import Vocabulary
+from qrun.constraint import Vocabulary
 from qrun.runtime.sampler import log_normalizer
 
 TOP_ALTERNATIVES = 5

@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 
 from qrun.backends.base import Completion, HoleSampler
+from qrun.constraint import ConstraintSpec
 from qrun.constraint.grammar import with_prefix
-from qrun.constraint.spec import LLGUIDANCE, ConstraintSpec
+from qrun.constraint.spec import LLGUIDANCE
 from qrun.regex import PatternError, portable_regex
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord

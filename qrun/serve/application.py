@@ -31,7 +31,7 @@ from qrun.serve.protocol import (
     MAX_INPUT_CHARS,
     MAX_INPUT_DEPTH,
     ApiError,
-    ServerLimits,
+    ServeOptions,
     request_id_of,
 )
 from qrun.serve.service import DrainGate, Service, error_response, log, template_name
@@ -63,20 +63,13 @@ def app(
         TemplateErrors: a template does not compile.
         ModelLoadError: the model cannot be loaded.
     """
-    for flag, value, least in (("max_running", max_running, 1), ("max_queue", max_queue, 0),
-                               ("max_body_bytes", max_body_bytes, 1),
-                               ("max_input_chars", max_input_chars, 1),
-                               ("max_input_depth", max_input_depth, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise UsageError(f"{flag} must be an integer ≥ {least}, got {value!r}")
+    limits = ServeOptions(max_running, max_queue, max_body_bytes, max_input_chars,
+                          max_input_depth)
     queries = served(templates, functions)
     if not queries:
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
-    limits = ServerLimits(max_running, max_queue, max_body_bytes, max_input_chars,
-                          max_input_depth)
-    service = Service(queries, backend, limits,
-                      api_key or None)
+    service = Service(queries, backend, limits, api_key or None)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -123,14 +123,52 @@ def position_of(exc: QrunError) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class ServerLimits:
-    """A server's admission and request limits (the flags of `qrun serve`)."""
+class ServeOptions:
+    """A server's admission and request limits: `app()`'s keywords and the flags of `qrun
+    serve` (qrun/cli/command.py), checked here once for both.
+
+    Raises (on construction):
+        UsageError: a limit that is not an integer, or below its least value.
+    """
 
     max_running: int = 8
     max_queue: int = 64
     max_body_bytes: int = MAX_BODY_BYTES
     max_input_chars: int = MAX_INPUT_CHARS
     max_input_depth: int = MAX_INPUT_DEPTH
+
+    def __post_init__(self) -> None:
+        problem = _limit_problem(self.keywords(), str)
+        if problem is not None:
+            raise UsageError(problem)
+
+    @classmethod
+    def checked(cls, values: Mapping[str, int], spell: Callable[[str], str]) -> ServeOptions:
+        """`ServeOptions(**values)`, a problem reported naming each limit as `spell` writes
+        it (the command line: `--max-running`), as ModelOptions.checked (qrun/options.py)."""
+        problem = _limit_problem(values, spell)
+        if problem is not None:
+            raise UsageError(problem)
+        return cls(**values)
+
+    def keywords(self) -> dict[str, int]:
+        """The limits as app()'s keyword arguments."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
+
+
+def _limit_problem(values: Mapping[str, Any], spell: Callable[[str], str]) -> str | None:
+    """What is wrong with the first bad limit in `values`, named as `spell` writes it."""
+    for name, value in values.items():
+        least = _LEAST[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{spell(name)} must be an integer ≥ {least}, got {value!r}"
+        if value < least:
+            return f"{spell(name)} must be ≥ {least}, got {value}"
+    return None
+
+
+_LEAST = {"max_running": 1, "max_queue": 0, "max_body_bytes": 1, "max_input_chars": 1,
+          "max_input_depth": 1}
 
 
 @dataclass
@@ -177,7 +215,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def run_body(query: Query, name: str, limits: ServerLimits, body: Any,
+def run_body(query: Query, name: str, limits: ServeOptions, body: Any,
              request: Request) -> RunBody:
     """The body of a run request of template `name` (`query`), checked: unknown keys, options
     and fields are 400; inputs that do not fit the template 422 (before the run is
@@ -210,7 +248,7 @@ def run_body(query: Query, name: str, limits: ServerLimits, body: Any,
     return RunBody(name, run, timeout, stream, fields)
 
 
-def check_input_sizes(inputs: Mapping[str, Any], limits: ServerLimits,
+def check_input_sizes(inputs: Mapping[str, Any], limits: ServeOptions,
                       what: str = "input") -> None:
     """Each input's strings at most `limits.max_input_chars` long and its lists and objects
     nested at most `limits.max_input_depth` deep (inputs are JSON data, as a body reads;

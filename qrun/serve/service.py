@@ -26,7 +26,7 @@ from qrun.serve.catalog import describe
 from qrun.serve.protocol import (
     RETRY_AFTER_S,
     ApiError,
-    ServerLimits,
+    ServeOptions,
     api_error,
     request_id_of,
 )
@@ -92,7 +92,7 @@ class Service:
     """What the app's handlers share: the templates, the model, the run scheduler, the
     metrics and the limits."""
 
-    def __init__(self, templates: Mapping[str, Query], backend: Backend, limits: ServerLimits,
+    def __init__(self, templates: Mapping[str, Query], backend: Backend, limits: ServeOptions,
                  api_key: str | None) -> None:
         self.templates = dict(templates)
         self.backend = backend

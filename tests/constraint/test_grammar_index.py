@@ -281,6 +281,18 @@ def test_rollback_reset_and_copies_are_independent(person: LlgIndex) -> None:
     assert twin.forced_bytes() == b'{"name": "'
     assert not cursor.advance_bytes(b"]") and cursor.advance_bytes(b",")
     assert cursor.accepts(b'{"name": "x", "age": 1}') and not cursor.accepts(b'{"name": "x"}')
+    with pytest.raises(ValueError, match="cannot roll back -1 tokens"):
+        cursor.rollback(-1)
+
+
+def test_masks_are_shared_until_the_state_moves(person: LlgIndex) -> None:
+    # As MaskCursor's (the Cursor protocol, qrun/constraint/spec.py): the runtime copies a mask
+    # before changing it.
+    cursor = person.start()
+    mask = cursor.allowed()
+    assert cursor.allowed() is mask and not mask.flags.writeable
+    cursor.advance_bytes(b"{")
+    assert cursor.allowed() is not mask
 
 
 def test_lark_with_inline_json(smol_vocab: Vocabulary) -> None:

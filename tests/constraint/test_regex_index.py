@@ -159,6 +159,29 @@ def test_forced_bytes_and_distance_on_cursor(smol_vocab: Vocabulary) -> None:
     assert fork.can_end() and not fork.can_continue() and not cursor.can_end()
 
 
+def test_rollback_takes_back_tokens_and_byte_feeds(smol_vocab: Vocabulary) -> None:
+    # The Cursor protocol's rollback (qrun/constraint/spec.py), which qrun.Matcher uses.
+    index = TokenIndex.build(r"ID-[0-9]{3}", smol_vocab)
+    cursor = index.start()
+    cursor.advance_bytes(b"ID-")
+    digit = smol_vocab.token_bytes.index(b"4")
+    assert cursor.consume(digit) and cursor.consume(digit)
+    assert not cursor.consume(smol_vocab.token_bytes.index(b"a"))  # no change
+    fork = cursor.copy()
+    assert fork.consume(digit) and fork.can_end()
+    fork.rollback(1)
+    assert not fork.can_end() and fork.state == cursor.state
+    cursor.rollback(2)
+    assert cursor.min_bytes_to_accept() == 3 and fork.min_bytes_to_accept() == 1
+    with pytest.raises(ValueError, match="cannot roll back 2 tokens"):
+        cursor.rollback(2)  # one byte feed is left
+    assert cursor.min_bytes_to_accept() == 3  # unchanged by the refusal
+    cursor.rollback(1)
+    assert cursor.state == index.start_state and cursor.forced_bytes() == b"ID-"
+    with pytest.raises(ValueError):
+        cursor.rollback(-1)
+
+
 def test_allowed_within_budget(smol_vocab: Vocabulary) -> None:
     index = TokenIndex.build(r"[a-z]+ (yes|no)", smol_vocab)
     start = index.start_state

@@ -8,6 +8,7 @@ import json
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 
 import qrun
@@ -237,8 +238,47 @@ def test_annotation_formats_leave_property_names_alone_too(tiny: TransformersBac
 
 @pytest.mark.parametrize("closed", ["no", [], 1])
 def test_matcher_checks_closed(tiny: TransformersBackend, closed: Any) -> None:
-    with pytest.raises(qrun.UsageError, match="closed must be True or False"):
+    with pytest.raises(qrun.UsageError, match="closed must be true or false, got "):
         qrun.Matcher(tiny, json={"type": "object"}, closed=closed)
+
+
+def test_closed_and_formats_have_one_check_and_one_wording(tiny: TransformersBackend) -> None:
+    # JsonFormat.checked: a literal argument at --check (lang/args.py), a computed one when
+    # its hole runs (runtime/constraints.py), and qrun.Matcher's options.
+    wording = 'closed must be true or false, got "no"'
+    with pytest.raises(qrun.TemplateErrors, match=wording):
+        qrun.Query('{{ gen v json={"type": "object"} closed="no" }}')
+    query = qrun.Query('{{ gen v json={"type": "object"} closed=c max_tokens=5 }}')
+    with pytest.raises(qrun.EvaluationError, match=wording):
+        query.run({"c": "no"}, model=tiny)
+    with pytest.raises(qrun.UsageError, match=wording):
+        qrun.Matcher(tiny, json={"type": "object"}, closed="no")
+    with pytest.raises(qrun.UsageError, match='layout must be "flexible" or "fixed", got "x"'):
+        qrun.Matcher(tiny, json={"type": "object"}, layout="x")
+    tools = qrun.Query('{{ gen v tools=t formats=f max_tokens=5 }}')
+    with pytest.raises(qrun.EvaluationError,
+                       match='formats must be "assert", "known" or "annotation", got 3'):
+        tools.run({"t": [{"name": "now"}], "f": 3}, model=tiny)
+
+
+@pytest.mark.parametrize("given", [{"regex": "4[0-9]"}, {"json": {"enum": [42, 43]}}])
+def test_matcher_rolls_back_and_resets_on_its_cursor(tiny: TransformersBackend,
+                                                      given: dict[str, Any]) -> None:
+    # Matcher moves the hole's own cursor (MaskCursor, LlgCursor): rollback is the cursor's.
+    vocab = tiny.vocabulary
+    four, two, three = (vocab.ids_of(digit)[0] for digit in (b"4", b"2", b"3"))
+    eos = min(vocab.eos_token_ids)
+    matcher = qrun.Matcher(tiny, **given)
+    start = matcher.allowed()
+    assert matcher.consume(four) and matcher.consume(two) and matcher.accepting()
+    assert not matcher.consume(four)  # "424": refused, and nothing changes
+    assert matcher.consume(eos) and not matcher.allowed().any()
+    matcher.rollback(2)  # the EOS and the "2"
+    assert not matcher.accepting() and matcher.consume(three) and matcher.accepting()
+    matcher.reset()
+    assert np.array_equal(matcher.allowed(), start) and not matcher.accepting()
+    with pytest.raises(ValueError, match="cannot roll back 1 tokens"):
+        matcher.rollback(1)
 
 
 @pytest.mark.parametrize(("text", "value_type"), [

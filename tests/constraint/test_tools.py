@@ -1,7 +1,7 @@
 """qrun/constraint/tools.py: reading a list of tools in OpenAI's function format (every refusal
 with its JSON pointer), the call schema (one closed object per tool, `$ref`s moved into their
-branch, the keys in the caller's names and order) and its lowering, checked against the
-`jsonschema` validator."""
+branch, the keys in the caller's names and order) and its lowering (`lower("tools", ...)`,
+spec.py), checked against the `jsonschema` validator."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from qrun.constraint.grammar import JsonFormat
-from qrun.constraint.spec import LoweringError
-from qrun.constraint.tools import CallKeys, ToolsError, call_schema, lower_tools, read_tools
+from qrun.constraint import JsonFormat, LoweringError, lower
+from qrun.constraint.tools import CallKeys, ToolsError, call_schema, read_tools
 
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search the web",
@@ -80,18 +79,18 @@ def test_the_keys_follow_the_caller() -> None:
 
 
 def test_lowering_describes_the_tools_and_locates_refusals() -> None:
-    spec = lower_tools([SEARCH, CALC])
+    spec = lower("tools", [SEARCH, CALC])
     assert spec.description == 'tools=["search", "calc"]'
     assert spec.value_type == "json"
     bad = {"name": "tag", "parameters": {"properties": {
         "tags": {"type": "array", "uniqueItems": True}}}}
     with pytest.raises(LoweringError) as caught:
-        lower_tools([SEARCH, bad])
+        lower("tools", [SEARCH, bad])
     assert caught.value.message.startswith('tool "tag": JSON Schema: Unimplemented keys')
     assert caught.value.message.endswith("(at /1/parameters/properties/tags/uniqueItems)")
     assert not caught.value.wrong_type
     with pytest.raises(LoweringError) as wrong:
-        lower_tools("search")
+        lower("tools", "search")
     assert wrong.value.wrong_type
 
 
@@ -99,5 +98,13 @@ def test_formats_are_read_as_the_hole_says() -> None:
     dated = {"name": "book", "parameters": {"properties": {
         "day": {"type": "string", "format": "int32"}}}}
     with pytest.raises(LoweringError, match="unknown format"):
-        lower_tools([dated])
-    assert lower_tools([dated], JsonFormat(formats="annotation")).value_type == "json"
+        lower("tools", [dated])
+    assert lower("tools", [dated], JsonFormat(formats="annotation")).value_type == "json"
+
+
+def test_the_call_keys_are_part_of_the_lowered_call() -> None:
+    plain = lower("tools", [SEARCH])
+    keys = CallKeys("function", "parameters", name_first=False)
+    own = lower("tools", [SEARCH], keys=keys)
+    assert own.pattern != plain.pattern and own.description == plain.description
+    assert lower("tools", [SEARCH], keys=keys) is own  # remembered per value and keys

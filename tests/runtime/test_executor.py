@@ -326,3 +326,36 @@ def test_input_text_never_becomes_control_tokens(tiny: TransformersBackend) -> N
     count = sum(t in control for t in attacked.token_ids)
     assert count == sum(t in control for t in clean.token_ids) == 4  # two turns, two markers
     assert hostile in attacked.text  # the text itself is all there, as text
+
+
+@pytest.mark.parametrize(("hole", "bad"), [
+    ("{{ gen a stop=V max_tokens=1 }}", 3),
+    ("{{ gen a stop=V max_tokens=1 }}", [""]),
+    ("{{ gen a heal=V max_tokens=1 }}", "yes"),
+    ('{{ gen a stop="." keep_stop=V max_tokens=1 }}', 1),
+    ("{{ gen a ends_at_text=V max_tokens=1 }}", "no"),
+    ("{{ gen a max_tokens=V }}", 0),
+    ("{{ gen a top_k=V max_tokens=1 }}", 2.5),
+    ('{{ select a options=["x", "y"] normalize=V }}', "max"),
+    ("{{ select a options=V }}", []),
+    ("{{ select a options=V }}", ["x", "x"]),
+])
+def test_a_computed_argument_is_refused_in_the_words_a_literal_is(
+        tiny: TransformersBackend, hole: str, bad: Any) -> None:
+    # One table (lang/args.py HOLE_ARG_CHECKS) checks a literal at compile time and a value
+    # at run time (runtime/hole_args.py): the same words, the value shown where it is not a
+    # list (a computed list may be long).
+    with pytest.raises(qrun.TemplateErrors) as compiled:
+        qrun.Query(hole.replace("=V", "=" + json.dumps(bad)))
+    with pytest.raises(EvaluationError) as ran:
+        run(tiny, hole, V=bad)
+    at_compile = compiled.value.errors[0].message
+    assert at_compile.startswith(ran.value.message), (at_compile, ran.value.message)
+    if not isinstance(bad, list):
+        assert ran.value.message == at_compile
+
+
+def test_a_stop_list_from_a_host_function_may_be_a_tuple(tiny: TransformersBackend) -> None:
+    query = qrun.Query("Say: {{ gen a stop=stops() max_tokens=4 }}",
+                       functions={"stops": lambda: ("\n", ".")})
+    assert isinstance(query.run(model=tiny)["a"], str)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.errors import RunCancelled
+from qrun.errors import RunCancelled, UsageError
 from qrun.serve import app
 from qrun.serve.server import is_loopback
 from qrun.serve.service import Service
@@ -547,6 +548,19 @@ def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
         stderr = server.close()
     assert "Traceback" not in stderr, stderr
 
+
+
+@pytest.mark.parametrize(("limits", "message"), [
+    ({"max_running": 0}, "max_running must be ≥ 1, got 0"),
+    ({"max_queue": True}, "max_queue must be an integer ≥ 0, got True"),
+    ({"max_body_bytes": 1.5}, "max_body_bytes must be an integer ≥ 1, got 1.5"),
+])
+def test_a_bad_limit_of_app_is_a_usage_error_before_the_model_loads(
+        tmp_path: Path, limits: dict[str, Any], message: str) -> None:
+    # ServeOptions (qrun/serve/protocol.py) checks app()'s limits and the flags alike.
+    (tmp_path / "person.tmpl").write_text(PERSON)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        app([str(tmp_path)], model="no-such-model", **limits)
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--max-input-chars", "0"),

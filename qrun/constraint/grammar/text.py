@@ -47,6 +47,8 @@ __all__ = [
     "LIMITS",
     "GrammarError",
     "JsonFormat",
+    "JsonFormatError",
+    "LAYOUTS",
     "check_lark",
     "check_schema",
     "clean_reason",
@@ -62,6 +64,8 @@ _LARK_POSITION = re.compile(r"^(?:at )?(\d+)\((\d+)\): ")
 _OPTIONS_LINE = re.compile(r"(?m)^[ \t]*%llguidance\b")
 LIMITS = DEFAULT.parser_limits()
 """llguidance's parser limits under the default ConstraintLimits (limits.py)."""
+LAYOUTS = ("flexible", "fixed")
+"""The layouts of JSON text (JsonFormat): any JSON whitespace, or Python's `json.dumps`."""
 
 
 class GrammarError(ValueError):
@@ -87,6 +91,28 @@ class GrammarError(ValueError):
         super().__init__(f"{reason}{where}")
 
 
+class JsonFormatError(ValueError):
+    """An option of a JsonFormat that is not one of its values: `name` ("closed", "formats"
+    or "layout"), what it must be (`wanted`) and the value given. The message is the same
+    wherever the option was given (a hole's argument at --check or at run time,
+    qrun.Matcher)."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name = name
+        self.value = value
+        self.wanted = _WANTED[name]
+        shown = f'"{value}"' if isinstance(value, str) else repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        super().__init__(f"{name} must be {self.wanted}, got {shown}")
+
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return ", ".join(f'"{v}"' for v in values[:-1]) + f' or "{values[-1]}"'
+
+
+_WANTED = {"closed": "true or false", "formats": _one_of(MODES), "layout": _one_of(LAYOUTS)}
+
+
 @dataclass(frozen=True, slots=True)
 class JsonFormat:
     """How JSON text is laid out, and whether objects are closed.
@@ -107,8 +133,26 @@ class JsonFormat:
 
     def __post_init__(self) -> None:
         if self.formats not in MODES:
-            raise ValueError(f"formats must be one of {', '.join(MODES)}, got "
-                             f"{self.formats!r}")
+            raise JsonFormatError("formats", self.formats)
+
+    @classmethod
+    def checked(cls, closed: Any = False, formats: Any = "assert",
+                layout: Any = "fixed") -> JsonFormat:
+        """The format of options a user gave, each checked: the one check of `closed=` and
+        `formats=` (a hole's literal ones at --check, lang/args.py; computed ones when the
+        hole runs, runtime/constraints.py) and of qrun.Matcher's `closed`, `formats` and
+        `layout` (one of LAYOUTS).
+
+        Raises:
+            JsonFormatError: an option is not one of its values (the first in that order).
+        """
+        if not isinstance(closed, bool):
+            raise JsonFormatError("closed", closed)
+        if formats not in MODES:
+            raise JsonFormatError("formats", formats)
+        if layout not in LAYOUTS:
+            raise JsonFormatError("layout", layout)
+        return cls(whitespace_flexible=layout == "flexible", closed=closed, formats=formats)
 
     def options(self) -> dict[str, Any]:
         """llguidance's `x-guidance` options for this layout (they replace any the schema

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qrun
-from qrun.constraint.grammar import JsonFormat, check_schema
+from qrun.constraint.grammar import JsonFormat, JsonFormatError, check_schema
 from qrun.constraint.grammar.formats import DRAFT3_FORMATS, FORMATS, assertion
 from qrun.constraint.vocab import Vocabulary
 from qrun.errors import ConstraintError, UsageError
@@ -247,10 +247,13 @@ def test_the_format_modes(model: Any) -> None:
     known.reset()
     good = json.dumps({"id": "123e4567-e89b-12d3-a456-426614174000", "n": "x"})
     assert known.consume_text(good) and known.accepting()
-    with pytest.raises(UsageError, match="formats must be one of"):
+    wording = 'formats must be "assert", "known" or "annotation", got "loose"'
+    with pytest.raises(UsageError, match=wording):
         Matcher(model, json=schema, formats="loose")
-    with pytest.raises(ValueError, match="formats must be one of"):
+    with pytest.raises(JsonFormatError, match=wording):
         JsonFormat(formats="loose")
+    with pytest.raises(JsonFormatError, match=wording):
+        JsonFormat.checked(formats="loose")
 
 
 # ---- the hole argument formats= (lang/args.py, runtime/constraints.py) ------------------------

@@ -1,0 +1,83 @@
+"""A hole's arguments evaluated when the hole runs: each checked by the table the compiler
+checks literal arguments with (lang/args.py HOLE_ARG_CHECKS), so a value computed at run time
+is held to what a literal is held to at --check, in the same words.
+
+The executor (runtime/executor.py) evaluates a `gen` hole's arguments once, into GenArgs,
+whether the model fills the hole or a known value does (runtime/fills.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from qrun.errors import EvaluationError
+from qrun.lang import ir
+from qrun.lang.args import HOLE_ARG_CHECKS, show_value
+from qrun.lang.expr import Expr
+from qrun.options import Resolved
+from qrun.runtime.sampler import SamplingParams
+from qrun.source import Source
+
+
+@dataclass(frozen=True, slots=True)
+class GenArgs:
+    """A `gen` hole's arguments, or the run's options where the hole gives none. `seed`: the
+    hole's own seed (None: the run's generator samples it)."""
+
+    max_tokens: int
+    stop: tuple[str, ...]
+    keep_stop: bool
+    heal: bool
+    ends_at_text: bool
+    sampling: SamplingParams
+    seed: int | None
+
+
+class HoleArgs:
+    """Evaluates the arguments of the hole at hand, in the scope `evaluate` reads; errors are
+    EvaluationErrors at the argument, in `source`."""
+
+    def __init__(self, evaluate: Callable[[Expr], Any], source: Source, options: Resolved
+                 ) -> None:
+        self._evaluate = evaluate
+        self._source = source
+        self._options = options
+
+    def gen(self, p: ir.GenParams) -> GenArgs:
+        options = self._options
+        stop = self.value(p.stop, "stop", ())
+        seed = self.value(p.seed, "seed", None)
+        return GenArgs(
+            max_tokens=self.value(p.max_tokens, "max_tokens", options.max_tokens),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            keep_stop=self.value(p.keep_stop, "keep_stop", False),
+            heal=self.value(p.heal, "heal", True),
+            ends_at_text=self.value(p.ends_at_text, "ends_at_text", True),
+            sampling=SamplingParams(
+                float(self.value(p.temperature, "temperature", options.temperature)),
+                float(self.value(p.top_p, "top_p", options.top_p)),
+                int(self.value(p.top_k, "top_k", options.top_k))),
+            seed=None if seed is None else int(seed))
+
+    def select_options(self, op: ir.Select) -> list[str]:
+        """The options of a select: wanted before its known value is checked against them."""
+        return list(self.value(op.options, "options", None))
+
+    def select_scoring(self, op: ir.Select) -> tuple[float, str]:
+        """How a select the model fills scores its options: temperature and normalize."""
+        temperature = self.value(op.temperature, "temperature", self._options.temperature)
+        return float(temperature), str(self.value(op.normalize, "normalize", "sum"))
+
+    def value(self, expr: Expr | None, name: str, default: Any) -> Any:
+        """The value of argument `name`, checked, or `default` where the hole omits it."""
+        if expr is None:
+            return default
+        value = self._evaluate(expr)
+        wanted = HOLE_ARG_CHECKS[name](value)
+        if wanted is not None:
+            # A computed list is not repeated in the message: it may be long (50,000 select
+            # options), and the error points at the expression that made it.
+            got = "" if isinstance(value, list | tuple | dict) else f", got {show_value(value)}"
+            raise EvaluationError(f"{name} must be {wanted}{got}", expr.span, self._source)
+        return value
