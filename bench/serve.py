@@ -324,10 +324,11 @@ def launch(name: str, command: list[str], env: dict[str, str], ready: str, send:
 def start_qrun(folder: Path, model: str, backend: str, max_running: int, threads: int,
                logs: Path, log_level: str = "warning") -> Server:
     port = free_port()
+    kind, _, dtype = backend.partition(":")  # llamacpp:q8_0: the re-quantized copy
     command = [sys.executable, "-m", "qrun.cli", "serve", str(folder), "--model", model,
-               "--backend", backend, "--port", str(port), "--max-running", str(max_running),
+               "--backend", kind, "--port", str(port), "--max-running", str(max_running),
                "--max-queue", "1024", "--drain-timeout", str(DRAIN_TIMEOUT_S),
-               "--log-level", log_level]
+               "--log-level", log_level, *(["--dtype", dtype] if dtype else [])]
     env = {"OMP_NUM_THREADS": str(threads), "QRUN_LLAMACPP_THREADS": str(threads)}
     return launch(f"qrun-{backend}", command, env, "/healthz", qrun_request, logs, port)
 
@@ -399,7 +400,8 @@ def in_process(model: str, backend: str, requests: int, threads: int) -> dict[st
     """`requests` runs of TEMPLATE in this process, one at a time (after a warm-up)."""
     os.environ["QRUN_LLAMACPP_THREADS"] = str(threads)
     query = qrun.Query(TEMPLATE)
-    loaded = qrun.load_model(model, backend=backend)
+    kind, _, dtype = backend.partition(":")
+    loaded = qrun.load_model(model, backend=kind, dtype=dtype or None)
     query.run({"bio": WARM_UP}, model=loaded)  # not a bio the prefix cache then has
     started = time.perf_counter()
     for i in range(requests):
@@ -563,6 +565,7 @@ def main() -> None:
                              "on a shared VM more threads wait on each other, bench/README.md)")
     parser.add_argument("--backends", default="transformers",
                         help="qrun serve's backends, comma-separated (transformers, "
+                             "llamacpp:q8_0 for --dtype q8_0, "
                              "llamacpp, vllm)")
     parser.add_argument("--peers", default="",
                         help="other servers on the same workload: llama_cpp, vllm")

@@ -30,6 +30,9 @@ DEFAULT_CACHE_MB = 1024
 BACKENDS = ("transformers", "vllm", "llamacpp")
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes a model can be loaded in (besides "auto", the backend's choice for the device)."""
+GGUF_DTYPES = ("q8_0",)
+"""The weight types the llamacpp backend can re-quantize a GGUF to (besides "auto", the file
+as shipped): backends/requantize.py says why q8_0 alone."""
 
 
 def is_int(value: Any) -> bool:
@@ -193,7 +196,8 @@ MODEL_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "model": _text("a model name or path"),
     "backend": lambda v: None if v in BACKENDS else "one of " + ", ".join(BACKENDS),
     "device": _device,
-    "dtype": lambda v: None if v in (*DTYPES, "auto") else "float32, float16, bfloat16 or auto",
+    "dtype": lambda v: None if v in (*DTYPES, *GGUF_DTYPES, "auto") else
+    "float32, float16, bfloat16, q8_0 or auto",
     "cache_mb": _cache_mb,
     "url": _text("a server address (http://HOST:PORT)"),
     "timeout": _timeout,
@@ -221,9 +225,12 @@ def _model_problem(values: Mapping[str, Any], spell: Callable[[str], str]) -> st
     if backend == "llamacpp" and values["device"] not in (None, "auto", "cpu"):
         return (f"{spell('device')} {values['device']} was asked for, but the llamacpp backend "
                 "runs on the CPU")
-    if backend == "llamacpp" and values["dtype"] is not None:
-        return (f"{spell('dtype')} does not apply to the llamacpp backend: the GGUF file's own "
-                "quantisation is used")
+    if backend == "llamacpp" and values["dtype"] in DTYPES:
+        return (f"{spell('dtype')} {values['dtype']} does not apply to the llamacpp backend: "
+                "it runs the GGUF file's own quantisation (auto) or a copy re-quantized to q8_0")
+    if backend != "llamacpp" and values["dtype"] in GGUF_DTYPES:
+        return (f"{spell('dtype')} {values['dtype']} is a GGUF weight type: it needs "
+                f"{spell('backend')} llamacpp")
     return None
 
 
@@ -235,7 +242,9 @@ class ModelOptions:
     DEFAULT_CACHE_MB; the weights loaded). `model` is a name or path (see load_model),
     `backend` one of BACKENDS, `device` cpu, cuda, cuda:N, mps or auto (None: the backend's
     own, the CPU for transformers), `dtype` one of DTYPES or auto (None: the device's
-    default), `cache_mb` the prefix cache's budget (0 turns it off), `url` a vLLM server
+    default; with backend llamacpp, auto is the GGUF as shipped and q8_0 a re-quantized copy
+    whose batches and prompts run on batched kernels, backends/requantize.py), `cache_mb`
+    the prefix cache's budget (0 turns it off), `url` a vLLM server
     (backend vllm), `timeout` how long a request waits for it (seconds; needs `url`),
     `weights` False to load the tokenizer alone. Frozen and hashable: equal options load one
     model (`Query.load` keys its models on them).
@@ -243,7 +252,7 @@ class ModelOptions:
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option, or options
             that do not go together (`url` without backend vllm, `timeout` without `url`, a
-            device or dtype with backend llamacpp).
+            device or a float dtype with backend llamacpp, q8_0 with another).
     """
 
     model: str | None = None

@@ -20,7 +20,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": ""}, "model must be a model name or path, got ''"),
     ({"backend": "vllm-x"}, "backend must be one of transformers, vllm, llamacpp, got 'vllm-x'"),
     ({"device": "gpu"}, "device must be cpu, cuda, cuda:N, mps or auto, got 'gpu'"),
-    ({"dtype": "int3"}, "dtype must be float32, float16, bfloat16 or auto, got 'int3'"),
+    ({"dtype": "int3"}, "dtype must be float32, float16, bfloat16, q8_0 or auto, got 'int3'"),
     ({"cache_mb": -1}, "cache_mb must be ≥ 0, got -1"),
     ({"cache_mb": 1.5}, "cache_mb must be an integer ≥ 0, got 1.5"),
     ({"cache_mb": True}, "cache_mb must be an integer ≥ 0, got True"),
@@ -42,8 +42,11 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"url": "http://h:1", "backend": "llamacpp"}, "url needs backend vllm (a vLLM server)"),
     ({"backend": "llamacpp", "device": "cuda:1"},
      "device cuda:1 was asked for, but the llamacpp backend runs on the CPU"),
-    ({"backend": "llamacpp", "dtype": "auto"},
-     "dtype does not apply to the llamacpp backend: the GGUF file's own quantisation is used"),
+    ({"backend": "llamacpp", "dtype": "float32"},
+     "dtype float32 does not apply to the llamacpp backend: it runs the GGUF file's own "
+     "quantisation (auto) or a copy re-quantized to q8_0"),
+    ({"dtype": "q8_0"}, "dtype q8_0 is a GGUF weight type: it needs backend llamacpp"),
+    ({"dtype": "q4_0"}, "dtype must be float32, float16, bfloat16, q8_0 or auto, got 'q4_0'"),
 ]
 
 
@@ -137,7 +140,7 @@ def test_the_front_matter_checks_model_options_with_the_same_table() -> None:
     messages = [e.message for e in caught.value.errors]
     assert messages == [
         "front matter 'device' must be cpu, cuda, cuda:N, mps or auto, got \"gpu\"",
-        "front matter 'dtype' must be float32, float16, bfloat16 or auto, got \"int3\"",
+        "front matter 'dtype' must be float32, float16, bfloat16, q8_0 or auto, got \"int3\"",
         "front matter 'model' must be a model name or path, got \"\""]
 
 

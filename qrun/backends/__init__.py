@@ -42,9 +42,12 @@ def load_model(
     that address; the local model named then gives the tokenizer, which must be the server's,
     and each request waits at most `timeout` seconds (default 30) for the server's answer.
 
-    `backend` "llamacpp" runs a GGUF file (the default model's included) as it is on llama.cpp
-    in this process (an optional extra: `make llamacpp`), with the GGUF's own tokenizer; it
-    needs a .gguf file, not a Hugging Face folder. Device and dtype are the file's (CPU).
+    `backend` "llamacpp" runs a GGUF file (the default model's included) on llama.cpp in this
+    process (an optional extra: `make llamacpp`), with the GGUF's own tokenizer; it needs a
+    .gguf file, not a Hugging Face folder. The device is the CPU; `dtype` "auto" (or None)
+    runs the file as it is, "q8_0" a copy re-quantized once into the cache, whose batches and
+    prompts run on batched kernels (backends/requantize.py: faster prompts and batches, a
+    little slower one token at a time, near the shipped weights but not equal).
 
     `weights=False` loads the tokenizer alone (backends/tokenizer_only.py), whatever the
     backend: enough for a template without holes, in a fraction of the time.
@@ -62,7 +65,8 @@ def load_model(
     started = time.perf_counter()
     location = locate_model(name)
     if chosen.backend == "llamacpp":
-        return _load_llamacpp(location, cache_mb, chosen.weights is not False, started)
+        return _load_llamacpp(location, cache_mb, chosen.weights is not False, chosen.dtype,
+                              started)
 
     def folder() -> str:
         """The model's HF folder (a GGUF converted on first use)."""
@@ -94,7 +98,7 @@ def load_model(
     return loaded
 
 
-def _load_llamacpp(location: ModelLocation, cache_mb: int, weights: bool,
+def _load_llamacpp(location: ModelLocation, cache_mb: int, weights: bool, dtype: str | None,
                    started: float) -> Backend:
     from pathlib import Path
 
@@ -103,9 +107,13 @@ def _load_llamacpp(location: ModelLocation, cache_mb: int, weights: bool,
     if location.gguf_file is None:
         raise ModelLoadError(f"the llamacpp backend runs .gguf files; '{location.name}' is a "
                              "Hugging Face model (use --backend transformers, or a .gguf file)")
-    # A device or dtype other than the CPU's was refused by ModelOptions.
-    path = str(Path(location.path) / location.gguf_file)
-    loaded = load_llamacpp(location.name, path, cache_mb, weights)
+    # A device other than the CPU and a float dtype were refused by ModelOptions.
+    path = Path(location.path) / location.gguf_file
+    if weights and dtype not in (None, "auto"):  # the tokenizer alone is the same in any
+        from qrun.backends.requantize import requantized
+
+        path = requantized(path, dtype)
+    loaded = load_llamacpp(location.name, str(path), cache_mb, weights)
     loaded.load_s = time.perf_counter() - started
     return loaded
 

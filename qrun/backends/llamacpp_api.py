@@ -74,6 +74,32 @@ def last_log() -> str:
     return "; ".join(lines[-3:])
 
 
+# llama.h's enum llama_ftype for each weight type qrun re-quantizes to (options.GGUF_DTYPES).
+_FTYPES = {"q8_0": 7}  # LLAMA_FTYPE_MOSTLY_Q8_0
+
+
+def quantize(source: str, target: str, dtype: str, threads: int) -> None:
+    """Write `source`'s weights re-quantized to `dtype` into the GGUF file `target`
+    (`llama_model_quantize`; a quantized source is read dequantized: allow_requantize).
+    Tensors llama.cpp keeps in another type by its own rules stay so (the token embedding
+    of SmolLM2, already q8_0).
+
+    Raises:
+        ModelLoadError: llama.cpp could not read `source` or write `target`.
+    """
+    lib = library()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = _FTYPES[dtype]
+    params.allow_requantize = True
+    params.nthread = threads
+    last_log()
+    code = int(lib.llama_model_quantize(source.encode("utf-8"), target.encode("utf-8"),
+                                        ctypes.byref(params)))
+    if code != 0:
+        reason = last_log() or f"llama_model_quantize returned {code}"
+        raise ModelLoadError(f"llama.cpp cannot re-quantize {source} to {dtype}: {reason}")
+
+
 class Model:
     """A GGUF model loaded by llama.cpp (memory-mapped weights), with its vocabulary."""
 

@@ -13,10 +13,7 @@ import importlib.util
 import io
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,14 +21,11 @@ from pathlib import Path
 
 from qrun.backends.model_cache import (
     MANIFEST,
-    cache_error,
+    build_once,
     folder_problem,
     is_full,
-    manifest_problem,
     read_manifest,
-    remove_leftovers,
     source_of,
-    write_manifest,
 )
 from qrun.cache_dir import cache_dir
 from qrun.errors import ModelLoadError
@@ -232,38 +226,9 @@ def ensure_converted(location: ModelLocation) -> Path:
         ModelLoadError: the cache cannot be written (read-only, full, not a folder), or the
             GGUF cannot be converted; the message names the path and the fix.
     """
-    target = converted_folder(location)
     gguf = Path(location.path) / str(location.gguf_file)
-    source = source_of(gguf, CONVERSION_VERSION)
-    problem = manifest_problem(target, source)
-    if problem is None:
-        return target
-    models = target.parent
-    try:
-        models.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(models)
-        if target.exists():
-            log.warning("qrun: %s; converting it again", problem)
-            _discard(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-{os.getpid()}-", dir=models))
-    except OSError as exc:
-        damaged = f"{problem}, and " if target.exists() else ""
-        raise ModelLoadError(f"{damaged}{cache_error(exc, models)}") from exc
-    try:
-        _convert_checked(location, gguf, tmp)
-        write_manifest(tmp, source)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process finished the same conversion first; keep theirs.
-            if manifest_problem(target, source) is not None:
-                raise
-    except OSError as exc:
-        raise ModelLoadError(cache_error(exc, models)) from exc
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(converted_folder(location), source_of(gguf, CONVERSION_VERSION),
+                      lambda out: _convert_checked(location, gguf, out))
 
 
 def _convert_checked(location: ModelLocation, gguf: Path, out: Path) -> None:
@@ -283,15 +248,6 @@ def _convert_checked(location: ModelLocation, gguf: Path, out: Path) -> None:
     if problem is not None:  # a write that failed without saying so
         raise ModelLoadError(f"converting {gguf} failed: {problem}; check the free space in "
                              f"{out.parent} or set QRUN_CACHE to another folder")
-
-
-def _discard(folder: Path) -> None:
-    """Move a damaged folder out of the way first (a rename is atomic: no process sees it
-    half deleted), then delete it."""
-    trash = Path(tempfile.mkdtemp(prefix=f"{folder.name}.discard-{os.getpid()}-",
-                                  dir=folder.parent))
-    os.replace(folder, trash / folder.name)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -11,14 +11,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import blake3
+
+from qrun.errors import ModelLoadError
 
 MANIFEST = "qrun-manifest.json"
 MANIFEST_VERSION = 2  # 1: SHA-256 of each file's first and last MiB only
@@ -26,6 +31,7 @@ MANIFEST_VERSION = 2  # 1: SHA-256 of each file's first and last MiB only
 # carries no process id (older qrun) is a leftover once it is this old.
 STALE_AFTER_S = 3600.0
 TEMP_NAME = re.compile(r".+\.(?:tmp|discard)-(?:(?P<pid>\d+)-)?[^/]*")
+log = logging.getLogger("qrun")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json",
                    "vocab.txt", "sentencepiece.bpe.model")
 
@@ -59,14 +65,18 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) else None
 
 
-def manifest_problem(folder: Path, source: dict[str, Any]) -> str | None:
-    """None when `folder` is a complete conversion of `source`; else what is wrong with it.
+def manifest_problem(folder: Path, source: dict[str, Any], main_file: str = "config.json",
+                     adopt: bool = True) -> str | None:
+    """None when `folder` is a complete conversion of `source` (its manifest lists
+    `main_file`); else what is wrong with it.
 
-    A folder with no manifest (converted by an older qrun) is adopted when its files are
-    whole (a manifest is then written, if the cache can be written)."""
+    With `adopt`, a HF folder with no manifest (converted by an older qrun) is adopted when
+    its files are whole (a manifest is then written, if the cache can be written)."""
     if not folder.is_dir():
-        return f"{folder} is not converted yet"
+        return f"{folder} is not made yet"
     manifest = read_manifest(folder)
+    if manifest is None and not adopt:
+        return f"{folder} has no manifest"
     if manifest is None:
         problem = folder_problem(folder)
         if problem is None:
@@ -76,7 +86,7 @@ def manifest_problem(folder: Path, source: dict[str, Any]) -> str | None:
     if manifest.get("manifest_version") != MANIFEST_VERSION or manifest.get("source") != source:
         return f"{folder} was made from another source or by another qrun"
     files = manifest.get("files")
-    if not isinstance(files, dict) or "config.json" not in files:
+    if not isinstance(files, dict) or main_file not in files:
         return f"{folder / MANIFEST} is incomplete"
     for name, recorded in files.items():
         path = folder / str(name)
@@ -85,6 +95,63 @@ def manifest_problem(folder: Path, source: dict[str, Any]) -> str | None:
         if _fingerprint(path) != recorded:
             return f"{path} is damaged (its size or checksum changed since it was written)"
     return None
+
+
+def build_once(target: Path, source: dict[str, Any], build: Callable[[Path], None],
+               main_file: str = "config.json", adopt: bool = True, doing: str = "converting"
+               ) -> Path:
+    """`target`, a cache folder made from `source` by `build` (which fills the folder it is
+    given), made now unless it is whole already, and made again when its manifest check
+    fails (damaged, or made from another source): the conversion of a GGUF into a HF folder
+    (loading.py), a GGUF re-quantized (requantize.py). `doing` names the work in the warning
+    that a broken copy is made again.
+
+    `build` writes into a temporary folder beside the target, which is renamed into place
+    with its manifest, so an interrupted build never leaves a folder that looks complete;
+    leftovers of killed builds are removed before the next one.
+
+    Raises:
+        ModelLoadError: the cache cannot be written (read-only, full, not a folder); `build`'s
+            own ModelLoadError (a source that cannot be read).
+    """
+    problem = manifest_problem(target, source, main_file, adopt)
+    if problem is None:
+        return target
+    models = target.parent
+    try:
+        models.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(models)
+        if target.exists():
+            log.warning("qrun: %s; %s it again", problem, doing)
+            _discard(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-{os.getpid()}-", dir=models))
+    except OSError as exc:
+        damaged = f"{problem}, and " if target.exists() else ""
+        raise ModelLoadError(f"{damaged}{cache_error(exc, models)}") from exc
+    try:
+        build(tmp)
+        write_manifest(tmp, source)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process finished the same build first; keep theirs.
+            if manifest_problem(target, source, main_file, adopt) is not None:
+                raise
+    except OSError as exc:
+        raise ModelLoadError(cache_error(exc, models)) from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _discard(folder: Path) -> None:
+    """Move a damaged folder out of the way first (a rename is atomic: no process sees it
+    half deleted), then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f"{folder.name}.discard-{os.getpid()}-",
+                                  dir=folder.parent))
+    os.replace(folder, trash / folder.name)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from qrun.functions import Functions
-from qrun.options import BACKENDS, DTYPES, ModelOptions
+from qrun.options import BACKENDS, DTYPES, GGUF_DTYPES, ModelOptions
 
 MODEL_HELP = "smollm2 (default), a .gguf file, a HF folder or a hub id (org/name)"
 
@@ -30,7 +30,10 @@ def add_model_flags(parser: argparse.ArgumentParser, *, model_help: str = MODEL_
                             help="with --url: how long a request waits for the server "
                                  "(default 30)")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", choices=DTYPES)
+    parser.add_argument("--dtype", choices=(*DTYPES, *GGUF_DTYPES, "auto"),
+                        help="the weights' type: float32 (default on the CPU), bfloat16 or "
+                             "float16; with --backend llamacpp, auto (the GGUF as shipped) or "
+                             "q8_0 (re-quantized once: faster prompts and batches)")
     if cache_mb is not None:
         parser.add_argument("--cache-mb", type=int, metavar="MB", help=cache_mb)
 

@@ -96,7 +96,7 @@ def test_a_hugging_face_folder_loads(tiny: TransformersBackend, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"backend": "vllm-x"}, "backend must be one of transformers, vllm, llamacpp, got 'vllm-x'"),
-     ({"dtype": "int3"}, "dtype must be float32, float16, bfloat16 or auto, got 'int3'")],
+     ({"dtype": "int3"}, "dtype must be float32, float16, bfloat16, q8_0 or auto, got 'int3'")],
 )
 def test_bad_options_are_usage_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message):

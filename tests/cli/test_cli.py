@@ -227,7 +227,8 @@ def test_options_that_need_another(tmp_path: Path, capsys: pytest.CaptureFixture
     (["--backend", "llamacpp", "--device", "cuda"], "hi",
      "--device cuda was asked for, but the llamacpp backend runs on the CPU"),
     (["--backend", "llamacpp", "--dtype", "float16"], "hi",
-     "--dtype does not apply to the llamacpp backend: the GGUF file's own quantisation is used"),
+     "--dtype float16 does not apply to the llamacpp backend: it runs the GGUF file's own "
+     "quantisation (auto) or a copy re-quantized to q8_0"),
     # The front matter's choice merged with the flags: named as the option it is.
     (["--backend", "llamacpp"], "---\ndevice: cuda\n---\nhi",
      "device cuda was asked for, but the llamacpp backend runs on the CPU"),

@@ -1,0 +1,162 @@
+"""What a batch costs on each backend (issue #37), and what the llama.cpp q8_0 copy costs in
+fidelity, in one run:
+
+    python -m bench.forward_cost [--backends transformers,llamacpp,llamacpp:q8_0]
+                                 [--repeat 7] [--no-fidelity] [--no-cost]
+
+Cost: one forward of N rows (N = 1, 4, 8, 16), each row one new token on its own 64-token
+context, against N one-row forwards of the same kind (median of --repeat, fresh tokens each
+time); what each drafted token adds to a one-token forward (1 + 4 tokens on one context: the
+backend's draft_cost); a 512-token prompt fed in one forward. Fidelity (`llamacpp:q8_0`
+against the shipped GGUF): mean and p99 KL of the next-token distributions over 2,048 tokens
+of docs/language.md, top-1 agreement, and the greedy outputs of every example template (the
+cases of examples/NAME.tests.yaml) and of the bench workloads (their inputs): how many
+change. One JSON object per line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import qrun
+from qrun.backends import Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = ROOT / "docs/language.md"  # 2,048 tokens of English, tables and code
+ROWS = (1, 4, 8, 16)
+CONTEXT = 64
+
+
+def load(spec: str) -> Backend:
+    """`transformers`, `llamacpp` (the GGUF as shipped) or `llamacpp:q8_0`; no prefix cache,
+    so every forward is computed."""
+    backend, _, dtype = spec.partition(":")
+    return qrun.load_model("smollm2", backend=backend, dtype=dtype or None, cache_mb=0)
+
+
+def cost(spec: str, repeat: int) -> dict[str, Any]:
+    model = load(spec)
+    batch = model.batch_forward()
+    assert batch is not None, f"{spec} has no batched forward"
+    ids = model.encode(TEXT.read_text())
+    row: dict[str, Any] = {"backend": spec, "dtype": model.dtype}
+    token = iter(ids[CONTEXT:])  # a fresh token for every row of every forward
+    for n in ROWS:
+        caches = []
+        for i in range(n):
+            cache = model.new_cache()
+            model.forward(ids[i:i + CONTEXT], cache)
+            caches.append(cache)
+        together, apart = [], []
+        for _ in range(repeat):
+            tokens = [next(token) for _ in range(n)]
+            started = time.perf_counter()
+            if n == 1:
+                model.forward(tokens, caches[0])
+            else:
+                batch.forward_batch([([t], c) for t, c in zip(tokens, caches, strict=True)])
+            together.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            for t, c in zip(tokens, caches, strict=True):
+                model.forward([t], c)
+            apart.append(time.perf_counter() - started)
+        row[f"rows{n}_ms"] = round(statistics.median(together) * 1000, 2)
+        row[f"rows{n}_apart_ms"] = round(statistics.median(apart) * 1000, 2)
+    for n in ROWS[1:]:
+        row[f"rows{n}_vs_apart"] = round(row[f"rows{n}_ms"] / row[f"rows{n}_apart_ms"], 3)
+        row[f"rows{n}_vs_one"] = round(row[f"rows{n}_ms"] / row["rows1_ms"], 2)
+    # What each drafted token adds to a forward (Capabilities.draft_cost): 1 + 4 tokens on one
+    # context against 1 token.
+    one, five = [], []
+    cache = model.new_cache()
+    model.forward(ids[:CONTEXT], cache)
+    for _ in range(repeat):
+        for times, width in ((one, 1), (five, 5)):
+            tokens = [next(token) for _ in range(width)]
+            started = time.perf_counter()
+            model.forward(tokens, cache, width)
+            times.append(time.perf_counter() - started)
+    ratio = statistics.median(five) / statistics.median(one)
+    row["draft_cost"] = round((ratio - 1) / 4, 3)
+    prompts = []
+    for i in range(3):
+        started = time.perf_counter()
+        model.forward(ids[1000 + i:1512 + i], model.new_cache())
+        prompts.append(time.perf_counter() - started)
+    row["prompt512_ms"] = round(statistics.median(prompts) * 1000, 1)
+    model.clear_cache()
+    return row
+
+
+def next_token_kl(reference: Backend, other: Backend, tokens: int = 2048) -> dict[str, Any]:
+    ids = [reference.start_token_id, *reference.encode(TEXT.read_text())[:tokens - 1]]
+    p = _log_softmax(reference.forward(ids, reference.new_cache(), len(ids)))
+    q = _log_softmax(other.forward(ids, other.new_cache(), len(ids)))
+    kl = (np.exp(p) * (p - q)).sum(-1)
+    return {"tokens": len(ids), "mean_kl": round(float(kl.mean()), 5),
+            "p99_kl": round(float(np.quantile(kl, 0.99)), 4),
+            "top1_agree": round(float((p.argmax(-1) == q.argmax(-1)).mean()), 4)}
+
+
+def _log_softmax(logits: Any) -> Any:
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def greedy_outputs(reference: Backend, other: Backend) -> dict[str, Any]:
+    """Every example template's cases (examples/NAME.tests.yaml: inputs and fills, with the
+    host functions of examples/NAME.py) and every bench workload's inputs, run greedily on
+    both models: which outputs differ."""
+    from bench.workloads import WORKLOADS
+    from qrun.cli.functions_file import load_functions
+    from qrun.testing.cases import cases_file_of, load_cases
+
+    runs: list[tuple[str, qrun.Query, dict[str, Any], dict[str, Any]]] = []
+    for template in sorted((ROOT / "examples").glob("*.tmpl")):
+        functions_file = template.with_suffix(".py")
+        functions = load_functions(str(functions_file)) if functions_file.is_file() else None
+        query = qrun.Query.from_file(template, functions=functions)
+        cases = cases_file_of(template)
+        for case in load_cases(cases) if cases.is_file() else []:
+            runs.append((f"{template.name}:{case.name}", query, case.inputs, case.fill))
+    for name, workload in WORKLOADS.items():
+        query = qrun.Query(workload.template())
+        for i, inputs in enumerate(workload.inputs):
+            runs.append((f"bench:{name}#{i}", query, dict(inputs), {}))
+    changed = []
+    for name, query, inputs, fill in runs:
+        texts = [query.run(inputs, model=model, temperature=0, fill=fill or None).text
+                 for model in (reference, other)]
+        if texts[0] != texts[1]:
+            changed.append(name)
+    return {"runs": len(runs), "changed": len(changed),
+            "unchanged_share": round(1 - len(changed) / len(runs), 3), "changed_runs": changed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default="transformers,llamacpp,llamacpp:q8_0")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--no-fidelity", action="store_true")
+    parser.add_argument("--no-cost", action="store_true")
+    args = parser.parse_args()
+    for spec in [] if args.no_cost else args.backends.split(","):
+        print(json.dumps(cost(spec, args.repeat)), flush=True)
+    if not args.no_fidelity:
+        shipped, q8 = load("llamacpp"), load("llamacpp:q8_0")
+        print(json.dumps({"fidelity": "llamacpp:q8_0 vs llamacpp",
+                          **next_token_kl(shipped, q8)}), flush=True)
+        print(json.dumps({"greedy": "llamacpp:q8_0 vs llamacpp",
+                          **greedy_outputs(shipped, q8)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
