@@ -54,8 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="vllm: the workloads on the in-process vLLM backend against raw vLLM "
                         "generate and the transformers backend (bench/vllm_suite.py); "
                         "llamacpp: the same against raw llama.cpp (bench/llamacpp_suite.py)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"),
-                   help="with --backend vllm: the dtype of both backends (default: qrun's)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "q8_0"),
+                   help="with --backend vllm: the dtype of both backends (default: qrun's); "
+                        "with --backend llamacpp, q8_0: qrun and guidance on the "
+                        "re-quantized copy (docs/internals.md §10)")
     p.add_argument("--profile", action="store_true",
                    help="also run qrun once more under cProfile per workload (not timed) and "
                         "print the top functions to stderr")
@@ -154,12 +156,13 @@ def _main_llamacpp(args: argparse.Namespace, progress: Any) -> int:
     from bench.llamacpp_suite import run_llamacpp_suite
 
     names = [n for n in dict.fromkeys(args.workload or WORKLOADS) if n in WORKLOADS]
-    out = run_llamacpp_suite(names, args.repeat, progress)
+    out = run_llamacpp_suite(names, args.repeat, progress, args.dtype)
     if not args.no_write:
         # A run with the default thread count, and one per other count (QRUN_LLAMACPP_THREADS):
         # which is faster depends on how busy the machine is (docs/language.md §18).
         given = os.environ.get("QRUN_LLAMACPP_THREADS")
-        store_suite(f"llamacpp-{given}threads" if given else "llamacpp", out, progress)
+        key = f"llamacpp-{given}threads" if given else "llamacpp"
+        store_suite(f"{key}-{args.dtype}" if args.dtype else key, out, progress)
     return _print_suite(args, names, out, "llamacpp", f"llamacpp {out['machine']['dtype']}",
                         "llama.cpp", "llamacpp")
 

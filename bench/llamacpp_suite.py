@@ -164,8 +164,11 @@ def _guidance_row(workload: Workload, peer: GuidancePeer, answers: list[dict[str
             "constrained_values_valid": _valid(workload, answers[-1]["values"])}
 
 
-def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) -> dict[str, Any]:
-    """Every named workload on the transformers backend, then on llama.cpp (one process)."""
+def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress,
+                       dtype: str | None = None) -> dict[str, Any]:
+    """Every named workload on the transformers backend, then on llama.cpp (one process):
+    the shipped GGUF, or with `dtype` q8_0 its re-quantized copy, which guidance then runs
+    too (qrun/backends/requantize.py)."""
     from bench.report import machine
     from bench.workloads import WORKLOADS
     from qrun.backends.llama_threads import llama_threads
@@ -179,13 +182,13 @@ def run_llamacpp_suite(names: Sequence[str], repeat: int, progress: Progress) ->
         reference[name] = time_transformers(WORKLOADS[name], transformers_backend, repeat)
         reference[name]["transformers_dtype"] = transformers_backend.dtype
     del transformers_backend
-    backend = qrun.load_model("smollm2", backend="llamacpp")
+    backend = qrun.load_model("smollm2", backend="llamacpp", dtype=dtype)
     progress(f"llamacpp backend loaded in {backend.load_s:.1f} s ({backend.dtype})")
     out["machine"] = {**machine(None), "dtype": backend.dtype, "llamacpp": _version(),
                       "llamacpp_load_s": round(backend.load_s, 2),
                       "threads": llama_threads()}
     python = os.environ.get("QRUN_BENCH_GUIDANCE_PYTHON")
-    peer = GuidancePeer(python, names, out["machine"]["threads"]) if python else None
+    peer = GuidancePeer(python, names, out["machine"]["threads"], dtype) if python else None
     if peer is not None:
         progress(f"guidance on llama.cpp ({python}, guidance {peer.version}): alternating")
     try:
@@ -208,14 +211,19 @@ class GuidancePeer:
     """guidance on llama.cpp, serving passes on request: bench/guidance_runner.py kept running
     in `python` (guidance's own environment), so its passes can alternate with qrun's."""
 
-    def __init__(self, python: str, names: Sequence[str], threads: int) -> None:
+    def __init__(self, python: str, names: Sequence[str], threads: int,
+                 dtype: str | None = None) -> None:
         from bench.workloads import WORKLOADS
         from qrun.backends import locate_model
+        from qrun.backends.requantize import requantized
 
         location = locate_model("smollm2")
+        gguf = Path(location.path) / str(location.gguf_file)
+        if dtype is not None:  # the same weights as qrun's
+            gguf = requantized(gguf, dtype)
         programs = {name: [_steps_json(WORKLOADS[name].steps(inputs))
                            for inputs in WORKLOADS[name].inputs] for name in names}
-        job = {"gguf": str(Path(location.path) / str(location.gguf_file)), "threads": threads,
+        job = {"gguf": str(gguf), "threads": threads,
                "n_ctx": 4096, "programs": programs}
         self.version = _guidance_version(python)
         runner = Path(__file__).with_name("guidance_runner.py")
