@@ -12,7 +12,6 @@ import errno
 import importlib.util
 import io
 import json
-import logging
 import re
 import threading
 from collections.abc import Iterator
@@ -42,7 +41,6 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 # own requests retry five times with back-off (54 s measured here without a network).
 HUB_TIMEOUT_S = 5.0
 
-log = logging.getLogger("qrun")
 
 
 @dataclass(frozen=True, slots=True)

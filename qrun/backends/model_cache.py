@@ -1,7 +1,8 @@
-"""The model cache's bookkeeping, below backends/loading.py: the manifest a converted model
-folder carries (what it was made from, and each file's size and BLAKE3 checksum), the checks
-run on every load, structural checks of a safetensors file, clearing the leftovers of killed
-conversions, and one-line messages for a cache that cannot be written. Whole files are hashed:
+"""The model cache's bookkeeping, below backends/loading.py and backends/requantize.py: a
+folder made once from a source (build_once: atomically, with a manifest of what it was made
+from and each file's size and BLAKE3 checksum), the checks run on every load, structural
+checks of a safetensors file, clearing the leftovers of killed builds, and one-line messages
+for a cache that cannot be written. Whole files are hashed:
 a weights file with bytes flipped in its middle loaded silently and changed the output when
 only its first and last MiB were (BLAKE3 over SmolLM2's 538 MB file: 0.09 s on this 2-core
 machine from the page cache, 0.40 s on one thread; SHA-256 took 0.53 s)."""
