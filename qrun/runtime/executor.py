@@ -437,13 +437,17 @@ class Run:
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""
-        text, typed, description = self._check_gen_fill(op, value)
+        text, typed, description, stop = self._check_gen_fill(op, value)
         record = GenRecord(op.name, typed, text, start=len(self.session.token_ids),
-                           finish="filled", constraint=description)
+                           finish="filled", constraint=description, stop=stop)
         self._emit_filled(op, record, description)
 
-    def _check_gen_fill(self, op: ir.Gen, value: Any) -> tuple[str, Any, str | None]:
-        """The text, typed value and constraint description of a known value for `op`.
+    def _check_gen_fill(self, op: ir.Gen, value: Any
+                        ) -> tuple[str, Any, str | None, str | None]:
+        """The text, typed value and constraint description of a known value for `op`, and
+        the stop string it ends with where the hole keeps its stop (keep_stop=true): what the
+        hole reports as its `stop` had the model written the same text, so `holes.NAME.stop`
+        reads alike either way (docs/language.md §16.1).
 
         Raises:
             InputError: the value does not fit the hole (runtime/fills.py check_gen_fill).
@@ -464,7 +468,8 @@ class Run:
         text = fill_text(op.name, value, spec)
         typed = check_gen_fill(op, text, spec, cursor, args.stop, args.keep_stop,
                                args.max_tokens, len(self.backend.encode(text)), self.source)
-        return text, typed, spec.description if spec is not None else None
+        stop = next((s for s in args.stop if text.endswith(s)), None) if args.keep_stop else None
+        return text, typed, spec.description if spec is not None else None, stop
 
     def _emit_filled(self, op: ir.Gen | ir.Select, record: HoleRecord,
                      constraint: str | None) -> None:

@@ -240,3 +240,21 @@ def test_an_output_that_does_not_fit_is_an_error_at_its_hole(tiny: TransformersB
             qrun.Query(changed).run(model=tiny, fill={"a": 3})
         assert wrong in info.value.message
         assert (info.value.span.line, info.value.span.column) == place
+
+
+def test_a_filled_value_that_keeps_its_stop_reports_it_as_the_generated_one_does(
+        tiny: TransformersBackend) -> None:
+    # issue #38: with keep_stop=true, the same text filled or generated ends on its stop, so
+    # the template reads `holes.NAME.stop` alike and takes the same path.
+    template = ('Colour:{{ gen c stop="." keep_stop=true max_tokens=6 heal=false }}'
+                '{% if holes.c.stop %} (ended on {{ holes.c.stop }}){% endif %}')
+    tokens = tiny.encode(" Blue.")
+    generated = qrun.Query(template).run(
+        model=SteeredModel(tiny, script(len(tiny.encode("Colour:")), tokens), "scripted"))
+    assert generated["c"] == " Blue." and generated.holes["c"].finish == "stop"
+    filled = qrun.Query(template).run(model=tiny, fill={"c": " Blue."})
+    assert filled.holes["c"].finish == "filled"
+    assert filled.holes["c"].stop == generated.holes["c"].stop == "."
+    assert filled.text == generated.text == "Colour: Blue. (ended on .)"
+    # A value that does not end on a stop reports none, as a hole ended by max_tokens does.
+    assert qrun.Query(template).run(model=tiny, fill={"c": " Blue"}).holes["c"].stop is None
