@@ -242,8 +242,11 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.check:
         holes = len(query.program.captures)
+        # An input a run may leave out (a default, `is defined`) is listed too, marked so.
+        names = [*query.inputs, *(f"{name} (optional)"
+                                  for name in query.program.optional_inputs)]
         print(f"{args.file}: ok ({holes} hole{'' if holes == 1 else 's'}, inputs: "
-              f"{', '.join(query.inputs) or 'none'})")
+              f"{', '.join(names) or 'none'})")
         return EXIT_OK
     inputs, typed_strings = _inputs(args)
     _read_as_declared(query, inputs, typed_strings)

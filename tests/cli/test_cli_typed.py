@@ -57,7 +57,7 @@ def test_check_reports_an_unproven_output_at_the_hole(
 
 def test_check_of_a_typed_template(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([write(tmp_path, TYPED), "--check"]) == 0
-    assert "ok (1 hole, inputs: name)" in capsys.readouterr().out
+    assert "ok (1 hole, inputs: name, count (optional), tags (optional))" in capsys.readouterr().out
 
 
 def test_fill_gives_a_hole_its_value(tmp_path: Path, tiny_folder: str,
@@ -88,3 +88,14 @@ def test_bad_fill_exits_2(tmp_path: Path, tiny_folder: str, fill: str, message: 
     assert main([template, "--model", tiny_folder, "--fill", fill]) == 2
     err = capsys.readouterr().err
     assert message in err and "internal error" not in err
+
+
+def test_check_lists_inputs_that_have_defaults_as_optional(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38: every input typed with a default printed "inputs: none".
+    template = write(tmp_path, '---\ninputs:\n  name: {type: string, default: "Ada"}\n'
+                               "  n: {type: integer, default: 2}\n---\n"
+                               "Hi {{ name }} x{{ n }}: {{ gen a max_tokens=2 }}")
+    assert main([template, "--check"]) == 0
+    assert capsys.readouterr().out == (
+        f"{template}: ok (1 hole, inputs: name (optional), n (optional))\n")
