@@ -74,6 +74,9 @@ class LoopInfo:
 
 
 LOOP_FIELDS = ("index", "index0", "first", "last", "length", "revindex", "revindex0")
+HOLE_ENDING_FIELDS = ("finish", "stop", "text")
+"""What `holes.NAME` holds for a hole that ended (docs/language.md §7.6; runtime/executor.py
+builds it)."""
 
 
 class Calls(Protocol):

@@ -13,7 +13,7 @@ from qrun.errors import TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast
 from qrun.lang import expr as ex
 from qrun.lang.builtins import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
-from qrun.lang.evaluate import LOOP_FIELDS
+from qrun.lang.evaluate import HOLE_ENDING_FIELDS, LOOP_FIELDS
 from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.signature import Signature
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
@@ -230,6 +230,14 @@ class NameResolver:
     def attr(self, obj: ex.Expr, attr: str, span: Span, ctx: Context) -> None:
         if attr.startswith("_"):
             self.fail(f"attributes starting with '_' are not allowed: '{attr}'", span)
+        elif isinstance(obj, ex.Attr) and isinstance(obj.obj, ex.Name) \
+                and obj.obj.name == "holes" and attr not in HOLE_ENDING_FIELDS:
+            # `holes` is reserved (check_new_name), so this is always how a hole ended.
+            self.fail(f"'holes.{obj.attr}' has no attribute '{attr}'", span,
+                      *suggest(attr, HOLE_ENDING_FIELDS),
+                      "how a hole ended: " + ", ".join(HOLE_ENDING_FIELDS)
+                      + " (docs/language.md §7.6; a select's option probabilities are in "
+                        "the run's result)")
         elif isinstance(obj, ex.Name) and obj.name == "loop" and "loop" in ctx.locals \
                 and attr not in LOOP_FIELDS:
             self.fail(f"'loop' has no attribute '{attr}'", span,

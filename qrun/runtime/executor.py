@@ -522,7 +522,7 @@ class Run:
 
     def _capture(self, name: str, record: HoleRecord, in_loop: bool) -> None:
         ending = {"finish": record.finish, "stop": getattr(record, "stop", None),
-                  "text": record.text}
+                  "text": record.text}  # lang/evaluate.py HOLE_ENDING_FIELDS, which --check knows
         if in_loop:
             self.vars[name].append(record.value)
             self.hole_lists[name].append(record)

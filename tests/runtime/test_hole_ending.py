@@ -129,10 +129,21 @@ def test_keep_going_until_a_stop_fired(tiny: TransformersBackend) -> None:
     ("{% for x in [1] %}{{ holes.x.finish }}{% endfor %}{{ gen x }}",
      "'x' is used before it is captured", 22),
     ("{{ gen holes }}", "'holes' is reserved", 8),
+    # issue #38: passed --check and failed at run time, after the model ran
+    ('{{ select c options=["a", "b"] }}{{ holes.c.option_probs }}',
+     "'holes.c' has no attribute 'option_probs'", 37),
+    ("{{ gen a }}{{ holes.a.finsh }}", "'holes.a' has no attribute 'finsh'", 15),
 ])
 def test_holes_are_checked_when_the_template_compiles(template: str, message: str,
                                                       column: int) -> None:
     check_the_one_error(template, message, column)
+
+
+def test_every_field_check_knows_is_in_a_hole_ending(tiny: TransformersBackend) -> None:
+    from qrun.lang.evaluate import HOLE_ENDING_FIELDS
+
+    ending = qrun.Query("{{ gen a max_tokens=2 }}{{ holes.a | tojson }}").run(model=tiny)
+    assert sorted(json.loads(ending.text[len(ending["a"]):])) == sorted(HOLE_ENDING_FIELDS)
 
 
 def test_is_defined_guards_a_hole_on_some_paths(tiny: TransformersBackend) -> None:
