@@ -498,6 +498,8 @@ class ExprBuilder:
     def compound(self, data: str, kids: list[Item], sub: list[ex.Expr], span: Span) -> ex.Expr:
         if data == "cond":
             return ex.Cond(sub[0], sub[1], sub[2], span)
+        if data == "cond_no_else":  # Jinja renders the missing branch as the empty string
+            return ex.Cond(sub[0], sub[1], ex.Const("", span), span)
         if data in ("or_test", "and_test"):
             return ex.BoolOp("or" if data == "or_test" else "and", tuple(sub), span)
         if data == "not_op":
