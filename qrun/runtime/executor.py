@@ -553,6 +553,11 @@ class Run:
         items = list(items)
         names = (*op.targets, "loop")
         saved = {k: self.scope[k] for k in names if k in self.scope}
+        # Jinja's scoping: a `set` in the body binds for the rest of that round only; every
+        # round, and the template after the loop, sees the values from before it
+        # (`{% set xs = xs + [i] %}` leaves xs as it was; docs/language.md §5).
+        local = {o.name for o in ir.walk(op.body) if isinstance(o, ir.Set)} - set(names)
+        before = {k: self.scope[k] for k in local if k in self.scope}
         for index, item in enumerate(items):
             self.budget.step(op.span)
             bind_targets(self.scope, op.targets, item, op.span, self.source)
@@ -563,6 +568,10 @@ class Run:
                 continue
             except _Break:
                 break
+            finally:
+                for key in local:
+                    self.scope.pop(key, None)
+                self.scope.update(before)
         for key in names:
             self.scope.pop(key, None)
         self.scope.update(saved)

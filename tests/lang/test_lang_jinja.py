@@ -399,3 +399,4 @@ def test_a_conditional_without_else_is_the_empty_string_when_false(
     # issue #38: Jinja allows `x if c` (its missing branch renders as ""); qrun said only
     # "expected 'else'". The expected texts are what jinja2 3.1 renders.
     assert text_of(text, flag=flag) == expected
+

@@ -359,3 +359,13 @@ def test_a_stop_list_from_a_host_function_may_be_a_tuple(tiny: TransformersBacke
     query = qrun.Query("Say: {{ gen a stop=stops() max_tokens=4 }}",
                        functions={"stops": lambda: ("\n", ".")})
     assert isinstance(query.run(model=tiny)["a"], str)
+
+
+def test_a_set_in_a_for_body_is_local_to_its_round_as_in_jinja(tiny: TransformersBackend
+                                                               ) -> None:
+    # issue #38: qrun left xs = [0, 1, 2] after the loop; jinja2 3.1 renders "([0])([1])([2])[]".
+    # A while body's sets persist: its test must see them change.
+    template = ("{% set xs = [] %}{% for i in range(3) %}{% set xs = xs + [i] %}({{ xs }})"
+                "{% if i == 1 %}{% set last = i %}{% endif %}{% endfor %}{{ xs }}"
+                "{% set n = 0 %}{% while n < 2 %}{% set n = n + 1 %}{% endwhile %} n={{ n }}")
+    assert run(tiny, template).text == "([0])([1])([2])[] n=2"
