@@ -450,6 +450,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--batch-size runs lines of --inputs together: give --inputs too")
     if args.trace and args.inputs:
         raise UsageError("--trace writes one run's trace: use it without --inputs")
+    if args.inputs == "-" and args.vars == "-":  # the first would leave the other nothing
+        raise UsageError("--inputs - and --vars - both read standard input: give one of them "
+                         "a file")
     if args.trace and not args.trace.lower().endswith((".html", ".htm", ".json")):
         raise UsageError(f"--trace {args.trace}: the file must end in .html or .json")
     rows = args.json or args.inputs

@@ -211,6 +211,8 @@ def test_bad_batch_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     (["--timeout", "5"], "--timeout is how long a request waits for a vLLM server: it needs --url"),
     (["--backend", "vllm", "--url", "http://127.0.0.1:9", "--timeout", "0"],
      "--timeout must be > 0 seconds"),
+    # issue #38: the first read all of standard input, the run answered no line and exit 0
+    (["--inputs", "-", "--vars", "-"], "--inputs - and --vars - both read standard input"),
 ])
 def test_options_that_need_another(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    args: list[str], message: str) -> None:
