@@ -15,6 +15,7 @@ rows."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from qrun.backends.llama_threads import llama_threads
@@ -35,9 +36,9 @@ def requantized(gguf: Path, dtype: str) -> Path:
         ModelLoadError: the cache cannot be written, or llama.cpp cannot read `gguf`.
     """
     source = {**source_of(gguf, REQUANTIZE_VERSION), "dtype": dtype}
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|{REQUANTIZE_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    # Named by what it is made from (the manifest records the same): another source file,
+    # version or dtype is another folder.
+    digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
     target = cache_dir() / "models" / f"{gguf.stem}-{dtype}-{digest}"
 
     def build(folder: Path) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.constraint.lru import Lru
+from qrun.constraint.past import Past, rolled_back
 from qrun.constraint.vocab import Vocabulary
 
 # Prefix masks kept per vocabulary: the healed text is nearly always one of a few strings
@@ -60,11 +61,6 @@ class PrefixMasks:
         return self._everything
 
 
-# What a HealCursor had left to produce before each token, newest first (regex_index.py's
-# MaskCursor keeps its states so): shared by copies.
-_Past = tuple[bytes, "_Past"] | None
-
-
 class HealCursor:
     """The cursor of an unconstrained hole whose first bytes must be `prefix` (the healed
     text): masks tokens until the prefix is produced, then allows every ordinary token."""
@@ -73,7 +69,7 @@ class HealCursor:
         self.masks = masks
         self.prefix = prefix
         self.remaining = prefix
-        self.past: _Past = None
+        self.past: Past = None  # what it had left before each token (past.py)
 
     def copy(self) -> HealCursor:
         clone = HealCursor(self.masks, self.prefix)
@@ -114,11 +110,4 @@ class HealCursor:
         return True
 
     def rollback(self, tokens: int) -> None:
-        if tokens < 0:
-            raise ValueError(f"cannot roll back {tokens} tokens")
-        remaining, past = self.remaining, self.past
-        for _ in range(tokens):
-            if past is None:
-                raise ValueError(f"cannot roll back {tokens} tokens: fewer were consumed")
-            remaining, past = past
-        self.remaining, self.past = remaining, past
+        self.remaining, self.past = rolled_back(self.remaining, self.past, tokens)

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.constraint.lru import Lru
+from qrun.constraint.past import Past, rolled_back
 from qrun.constraint.vocab import TokenTrie, Vocabulary
 from qrun.regex.dfa import (
     UNREACHABLE,
@@ -326,20 +327,14 @@ def _walk(
     return np.concatenate(out_rows), np.concatenate(out_tokens), np.concatenate(out_ends)
 
 
-# The states a cursor went through, newest first, as nested pairs (state, the ones before): a
-# copy shares them, so forking a cursor stays O(1) however long its hole (the runtime forks
-# one at every step it drafts or fast-forwards, runtime/generate.py).
-_Past = tuple[int, "_Past"] | None
-
-
 class MaskCursor:
     """Where one hole is inside its constraint: the current DFA state over a shared TokenIndex,
-    and the states before it (a DFA cannot go back by itself: `rollback`). Mutable and cheap;
-    one per hole (fork with `copy`)."""
+    and the states before it (past.py; a DFA cannot go back by itself: `rollback`). Mutable
+    and cheap; one per hole (fork with `copy`)."""
 
     __slots__ = ("index", "state", "past")
 
-    def __init__(self, index: TokenIndex, state: int, past: _Past = None) -> None:
+    def __init__(self, index: TokenIndex, state: int, past: Past = None) -> None:
         self.index = index
         self.state = state
         self.past = past
@@ -398,14 +393,7 @@ class MaskCursor:
         Raises:
             ValueError: more steps than were taken (no change then), or a negative count.
         """
-        if tokens < 0:
-            raise ValueError(f"cannot roll back {tokens} tokens")
-        state, past = self.state, self.past
-        for _ in range(tokens):
-            if past is None:
-                raise ValueError(f"cannot roll back {tokens} tokens: fewer were consumed")
-            state, past = past
-        self.state, self.past = state, past
+        self.state, self.past = rolled_back(self.state, self.past, tokens)
 
     def forced_bytes(self) -> bytes:
         """Bytes every completion must continue with (fast-forward; docs/internals.md §6.1)."""
