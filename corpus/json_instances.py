@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from qrun.constraint.grammar.schema import pointer_target
 from qrun.constraint.vocab import Vocabulary
 
 __all__ = [
@@ -317,16 +318,9 @@ def _subschemas(schema: Any, root: Any, key: str) -> list[Any]:
 
 
 def _resolve(root: Any, ref: str) -> Any:
-    node = root
-    for part in ref[1:].split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return {}
-    return node
+    """The subschema a local `$ref` ("#/...") names; {} where it leads nowhere."""
+    node = pointer_target(root, ref[1:].split("/")[1:])
+    return {} if node is None else node
 
 
 def dumps(value: Any, item_separator: str = ", ", key_separator: str = ": ") -> str:
