@@ -116,3 +116,26 @@ def smol_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def smol_vocab(smol_tokenizer: Any) -> Vocabulary:
     return vocabulary_of(smol_tokenizer)
+
+
+# --- the vllm tier (tests marked `vllm`: their own pytest process, Makefile) ---------------------
+# One in-process engine and one `vllm serve` for the whole tier, shared by every module that
+# needs them: each start costs 15-40 s of CPU on this machine.
+
+@pytest.fixture(scope="session")
+def vllm_engine() -> Iterator[Any]:
+    """The default model on vLLM's in-process engine."""
+    import qrun
+
+    backend = qrun.load_model("smollm2", backend="vllm")
+    yield backend
+    backend.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def vllm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `vllm serve` of the default model on 127.0.0.1 (tests/vllm_serving.py)."""
+    from tests.vllm_serving import vllm_serve
+
+    with vllm_serve(tmp_path_factory.mktemp("vllm-serve")) as url:
+        yield url

@@ -30,7 +30,7 @@ import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.constraint.patterns import PATTERNS
 from qrun.errors import ConstraintError, GenerationError, ModelLoadError
-from tests.vllm_serving import free_port, vllm_serve
+from tests.vllm_serving import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -40,22 +40,20 @@ AGREEMENT: dict[str, list[str]] = {"local": [], "server": []}
 
 
 @pytest.fixture(scope="module")
-def vllm_local() -> Iterator[Any]:
-    backend = qrun.load_model("smollm2", backend="vllm")
+def vllm_local(vllm_engine: Any) -> Any:
+    return vllm_engine
+
+
+@pytest.fixture(scope="module")
+def vllm_url(vllm_server_url: str) -> str:
+    return vllm_server_url
+
+
+@pytest.fixture(scope="module")
+def vllm_remote(vllm_url: str) -> Iterator[Any]:
+    backend = qrun.load_model("smollm2", backend="vllm", url=vllm_url)
     yield backend
-    backend.close()
-
-
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `vllm serve` of the default model on 127.0.0.1, stopped at the end."""
-    with vllm_serve(tmp_path_factory.mktemp("vllm-serve")) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def vllm_remote(vllm_url: str) -> Any:
-    return qrun.load_model("smollm2", backend="vllm", url=vllm_url)
+    backend.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ and the greedy call is the transformers backend's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -26,10 +25,8 @@ CHAT = ("{% system tools=tools %}Use a tool.{% endsystem %}{% user %}Weather in 
 
 
 @pytest.fixture(scope="module")
-def vllm_local() -> Iterator[Any]:
-    backend = qrun.load_model("smollm2", backend="vllm")
-    yield backend
-    backend.close()
+def vllm_local(vllm_engine: Any) -> Any:
+    return vllm_engine
 
 
 def check(value: Any) -> None:

@@ -40,7 +40,9 @@ def load_model(
     `backend` "vllm" runs the model on vLLM's engine in this process (an optional extra:
     `make vllm`), or, with `url`, sends the holes to an OpenAI-compatible `vllm serve` at
     that address; the local model named then gives the tokenizer, which must be the server's,
-    and each request waits at most `timeout` seconds (default 30) for the server's answer.
+    and each request waits at most `timeout` seconds (default 600, as the openai SDK) for the
+    server's answer (5 s at most to connect; retried twice on a refused connection or a 429,
+    502, 503 or 504).
 
     `backend` "llamacpp" runs a GGUF file (the default model's included) on llama.cpp in this
     process (an optional extra: `make llamacpp`), with the GGUF's own tokenizer; it needs a

@@ -11,38 +11,23 @@ constraint is an error, never a silently wrong result."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from qrun.backends.base import Capabilities, Completion, HoleSampler, PromptScorer, ScoredRows
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos, load_tokenizer
-from qrun.errors import BackendError, ModelLoadError
+from qrun.backends.server_http import REQUEST_TIMEOUT_S, ServerClient, ServerError
+from qrun.errors import ModelLoadError
 
-# A request waits this long for the server's answer unless told otherwise (a busy server queues
-# requests; a hole of 128 tokens takes seconds on a CPU server).
-REQUEST_TIMEOUT_S = 30.0
-# A reply larger than this is not a completion of one hole.
-MAX_REPLY_BYTES = 64 << 20
+__all__ = ["REQUEST_TIMEOUT_S", "ServerError", "VllmServerBackend", "connect_vllm_server"]
 
 
 # Only llguidance reads a `%llguidance` line: a server that samples under this grammar runs
 # llguidance for grammars (vLLM's default "auto" mode sends what xgrammar refuses there, the
 # "guidance" mode everything; "xgrammar" or "outlines" refuse it).
 _PROBE_GRAMMAR = '%llguidance {}\nstart: "a"\n'
-
-
-class ServerError(BackendError):
-    """The server refused or failed a request (the message carries its own); `status` is the
-    HTTP status of a refusal."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class VllmServerBackend(HFTokenizerMixin):
@@ -52,11 +37,11 @@ class VllmServerBackend(HFTokenizerMixin):
 
     capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
-    def __init__(self, url: str, model_id: str, tokenizer: Any, name: str,
+    def __init__(self, client: ServerClient, model_id: str, tokenizer: Any, name: str,
                  eos: Sequence[int], vocab_size: int, load_s: float = 0.0,
-                 max_context: int | None = None, timeout: float = REQUEST_TIMEOUT_S) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
+                 max_context: int | None = None) -> None:
+        self.client = client
+        self.url = client.base_url
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.name = name
@@ -107,6 +92,8 @@ class VllmServerBackend(HFTokenizerMixin):
         reply = self._post(body)
         choice = self._first_choice(reply)
         token_ids = self._token_ids(choice.get("token_ids"))
+        if len(token_ids) > max_tokens:
+            raise self._bad(f"{len(token_ids)} tokens for max_tokens {max_tokens}")
         logprobs = self._logprobs(choice.get("logprobs"), len(token_ids))
         reason = choice.get("finish_reason")
         if reason is not None and not isinstance(reason, str):
@@ -117,7 +104,7 @@ class VllmServerBackend(HFTokenizerMixin):
             finish = "eos"
         elif finish == "stop" and choice.get("stop_reason") is None:
             finish = "eos"  # ended by an end-of-sequence token it did not return
-        computed, cached = self._usage(reply)
+        computed, cached = self._usage(reply, len(prompt), max_tokens)
         return Completion(token_ids, logprobs[: len(token_ids)], finish, computed, cached)
 
     def reads_llguidance(self) -> bool:
@@ -155,18 +142,18 @@ class VllmServerBackend(HFTokenizerMixin):
             raise self._bad(f"{_count(choices)} choices for {len(rows)} prompts")
         out: list[list[float] | None] = [None] * len(rows)
         for choice in choices:
-            index = _count_of(choice, "index") if isinstance(choice, dict) else -1
-            if not 0 <= index < len(rows) or out[index] is not None or "index" not in choice:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if not _is_int(index) or not 0 <= index < len(rows) or out[index] is not None:
                 raise self._bad("a choice with a missing or repeated index")
             out[index] = self._prompt_logprobs(choice.get("prompt_logprobs"), len(context),
                                                rows[index])
-        computed, cached = self._usage(reply)
+        computed, cached = self._usage(reply, sum(len(context) + len(r) for r in rows), len(rows))
         return ScoredRows([row or [] for row in out], computed, cached)
 
     # ---- replies are data: checked before anything else reads them ---------------------------
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        return _request(self.url + "/v1/completions", body, self.timeout)
+        return self.client.post("/v1/completions", body)
 
     def _bad(self, what: str) -> ServerError:
         return ServerError(f"the vLLM server at {self.url} answered with {what}")
@@ -221,28 +208,51 @@ class VllmServerBackend(HFTokenizerMixin):
             out.append(logprob)
         return out
 
-    def _usage(self, reply: dict[str, Any]) -> tuple[int, int]:
-        """(positions computed, positions served from the prefix cache) from the usage block;
-        the cached count needs a server started with --enable-prompt-tokens-details."""
+    def _usage(self, reply: dict[str, Any], prompt_tokens: int,
+               max_completion: int) -> tuple[int, int]:
+        """(positions computed, positions served from the prefix cache) from the usage block,
+        checked: counts are integers, the prompt is the one sent, the completion within its
+        max_tokens; the cached count needs a server started with
+        --enable-prompt-tokens-details (absent: none cached)."""
         usage = reply.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
+        if not isinstance(usage, dict):
+            raise self._bad("no usage block" if usage is None else "a usage that is not an object")
+        prompt = self._count(usage, "prompt_tokens")
+        completion = self._count(usage, "completion_tokens")
         details = usage.get("prompt_tokens_details")
-        details = details if isinstance(details, dict) else {}
-        prompt = _count_of(usage, "prompt_tokens")
-        completion = _count_of(usage, "completion_tokens")
-        cached = min(_count_of(details, "cached_tokens"), prompt)
+        if details is not None and not isinstance(details, dict):
+            raise self._bad("prompt_tokens_details that is not an object")
+        cached = (self._count(details, "cached_tokens")
+                  if details is not None and "cached_tokens" in details else 0)
+        if prompt != prompt_tokens:
+            raise self._bad(f"usage.prompt_tokens {prompt} for a prompt of {prompt_tokens}")
+        if completion > max_completion:
+            raise self._bad(f"usage.completion_tokens {completion} over max_tokens "
+                            f"{max_completion}")
+        if cached > prompt:
+            raise self._bad(f"{cached} cached tokens of a prompt of {prompt}")
         return prompt - cached + completion, cached
+
+    def _count(self, block: dict[str, Any], key: str) -> int:
+        value = block.get(key)
+        if not _is_int(value) or value < 0:
+            raise self._bad(f"usage.{key} that is not a count: {str(value)[:40]!r}")
+        return int(value)
+
+    def close(self) -> None:
+        """End the kept connections to the server."""
+        self.client.close()
 
     def clear_cache(self) -> None:
         """Ask the server to forget its cached prefixes (needs a dev-mode server; ignored
         otherwise)."""
         try:
-            _request(self.url + "/reset_prefix_cache", None, self.timeout)
+            self.client.post("/reset_prefix_cache", {})
         except ServerError:
             pass
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -250,61 +260,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _count_of(mapping: dict[str, Any], key: str) -> int:
-    """A count from a usage block: a non-negative integer, else 0."""
-    value = mapping.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _count(value: Any) -> str:
     return str(len(value)) if isinstance(value, list) else "no"
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _request(url: str, body: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
-    data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                     headers={"Content-Type": "application/json"})
-    late = ServerError(f"the vLLM server at {url} did not answer within {timeout:g} s "
-                       "(--timeout / load_model(timeout=) sets the limit)")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            payload = response.read(MAX_REPLY_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        raise ServerError(f"the vLLM server at {url} answered {exc.code}: "
-                          f"{_server_message(exc.read(4096))}", exc.code) from None
-    except TimeoutError:
-        raise late from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise late from None
-        raise ServerError(f"cannot reach the vLLM server at {url}: {exc.reason}") from None
-    except OSError as exc:
-        raise ServerError(f"cannot reach the vLLM server at {url}: {exc}") from None
-    if len(payload) > MAX_REPLY_BYTES:
-        raise ServerError(f"the vLLM server at {url} answered with more than "
-                          f"{MAX_REPLY_BYTES >> 20} MB")
-    try:
-        reply = json.loads(payload or b"{}", parse_constant=_no_constants)
-    except (ValueError, RecursionError):  # JSONDecodeError, NaN/Infinity, bad UTF-8, depth
-        raise ServerError(f"the vLLM server at {url} did not answer with JSON") from None
-    if not isinstance(reply, dict):
-        raise ServerError(f"the vLLM server at {url} answered with JSON that is not an object")
-    return reply
-
-
-def _server_message(payload: bytes) -> str:
-    try:
-        reply = json.loads(payload)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return payload[:300].decode("utf-8", errors="replace")
-    error = reply.get("error") if isinstance(reply, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message", error))
-    return str(reply.get("message", reply)) if isinstance(reply, dict) else str(reply)
 
 
 def connect_vllm_server(name: str, folder: str, url: str,
@@ -319,8 +276,19 @@ def connect_vllm_server(name: str, folder: str, url: str,
     started = time.perf_counter()
     if not url.startswith(("http://", "https://")):
         raise ModelLoadError(f"--url must be http://HOST:PORT or https://..., got {url!r}")
+    client = ServerClient(url, timeout)
     try:
-        models = _request(url.rstrip("/") + "/v1/models", None, timeout)
+        backend = _connect(client, name, folder, url)
+    except BaseException:
+        client.close()
+        raise
+    backend.load_s = time.perf_counter() - started
+    return backend
+
+
+def _connect(client: ServerClient, name: str, folder: str, url: str) -> VllmServerBackend:
+    try:
+        models = client.get("/v1/models")
     except ServerError as exc:
         raise ModelLoadError(str(exc)) from None
     served = [m for m in models.get("data", []) if isinstance(m, dict) and m.get("id")]
@@ -329,11 +297,10 @@ def connect_vllm_server(name: str, folder: str, url: str,
     tokenizer, config = load_tokenizer(folder, name)
     length = served[0].get("max_model_len")
     backend = VllmServerBackend(
-        url, str(served[0]["id"]), tokenizer, name,
+        client, str(served[0]["id"]), tokenizer, name,
         generation_eos(getattr(config, "eos_token_id", None)),
         int(getattr(config, "vocab_size", len(tokenizer))),
         max_context=length if isinstance(length, int) and length > 0 else None,
-        timeout=timeout,
     )
     _check_tokenizer(backend, url)
     # Asked now, before any hole: vLLM's engine keeps the structured-output backend of the
@@ -344,7 +311,6 @@ def connect_vllm_server(name: str, folder: str, url: str,
         backend.reads_llguidance()
     except ServerError as exc:
         raise ModelLoadError(f"the server at {url} failed a one-token request: {exc}") from None
-    backend.load_s = time.perf_counter() - started
     return backend
 
 
@@ -352,9 +318,8 @@ def _check_tokenizer(backend: VllmServerBackend, url: str) -> None:
     # Token-id prompts only mean the same text if both sides share the vocabulary.
     probe = "qrun checks the tokenizer: Ünïcode, 12345, {\"json\": true}\n"
     try:
-        reply = _request(backend.url + "/tokenize",
-                         {"model": backend.model_id, "prompt": probe,
-                          "add_special_tokens": False}, backend.timeout)
+        reply = backend.client.post("/tokenize", {"model": backend.model_id, "prompt": probe,
+                                                  "add_special_tokens": False})
     except ServerError:
         return  # an older server without /tokenize: nothing to compare
     if reply.get("tokens") != backend.encode(probe):

@@ -28,7 +28,7 @@ def add_model_flags(parser: argparse.ArgumentParser, *, model_help: str = MODEL_
     if timeout:
         parser.add_argument("--timeout", type=float, metavar="SECONDS",
                             help="with --url: how long a request waits for the server "
-                                 "(default 30)")
+                                 "(default 600, as the openai SDK; 5 s to connect)")
     parser.add_argument("--device", help="cpu (default) or cuda[:N]")
     parser.add_argument("--dtype", choices=(*DTYPES, *GGUF_DTYPES, "auto"),
                         help="the weights' type: float32 (default on the CPU), bfloat16 or "

@@ -21,24 +21,22 @@ from qrun.serve import app
 from qrun.serve.service import Service
 from tests.hang import alarm, wait_until
 from tests.serve.serving import BIOS, EXTRACT, GATE, SCHEMA, Gate, post_extract, serving
-from tests.vllm_serving import vllm_serve
 
 pytestmark = pytest.mark.vllm
 
 
 
 @pytest.fixture(scope="module", params=["engine", "server"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[str, Service]]:
-    """qrun serve on vLLM's in-process engine, or on a `vllm serve` (tests/vllm_serving.py)."""
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Service]]:
+    """qrun serve on vLLM's in-process engine, or on a `vllm serve` (tests/vllm_serving.py);
+    both shared with the rest of the tier (tests/conftest.py)."""
     with ExitStack() as stack:
         if request.param == "engine":
-            engine = qrun.load_model("smollm2", backend="vllm")
-            stack.callback(engine.close)  # type: ignore[attr-defined]
-            backend = engine
+            backend = request.getfixturevalue("vllm_engine")
         else:
-            vllm_url = stack.enter_context(vllm_serve(tmp_path_factory.mktemp("vllm-serve")))
-            backend = qrun.load_model("smollm2", backend="vllm", url=vllm_url)
+            url = request.getfixturevalue("vllm_server_url")
+            backend = qrun.load_model("smollm2", backend="vllm", url=url)
+            stack.callback(backend.close)  # type: ignore[attr-defined]
         asgi = app({"extract": qrun.Query(EXTRACT, functions={"wait": GATE.wait})},
                    model=backend, max_running=3)
         url = stack.enter_context(serving(asgi))
