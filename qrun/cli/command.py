@@ -134,6 +134,11 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-input-depth", type=int, default=32, metavar="N",
                         help="how deep an input's lists and objects may nest (default 32; "
                              "beyond, 422 input_too_large)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="a name clients may reach the server by (the Host header), "
+                             "beside localhost, 127.0.0.1 and ::1 (repeatable; '*': any). "
+                             "Default: the --host address too; with --host 0.0.0.0 or ::, "
+                             "any name")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="requests must send `Authorization: Bearer KEY` (default: the "
                              "environment variable QRUN_API_KEY)")
@@ -284,7 +289,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """`qrun serve`: load the templates and the model, then serve until interrupted."""
-    from qrun.serve import ServeOptions, app, run_server
+    from qrun.serve import ServeOptions, allowed_hosts, app, run_server
 
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
@@ -301,7 +306,11 @@ def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
     with LoadingNotice(str(model.model or "the model")):
         asgi = app(args.paths, model=model, functions=functions, api_key=api_key,
-                   **limits.keywords())
+                   allowed_hosts=allowed_hosts(args.host, args.allow_host),
+                   max_running=limits.max_running, max_queue=limits.max_queue,
+                   max_body_bytes=limits.max_body_bytes,
+                   max_input_chars=limits.max_input_chars,
+                   max_input_depth=limits.max_input_depth)
     run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
     return EXIT_OK
 

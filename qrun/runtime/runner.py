@@ -267,6 +267,7 @@ class Admission:
         """
         with self.lock:
             ticket = self._ticket(request)
+            self._prune()
             if len(self.running) < self.max_running:
                 self._start(ticket)
             elif len(self.queue) < self.max_queue:
@@ -309,7 +310,10 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        return len(self.queue)
+        """Runs waiting for a slot (not those taken back while they waited)."""
+        with self.lock:
+            self._prune()
+            return len(self.queue)
 
     @property
     def active(self) -> int:
@@ -319,6 +323,7 @@ class Admission:
     def idle(self) -> bool:
         """No run is running or waiting."""
         with self.lock:
+            self._prune()
             return not self.running and not self.queue
 
     def cancel_all(self) -> None:
@@ -338,6 +343,13 @@ class Admission:
         self.cancel_all()
         with self.lock:
             self.ended.wait_for(lambda: not self.running, timeout=wait_s)
+
+    def _prune(self) -> None:
+        """Drop the queued runs taken back (lock held): a request that timed out or whose
+        client left while it waited gives its place back at once (issue #38: they held it
+        until a slot freed, and a full queue of them refused every new request)."""
+        if any(t.future.cancelled() for t in self.queue):
+            self.queue = deque(t for t in self.queue if not t.future.cancelled())
 
     def _ticket(self, request: RunRequest) -> Ticket:
         if self.refusing:

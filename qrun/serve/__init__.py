@@ -5,6 +5,6 @@ Imports Starlette and uvicorn, so `import qrun` does not load this package."""
 
 from qrun.serve.application import app
 from qrun.serve.protocol import ServeOptions
-from qrun.serve.server import DrainingServer, run_server
+from qrun.serve.server import DrainingServer, allowed_hosts, run_server
 
-__all__ = ["DrainingServer", "ServeOptions", "app", "run_server"]
+__all__ = ["DrainingServer", "ServeOptions", "allowed_hosts", "app", "run_server"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -34,7 +35,16 @@ from qrun.serve.protocol import (
     ServeOptions,
     request_id_of,
 )
-from qrun.serve.service import DrainGate, Service, error_response, log, template_name
+from qrun.serve.service import (
+    LOOPBACK_HOSTS,
+    DrainGate,
+    HostGate,
+    Service,
+    error_response,
+    host_name,
+    log,
+    template_name,
+)
 from qrun.serve.streams import answer_batch, answer_run
 
 if TYPE_CHECKING:  # the runtime and backends are reached through Query, never imported here
@@ -52,11 +62,14 @@ def app(
     max_input_chars: int = MAX_INPUT_CHARS,
     max_input_depth: int = MAX_INPUT_DEPTH,
     api_key: str | None = None,
+    allowed_hosts: Iterable[str] | None = LOOPBACK_HOSTS,
 ) -> Starlette:
     """The ASGI app serving `templates` (name -> Query, or `.tmpl` files and folders, compiled
     with `functions`) on `model` (a loaded backend, or what `load_model` takes: loaded now).
     `api_key`: requests must carry `Authorization: Bearer KEY`. `max_input_chars`,
     `max_input_depth`: the largest input a request may give (check_input_sizes).
+    `allowed_hosts`: the names a request's `Host` may give (HostGate; default this machine's
+    loopback names; "*" among them, or None: any).
 
     Raises:
         UsageError: a bad limit, a missing template file or two templates with one name.
@@ -65,6 +78,12 @@ def app(
     """
     limits = ServeOptions(max_running, max_queue, max_body_bytes, max_input_chars,
                           max_input_depth)
+    if api_key is not None and api_key != "" and not _KEY.fullmatch(api_key):
+        raise UsageError("the API key must be printable ASCII with no spaces (a key with a "
+                         "space at either end would never match what clients send)")
+    hosts = None if allowed_hosts is None else frozenset(host_name(h) for h in allowed_hosts)
+    if hosts is not None and "*" in hosts:
+        hosts = None
     queries = served(templates, functions)
     if not queries:
         raise UsageError("no template to serve")
@@ -96,10 +115,14 @@ def app(
         Route("/v1/templates/{name}/batch", _handler(service, answer_batch), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
-                          middleware=[Middleware(DrainGate, service=service)],
+                          middleware=[Middleware(HostGate, service=service, allowed=hosts),
+                                      Middleware(DrainGate, service=service)],
                           exception_handlers={HTTPException: not_found})
     starlette.state.qrun = service
     return starlette
+
+
+_KEY = re.compile(r"[\x21-\x7e]+")
 
 
 def _backend(model: Backend | ModelOptions | str | None,

@@ -188,8 +188,31 @@ def request_id_of(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
 
 
+JSON_TYPES = frozenset({"application/json"})
+"""The media types a run's body may declare."""
+JSON_LINES_TYPES = frozenset({"application/x-ndjson", "application/jsonl",
+                              "application/x-jsonlines", "application/json"})
+"""The media types a batch's body may declare."""
+
+
+def require_media_type(request: Request, accepted: frozenset[str]) -> None:
+    """415 `unsupported_media_type` unless the body declares one of `accepted`. Why: a web
+    page may POST `text/plain`, a form or multipart to any address without asking first (a
+    CORS "simple request"), so a server on 127.0.0.1 with no key would run templates for any
+    site its user visits; a JSON type makes the browser ask first, and nothing here answers
+    that preflight (issue #38)."""
+    declared = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if declared not in accepted:
+        shown = f"Content-Type {declared[:60]!r}" if declared else "no Content-Type"
+        raise ApiError(415, "unsupported_media_type",
+                       f"the body must be sent as {' or '.join(sorted(accepted))}, "
+                       f"not {shown}")
+
+
 async def read_json(request: Request, limit: int) -> Any:
-    """The body as strict JSON (qrun/jsonio.py), read up to `limit` bytes."""
+    """The body as strict JSON (qrun/jsonio.py), read up to `limit` bytes; it must be sent as
+    application/json."""
+    require_media_type(request, JSON_TYPES)
     data = await read_body(request, limit)
     try:
         return parse_value(data.decode("utf-8"))

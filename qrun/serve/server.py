@@ -9,12 +9,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
 
-from qrun.serve.service import Service
+from qrun.serve.service import LOOPBACK_HOSTS, Service, host_name
 
 log = logging.getLogger("qrun.serve")
 
@@ -29,6 +30,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts(host: str, given: Sequence[str]) -> frozenset[str] | None:
+    """The names `qrun serve --host HOST --allow-host NAME...` answers to in `Host`
+    (service.HostGate): this machine's loopback names, the bound address, and those given;
+    bound to every interface with none given, any name (None)."""
+    if not given and host in ("0.0.0.0", "::", ""):
+        return None
+    return LOOPBACK_HOSTS | {host_name(host)} | {host_name(name) for name in given}
 
 
 class DrainingServer(uvicorn.Server):

@@ -178,6 +178,47 @@ class DrainGate:
             self.service.in_flight -= 1
 
 
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""The names a server on this machine is reached by, allowed in `Host` by default."""
+
+
+def host_name(header: str) -> str:
+    """The name in a `Host` header, without its port, lower case ("[::1]:8000" -> "::1")."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class HostGate:
+    """ASGI middleware: a request whose `Host` is not a name this server answers to is
+    refused 400 `bad_host` before anything else reads it. Why: a page on another site whose
+    DNS name is made to resolve to 127.0.0.1 (DNS rebinding) is, to the browser, same-origin
+    with this server, so it could run templates and read the answers; its requests still
+    carry its own name in `Host` (issue #38). `allowed` None: any name (a server bound to
+    every interface, with no names given)."""
+
+    def __init__(self, app: ASGIApp, service: Service, allowed: frozenset[str] | None) -> None:
+        self.app = app
+        self.service = service
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.allowed is None:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        name = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if name in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        shown = repr(name[:100]) if name else "no Host header"
+        error = ApiError(400, "bad_host", f"this server does not answer to {shown} "
+                         "(qrun serve --allow-host NAME adds a name)")
+        await error_response(error, request_id_of(request), self.service)(scope, receive, send)
+
+
 def error_response(error: ApiError, request_id: str, service: Service,
                     **extra: Any) -> Response:
     log.info("[%s] %d %s: %s", request_id, error.status, error.code, error.message)

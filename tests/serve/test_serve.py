@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +34,8 @@ from tests.serve.serving import GATE, Gate, serving, sse_events
 PERSON = ('---\ntemperature: 0\n---\nName: {{ name }}.\nAge: {{ gen age regex="[0-9]{1,2}" }}'
           '\nCity: {{ gen city regex="[A-Z][a-z]{2,7}" }}\n')
 GATED = 'Q: {{ q }}{{ wait() }}\nA: {{ gen a regex="[a-z]{2,6}" }}\n'
+JSON = {"Content-Type": "application/json"}
+NDJSON = {"Content-Type": "application/x-ndjson"}
 
 
 
@@ -100,12 +103,81 @@ def test_errors_are_json_with_a_stable_code(server: tuple[str, Service], name: s
         assert error["position"]["line"] == 4 and "name" in error["message"]
 
 
+@pytest.mark.parametrize("endpoint, content_type", [
+    ("run", "text/plain"), ("run", "application/x-www-form-urlencoded"),
+    ("run", "multipart/form-data; boundary=x"), ("run", None),
+    ("batch", "text/plain"), ("batch", None),
+])
+def test_a_body_a_web_page_could_send_unasked_is_refused_415(
+        server: tuple[str, Service], endpoint: str, content_type: str | None) -> None:
+    """Issue #38: any web page could POST `text/plain` to the default server (127.0.0.1, no
+    key) without a CORS preflight, and run templates for whoever visits it."""
+    url, service = server
+    def tokens() -> float | None:
+        return service.metrics.registry.get_sample_value("qrun_generated_tokens_total")
+
+    before = tokens()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    body = b'{"inputs": {"name": "Ada"}}' if endpoint == "run" else b'{"name": "Ada"}\n'
+    answer = httpx.post(f"{url}/v1/templates/person/{endpoint}", content=body,
+                        headers=headers, timeout=60)
+    assert answer.status_code == 415, answer.text
+    assert answer.json()["error"]["code"] == "unsupported_media_type"
+    assert tokens() == before  # nothing ran
+    ok = httpx.post(f"{url}/v1/templates/person/{endpoint}", content=body, timeout=120,
+                    headers=JSON if endpoint == "run" else NDJSON)
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.nip.io",
+                                  "", "[::2]:80"])
+def test_a_host_this_server_is_not_is_refused(server: tuple[str, Service], host: str) -> None:
+    """DNS rebinding (issue #38): a page whose name resolves to 127.0.0.1 still sends its own
+    name in Host, and is refused before anything runs, /healthz and the errors included."""
+    url, _ = server
+    for method, path in [("GET", "/healthz"), ("GET", "/v1/templates"),
+                         ("POST", "/v1/templates/person/run"), ("GET", "/nowhere")]:
+        answer = httpx.request(method, url + path, json={"inputs": {"name": "Ada"}},
+                               headers={"Host": host}, timeout=60)
+        assert answer.status_code == 400, (path, answer.text)
+        assert answer.json()["error"]["code"] == "bad_host"
+    for name in ["localhost", "127.0.0.1", f"127.0.0.1:{url.rsplit(':', 1)[1]}", "[::1]:9",
+                 "LOCALHOST"]:
+        assert httpx.get(url + "/healthz", headers={"Host": name}).status_code == 200
+
+
+def test_the_names_a_served_address_answers_to() -> None:
+    from qrun.serve import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1", []) == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts("10.0.0.5", ["api.example"]) == {
+        "localhost", "127.0.0.1", "::1", "10.0.0.5", "api.example"}
+    assert allowed_hosts("0.0.0.0", []) is None  # every interface, no names given: any
+    assert allowed_hosts("0.0.0.0", ["api.example"]) == {
+        "localhost", "127.0.0.1", "::1", "0.0.0.0", "api.example"}
+
+
+def test_any_host_may_be_allowed(tiny: TransformersBackend) -> None:
+    asgi = app({"person": qrun.Query(PERSON)}, model=tiny, allowed_hosts=["*"])
+    with serving(asgi) as url:
+        assert httpx.get(url + "/healthz", headers={"Host": "anything.example"}
+                         ).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["key ", " key", "k e y", "key\n", "ключ"])
+def test_a_key_that_could_never_match_is_refused_at_start(tiny: TransformersBackend,
+                                                          key: str) -> None:
+    with pytest.raises(UsageError, match="API key must be printable ASCII"):
+        app({"person": qrun.Query(PERSON)}, model=tiny, api_key=key)
+
+
 def test_bad_json_and_a_body_too_large(server: tuple[str, Service]) -> None:
     url, _ = server
-    bad = httpx.post(f"{url}/v1/templates/person/run", content=b'{"inputs": {', timeout=60)
+    bad = httpx.post(f"{url}/v1/templates/person/run", content=b'{"inputs": {', timeout=60,
+                     headers=JSON)
     assert (bad.status_code, bad.json()["error"]["code"]) == (400, "bad_request")
     nan = httpx.post(f"{url}/v1/templates/person/run", content=b'{"inputs": {"name": NaN}}',
-                     timeout=60)
+                     timeout=60, headers=JSON)
     assert nan.status_code == 400
     big = {"inputs": {"name": "x" * (1 << 20)}}
     too_large = post(url, "person", big)
@@ -117,7 +189,8 @@ def test_bad_json_and_a_body_too_large(server: tuple[str, Service]) -> None:
             yield b"y" * 65536
         yield b'"}}'
 
-    chunked = httpx.post(f"{url}/v1/templates/person/run", content=chunks(), timeout=60)
+    chunked = httpx.post(f"{url}/v1/templates/person/run", content=chunks(), timeout=60,
+                         headers=JSON)
     assert chunked.status_code == 413
     assert httpx.get(f"{url}/nowhere").json()["error"]["code"] == "not_found"
 
@@ -131,7 +204,8 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
                    for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]})]
         filled = post(url, "person", {"inputs": {"name": "Ada"}, "fill": {"city": "X" * 11}})
         batch = httpx.post(f"{url}/v1/templates/person/batch?fields=vars",
-                           content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120)
+                           content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120,
+                           headers=NDJSON)
     assert [a.status_code for a in answers] == [200, 422, 200, 422, 422]
     for answer in answers[1:4:2] + answers[4:]:
         assert answer.json()["error"]["code"] == "input_too_large"
@@ -208,6 +282,67 @@ def test_a_full_queue_answers_429_and_every_admitted_run_ends(
     for name in ("qrun_queue_depth", "qrun_running_runs", "qrun_forward_batch_size_bucket",
                  "qrun_generated_tokens_total", "qrun_mask_seconds_total"):
         assert name in metrics
+
+
+def test_queued_requests_that_time_out_or_leave_give_their_places_back(
+        server: tuple[str, Service], gate: Gate) -> None:
+    """Issue #38: a queued request that timed out (or whose client left) kept its place, so
+    the queue filled with nobody and every later request got 429 `queue_full`."""
+    url, service = server
+    with alarm(120), ThreadPoolExecutor(6) as pool:
+        running = [pool.submit(post, url, "gated", {"inputs": {"q": str(i)}}) for i in range(3)]
+        wait_until(lambda: gate.arrived == 3)
+        # Two queued requests that time out while they wait, then one whose client leaves.
+        late = [pool.submit(post, url, "gated",
+                            {"inputs": {"q": "late"}, "options": {"timeout": 0.2}})
+                for _ in range(2)]
+        assert [f.result().json()["error"]["code"] for f in late] == ["timeout"] * 2
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/templates/gated/run", json={"inputs": {"q": "gone"}},
+                       timeout=httpx.Timeout(120, read=0.5))
+        wait_until(lambda: service.runs.queued == 0)
+        assert 'qrun_queue_depth 0.0' in httpx.get(f"{url}/metrics").text
+        # The queue (2 places) takes two new requests; a third is one too many.
+        queued = [pool.submit(post, url, "gated", {"inputs": {"q": f"new {i}"}})
+                  for i in range(2)]
+        wait_until(lambda: service.runs.queued == 2)
+        assert post(url, "gated", {"inputs": {"q": "third"}}).status_code == 429
+        gate.open.set()
+        assert [f.result().status_code for f in running + queued] == [200] * 5
+
+
+def test_a_batch_waiting_for_a_place_does_not_spin(
+        server: tuple[str, Service], gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch line waiting while other requests fill the queue tries again now and then
+    (issue #38: it tried 25,654 times in 3 s, a core spent on nothing)."""
+    url, service = server
+    tries = 0
+    submit = service.runs.submit
+
+    def counted(run: Any) -> Any:
+        nonlocal tries
+        tries += 1
+        return submit(run)
+
+    monkeypatch.setattr(service.runs, "submit", counted)
+    with alarm(120), ThreadPoolExecutor(6) as pool:
+        others = [pool.submit(post, url, "gated", {"inputs": {"q": str(i)}}) for i in range(5)]
+        wait_until(lambda: service.runs.active == 3 and service.runs.queued == 2)
+        tries = 0
+        started = time.monotonic()
+        batch = pool.submit(httpx.post, f"{url}/v1/templates/gated/batch",
+                            content=b'{"q": "b1"}\n{"q": "b2"}\n', timeout=120,
+                            headers=NDJSON)
+        wait_until(lambda: tries >= 3)  # it has met the full queue and waited twice
+        time.sleep(1.0)
+        waited = time.monotonic() - started
+        # A try after 0.05, 0.1, 0.2, 0.4 s, then every 0.5 s at most: a slower machine only
+        # tries less often.
+        assert tries <= 5 + 2 * waited, (tries, waited)
+        gate.open.set()
+        assert [f.result().status_code for f in others] == [200] * 5
+        lines = batch.result().text.splitlines()
+    assert [("error" in json.loads(line)) for line in lines] == [False, False]
 
 
 def test_a_run_past_its_timeout_is_504_and_is_cancelled(
@@ -303,7 +438,7 @@ def test_a_batch_runs_each_line_and_answers_json_lines_in_order(
                        b'{"id": 6, "name": "Di"}', b'[1]']) + b"\n"
     with alarm(120):
         response = httpx.post(f"{url}/v1/templates/person/batch?seed=5&id=id&fields=vars",
-                              content=body, timeout=120)
+                              content=body, timeout=120, headers=NDJSON)
     assert response.status_code == 200, response.text
     rows = [json.loads(line) for line in response.text.splitlines()]
     assert [row["id"] for row in rows] == [1, None, 3, 4, 5, 6, None]
@@ -342,7 +477,7 @@ def test_a_client_that_goes_away_cancels_its_run(
     body = json.dumps({"inputs": {"q": "never read"}}).encode()
     with alarm(120):
         client = socket.create_connection((host, int(port)))
-        client.sendall(b"POST /v1/templates/gated/run HTTP/1.1\r\nHost: x\r\n"
+        client.sendall(b"POST /v1/templates/gated/run HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                        b"Content-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         wait_until(lambda: gate.arrived == 1)
@@ -395,7 +530,7 @@ def _send_and_leave(url: str, path: str, body: bytes, gate: Gate, runs: int,
     and return those runs' tickets once the server has cancelled them all."""
     host, port = url.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)))
-    client.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    client.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
     wait_until(lambda: gate.arrived == runs)
     tickets = list(service.runs.running)
@@ -500,7 +635,8 @@ def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_
             wait_until(lambda: server.metric("qrun_queue_depth") == "1.0")
             # A batch's second line is submitted only after its first ends: during the drain.
             batch = pool.submit(httpx.post, f"{server.url}/v1/templates/gated/batch",
-                                content=b'{"q": "b1"}\n{"q": "b2"}\n', timeout=120)
+                                content=b'{"q": "b1"}\n{"q": "b2"}\n', timeout=120,
+                            headers=NDJSON)
             wait_until(lambda: server.metric("qrun_queue_depth") == "2.0")
             server.proc.send_signal(signal.SIGTERM)
             wait_until(lambda: server.health() == 503)  # still listening: a load balancer sees
