@@ -9,7 +9,8 @@ BROWSER_STAMP := $(VENV)/.qrun-browser-installed
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup vllm llamacpp chromium browser trace-screenshot editors demo test check bench clean
+.PHONY: setup vllm llamacpp chromium browser trace-screenshot editors demo test test-under-load \
+	check bench clean
 
 setup: $(STAMP)
 
@@ -80,18 +81,19 @@ $(EDITOR_MODULES): editors/vscode/package-lock.json
 demo: setup
 	$(VENV)/bin/qrun examples/hello.tmpl --stats
 
-# Lint and types first (`make check`, ~40 s cold): a change that breaks them fails before the
-# tests run. The vllm tier runs in a pytest process of its own: vLLM's CPU worker binds the
-# OpenMP threads of the process that starts it, which would slow every other test after it. The
-# llamacpp tier too (llama.cpp's OpenMP threads; QRUN_REQUIRE_LLAMACPP=1: a missing build fails
-# instead of skipping). The browser tier comes last (`make browser`: it installs chromium with
-# apt-get where it is missing).
-test: setup vllm llamacpp editors
-	$(MAKE) --no-print-directory check
-	$(PY) -m pytest -q -m "not vllm and not llamacpp and not browser"
-	$(PY) -m pytest -q -m vllm
-	QRUN_REQUIRE_LLAMACPP=1 $(PY) -m pytest -q -m llamacpp
-	$(MAKE) --no-print-directory browser
+# Every tier, each in a pytest process of its own, in two lanes at once (scripts/run-tiers.py):
+# the default tier on pytest-xdist's workers, and beside it `make check` (ruff, mypy), the
+# llamacpp tier (QRUN_REQUIRE_LLAMACPP=1: a missing build fails instead of skipping), the vllm
+# tier (vLLM's CPU worker binds the OpenMP threads of the process that starts it, which would
+# slow every other test after it) and the browser tier. Every tier runs even when one fails; one
+# summary of all comes at the end, and the exit status is non-zero if any failed.
+test: setup vllm llamacpp editors $(BROWSER_STAMP) chromium
+	$(PY) scripts/run-tiers.py --chromium $(CHROMIUM)
+
+# The backend and serve tiers again with a busy loop pinned to every core (CI runs this after
+# `make test`): nothing in them may depend on having a core to itself (issue #38).
+test-under-load: setup vllm llamacpp
+	$(PY) scripts/run-tiers.py --hog llamacpp vllm serve
 
 check: setup
 	$(PY) -m ruff check qrun tests bench scripts corpus

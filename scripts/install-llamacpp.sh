@@ -13,7 +13,11 @@
 #                       (x86-64-v3), so the build runs on any AVX2 machine, not only on this CPU.
 # Tests, tools, examples and the server are already off when llama.cpp is a subproject.
 # Skips the build when that version is installed. pip's wheel cache is not used: its key is the
-# sdist alone, so a wheel built with other CMAKE_ARGS would be reused silently.
+# sdist alone, so a wheel built with other CMAKE_ARGS would be reused silently. The wheel is
+# kept in a cache of its own instead (~/.cache/qrun/wheels, or $QRUN_WHEEL_CACHE), under a key
+# made of everything that shapes the build: the version, the caller's CMAKE_ARGS, this script,
+# the Python and the machine; a fresh clone on the same machine (CI's) installs it in seconds,
+# and its SHA-256, written beside it, is checked before it is installed.
 # Usage: scripts/install-llamacpp.sh PYTHON   (default: .venv/bin/python)
 set -euo pipefail
 PY=${1:-.venv/bin/python}
@@ -25,12 +29,26 @@ if "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama_cpp_
     echo "llama-cpp-python $VERSION is already installed"
     exit 0
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-echo 'set(LLAMA_BUILD_COMMON OFF)' > "$work/llama-no-common.cmake"
-# CMAKE_ARGS from the caller come last, so they win (e.g. -DGGML_NATIVE=ON, -DGGML_CUDA=ON).
-export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$work/llama-no-common.cmake ${CMAKE_ARGS:-}"
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-echo "building llama-cpp-python $VERSION from source ($CMAKE_BUILD_PARALLEL_LEVEL jobs): $CMAKE_ARGS"
-"$PY" -m pip install --quiet --no-cache-dir "llama-cpp-python==$VERSION"
+key_source="$VERSION ${CMAKE_ARGS:-} $(sha256sum "$0" | cut -c1-64) $("$PY" -c 'import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())') $(uname -m)"
+key=$(printf '%s' "$key_source" | sha256sum | cut -c1-16)
+cache=${QRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qrun/wheels}/llama-cpp-python-$VERSION-$key
+if [ -f "$cache/SHA256SUMS" ] && (cd "$cache" && sha256sum --check --status SHA256SUMS); then
+    echo "installing llama-cpp-python $VERSION from the wheel built before ($cache)"
+    "$PY" -m pip install --quiet "$cache"/*.whl
+else
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    echo 'set(LLAMA_BUILD_COMMON OFF)' > "$work/llama-no-common.cmake"
+    # CMAKE_ARGS from the caller come last, so they win (e.g. -DGGML_NATIVE=ON, -DGGML_CUDA=ON).
+    export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$work/llama-no-common.cmake ${CMAKE_ARGS:-}"
+    export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+    echo "building llama-cpp-python $VERSION from source ($CMAKE_BUILD_PARALLEL_LEVEL jobs): $CMAKE_ARGS"
+    "$PY" -m pip wheel --quiet --no-deps --no-cache-dir --wheel-dir "$work/wheel" "llama-cpp-python==$VERSION"
+    "$PY" -m pip install --quiet "$work"/wheel/*.whl
+    # Kept only once it installed; moved into place whole (a rename), so a build stopped
+    # half-way leaves nothing that looks complete.
+    (cd "$work/wheel" && sha256sum -- *.whl > SHA256SUMS)
+    mkdir -p "$(dirname "$cache")"
+    rm -rf "$cache.partial" && cp -r "$work/wheel" "$cache.partial" && rm -rf "$cache" && mv "$cache.partial" "$cache"
+fi
 "$PY" -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())'
