@@ -152,6 +152,21 @@ class EvaluationError(PositionedError):
     evaluation budget ran out); a run-time failure (exit 1)."""
 
 
+class HostFunctionError(EvaluationError):
+    """A host function the template called raised. Its message names the exception and its
+    text, for the template's author; a server answers its clients with `public_message`
+    only, and logs the rest (the text may hold paths, hosts or data: issue #38)."""
+
+    def __init__(self, message: str, span: Span, source: Source, function: str,
+                 notes: Iterable[str] = ()) -> None:
+        self.function = function
+        super().__init__(message, span, source, notes)
+
+    @property
+    def public_message(self) -> str:
+        return f"{self.function}() failed (the server's log has why)"
+
+
 class LimitError(EvaluationError):
     """The run hit one of its limits (qrun.Limits: steps, output, macro call depth...). An
     EvaluationError that `{% try %}` does not catch: a runaway template must end."""

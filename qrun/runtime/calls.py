@@ -16,10 +16,17 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
-from qrun.errors import EvaluationError, LimitError, PositionedError, QrunError, UsageError
+from qrun.errors import (
+    EvaluationError,
+    HostFunctionError,
+    LimitError,
+    PositionedError,
+    QrunError,
+    UsageError,
+)
 from qrun.functions import Functions, HostFunction
 from qrun.lang import expr as ex
 from qrun.lang import ir
@@ -60,6 +67,10 @@ class CallingRun(Protocol):
     def leave_scope(self, saved: tuple[Any, ...]) -> None: ...
 
     def exec_body(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
+
+    def aside(self) -> AbstractContextManager[None]:
+        """The block does no forward: a batched run's forwards do not wait for it."""
+        ...
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
@@ -351,9 +362,11 @@ class CallRunner:
         timeout = run.budget.limits.call_timeout_s
         started = time.perf_counter()
         error: str | None = None
+        raised = False  # the function raised (HostFunctionError), not a timeout or a value
         result: Any = None
         try:
-            result = invoke(function, args, kwargs, timeout)
+            with run.aside():
+                result = invoke(function, args, kwargs, timeout)
             result = plain_inputs({"result": result})["result"]
         except TimeoutError:
             error = f"{name}() took longer than {timeout:g}s"
@@ -362,11 +375,14 @@ class CallRunner:
                 str(err).removeprefix("input 'result'").lstrip(": ")
         except Exception as exc:  # noqa: BLE001 - the caller's function failing is the error
             error = f"{name}() failed: {type(exc).__name__}: {exc}"
+            raised = True
         seconds = time.perf_counter() - started
         run.stats.host_calls += 1
         run.stats.host_s += seconds
         run.recorder.host_call(name, args, kwargs, result, error, seconds, span.line,
                                span.column)
+        if raised:
+            raise HostFunctionError(str(error), span, source, name)
         if error is not None:
             raise EvaluationError(error, span, source)
         return result

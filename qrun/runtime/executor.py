@@ -8,7 +8,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, assert_never
 
 import numpy as np
@@ -105,8 +105,7 @@ class Run:
         self.calls = CallRunner(self, request.functions)
         self.in_branch = False  # a fork branch's run (runtime/branches.py)
         self.in_role: str | None = None  # the chat turn being run, if any
-        # Told each top-level capture (name, value) as its hole ends: the server's stream of
-        # hole events (qrun/serve/application.py). A macro call's captures are its own, not told.
+        # Told each top-level capture as its hole ends (a server's hole events); not a macro's.
         self.on_hole: Callable[[str, Any], None] | None = request.on_hole
         self._top_vars = self.vars
         self._start_lists(program.ops)
@@ -174,6 +173,11 @@ class Run:
         `after` as for exec_block."""
         self._start_lists(ops)
         self.exec_block(ops, after)
+
+    def aside(self) -> AbstractContextManager[None]:
+        """A block with no forward (a host call) out of the batch: ScheduledModel.aside."""
+        model = self.engines.model
+        return model.aside() if isinstance(model, ScheduledModel) else nullcontext()
 
     def execute(self) -> Result:
         started = time.perf_counter()

@@ -6,7 +6,8 @@ mask) once every active worker is waiting on one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +195,17 @@ class ScheduledModel:
         result: tuple[npt.NDArray[np.float32], KVCache] = self._scheduler.submit(
             True, self._order, token_ids, parents, cache)
         return result
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """This worker steps out of the batch for the block (a host function's call): the
+        other runs' forwards go on without waiting for it (issue #38: a host function that
+        slept held every other request of a server), and it counts again after."""
+        self._scheduler.leave()
+        try:
+            yield
+        finally:
+            self._scheduler.enter()
 
     def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
         assert self._scheduler.tree_scorer is not None

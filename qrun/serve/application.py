@@ -153,7 +153,7 @@ def _handler(service: Service, handler: Handler,
                 _authorize(service, request)
             response = await handler(service, request, request_id)
         except Exception as exc:
-            error = service.failure(exc)
+            error = service.failure(exc, request_id)
             if error.code == "internal_error":
                 log.exception("[%s] internal error", request_id)
             return error_response(error, request_id, service)

@@ -8,7 +8,8 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -17,12 +18,14 @@ from qrun.errors import (
     BackendError,
     EvaluationError,
     GenerationError,
+    HostFunctionError,
     InputError,
     PositionedError,
     QrunError,
     RunCancelled,
     TemplateError,
     UsageError,
+    render_at,
 )
 from qrun.jsonio import (
     DEFAULT_FIELDS,
@@ -90,20 +93,24 @@ class ApiError(Exception):
         return {"error": error, "request_id": request_id}
 
 
-def api_error(exc: BaseException) -> ApiError:
-    """The answer to a run's failure (docs/serve.md §4)."""
+def api_error(exc: BaseException, names: Mapping[str, str] | None = None) -> ApiError:
+    """The answer to a run's failure (docs/serve.md §4). `names`: the name each template file
+    is served under, by its path, so a position names no path of the server's."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, InputError | UsageError) and not isinstance(exc, TemplateError):
-        return ApiError(422, "input_error", message_of(exc), position_of(exc))
+        return ApiError(422, "input_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, GenerationError):
-        return ApiError(500, "generation_error", message_of(exc), position_of(exc))
+        return ApiError(500, "generation_error", message_of(exc), position_of(exc, names))
+    if isinstance(exc, HostFunctionError):  # its text is for the server's log only
+        return ApiError(500, "host_function_error", exc.public_message,
+                        position_of(exc, names, exc.public_message))
     if isinstance(exc, EvaluationError):
-        return ApiError(500, "evaluation_error", message_of(exc), position_of(exc))
+        return ApiError(500, "evaluation_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, TemplateError):
-        return ApiError(500, "template_error", message_of(exc), position_of(exc))
+        return ApiError(500, "template_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, BackendError):
-        return ApiError(502, "backend_error", message_of(exc), position_of(exc))
+        return ApiError(502, "backend_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, RunCancelled):
         return ApiError(504, "timeout", "the run was cancelled: its deadline passed")
     if isinstance(exc, QrunError):
@@ -115,11 +122,20 @@ def message_of(exc: QrunError) -> str:
     return exc.message if isinstance(exc, PositionedError) else str(exc)
 
 
-def position_of(exc: QrunError) -> dict[str, Any] | None:
+def position_of(exc: QrunError, names: Mapping[str, str] | None = None,
+                message: str | None = None) -> dict[str, Any] | None:
+    """Where `exc` is, as a client sees it: the template under the name it is served by (a
+    file included by one: its file name alone), rendered with `message` in place of the
+    error's own where that is not for clients."""
     if not isinstance(exc, PositionedError):
         return None
-    return {"template": exc.source.name, "line": exc.span.line, "column": exc.span.column,
-            "rendered": exc.render(), "notes": list(exc.notes)}
+    name = exc.source.name
+    shown = (names or {}).get(name) or (PurePath(name).name if PurePath(name).is_absolute()
+                                        else name)
+    rendered = render_at(exc.kind, exc.message if message is None else message, exc.span,
+                         replace(exc.source, name=shown), exc.notes)
+    return {"template": shown, "line": exc.span.line, "column": exc.span.column,
+            "rendered": rendered, "notes": list(exc.notes)}
 
 
 @dataclass(frozen=True)

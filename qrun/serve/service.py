@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qrun.api import Query
-from qrun.errors import RunCancelled
+from qrun.errors import HostFunctionError, RunCancelled
 from qrun.serve.catalog import describe
 from qrun.serve.protocol import (
     RETRY_AFTER_S,
@@ -107,6 +107,11 @@ class Service:
         self.unwatch = self.runner.watch_batches(self._batched)
         self.metrics.watch(self.runs)
         self.descriptions = [describe(name, query) for name, query in self.templates.items()]
+        # The name each template file is served under, by its path: an error's position
+        # names no path of this machine (issue #38).
+        self.shown_names = {query.program.source.name: f"{name}.tmpl"
+                            for name, query in self.templates.items()
+                            if not query.program.source.name.startswith("<")}
         # Shutdown (docs/serve.md §5, qrun/serve/server.py). Read and written on the event
         # loop's thread only.
         self.draining = False  # new requests are answered 503 `draining`
@@ -137,14 +142,17 @@ class Service:
         """Every accepted request has been answered."""
         return self.in_flight == 0 and self.runs.idle
 
-    def failure(self, exc: BaseException) -> ApiError:
+    def failure(self, exc: BaseException, request_id: str = "-") -> ApiError:
         """The answer to a run's failure: a run cancelled by `abandon` is 503 `draining`,
-        not the 504 of a request's own deadline."""
+        not the 504 of a request's own deadline. A host function's failure is answered with
+        its name only; its text goes to the log, with the request's id."""
         if self.abandoned and isinstance(exc, RunCancelled | asyncio.CancelledError):
             return ApiError(503, "draining", "the server shut down before this run ended "
                             "(its --drain-timeout passed)",
                             headers={"Retry-After": str(RETRY_AFTER_S)})
-        return api_error(exc)
+        if isinstance(exc, HostFunctionError):
+            log.warning("[%s] %s", request_id, exc.render())
+        return api_error(exc, self.shown_names)
 
 
 class DrainGate:

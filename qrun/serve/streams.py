@@ -87,7 +87,7 @@ async def answer_run(service: Service, request: Request, request_id: str) -> Res
     try:
         result = outcome.result()
     except Exception as exc:
-        error = service.failure(exc)
+        error = service.failure(exc, request_id)
         if error.code == "internal_error":
             log.error("[%s] internal error", request_id, exc_info=exc)
         raise error from None
@@ -177,7 +177,7 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
                 except (Exception, asyncio.CancelledError) as exc:
                     if isinstance(exc, asyncio.CancelledError) and not pending[index].cancelled():
                         raise  # this stream's own task is cancelled: its client went away
-                    failure = service.failure(exc)
+                    failure = service.failure(exc, request_id)
                     line = rows.error(f"line {number}: {failure.message}", number, parsed,
                                       failure.code)
                 pending.pop(index, None)
@@ -265,7 +265,7 @@ def _stream(service: Service, run: RunBody, request_id: str) -> Response:
                 try:
                     kind, data = await _unless_abandoned(service, event, left)
                 except RunCancelled as exc:
-                    error = service.failure(exc)
+                    error = service.failure(exc, request_id)
                     yield {"event": "error", "data": dumps_line(error.body(request_id))}
                     return
                 except TimeoutError:
@@ -281,7 +281,7 @@ def _stream(service: Service, run: RunBody, request_id: str) -> Response:
                     error = (service.failure(asyncio.CancelledError()) if service.abandoned
                              else ApiError(503, "cancelled", "the run was cancelled"))
                 elif data.exception() is not None:
-                    error = service.failure(data.exception())
+                    error = service.failure(data.exception(), request_id)
                     if error.code == "internal_error":
                         log.error("[%s] internal error", request_id, exc_info=data.exception())
                 else:

@@ -263,6 +263,57 @@ def test_concurrent_requests_are_batched_and_each_answered_as_alone(
     assert service.largest_batch == 3  # the three runs shared forwards
 
 
+def test_a_host_function_that_waits_holds_no_other_request(
+        server: tuple[str, Service], gate: Gate) -> None:
+    """Issue #38: a run inside a host function still counted in the batch, so every other
+    run's forward waited for it (an echo template answered after 59 s)."""
+    url, service = server
+    with alarm(120), ThreadPoolExecutor(2) as pool:
+        held = pool.submit(post, url, "gated", {"inputs": {"q": "held"}})
+        wait_until(lambda: gate.arrived == 1)
+        other = pool.submit(post, url, "person", {"inputs": {"name": "Ada"}})
+        answer = other.result(timeout=100)  # answered while the gate stays shut
+        assert answer.status_code == 200, answer.text
+        assert not gate.open.is_set() and not held.done()
+        gate.open.set()
+        assert held.result().status_code == 200
+
+
+def test_a_host_functions_failure_and_the_servers_paths_stay_in_its_log(
+        tiny: TransformersBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #38: the client got `boom() failed: ValueError: cannot open /etc/...` and
+    positions with the server's absolute template path."""
+    folder = tmp_path / "private-templates"
+    folder.mkdir()
+    (folder / "leaky.tmpl").write_text("Hello {{ who }}.\n{{ boom() }}\n")
+
+    def boom() -> str:
+        raise ValueError("cannot open /etc/qrun-secret.conf")
+
+    asgi = app([str(folder)], model=tiny, functions={"boom": boom})
+    with serving(asgi) as url, caplog.at_level("WARNING", logger="qrun.serve"):
+        failed = post(url, "leaky", {"inputs": {"who": "Ada"}})
+        missing = post(url, "leaky", {"inputs": {}})
+        streamed = httpx.post(f"{url}/v1/templates/leaky/run", timeout=120,
+                              json={"inputs": {"who": "Ada"}, "stream": True}).text
+        batch = httpx.post(f"{url}/v1/templates/leaky/batch", content=b'{"who": "Ada"}\n',
+                           headers=NDJSON, timeout=120).text
+    error = failed.json()["error"]
+    assert (failed.status_code, error["code"]) == (500, "host_function_error")
+    assert error["message"] == "boom() failed (the server's log has why)"
+    assert error["position"]["template"] == "leaky.tmpl"
+    assert (error["position"]["line"], error["position"]["column"]) == (2, 4)
+    assert missing.status_code == 422
+    assert missing.json()["error"]["position"]["template"] == "leaky.tmpl"
+    for answer in (failed.text, missing.text, streamed, batch):
+        assert "secret" not in answer and "ValueError" not in answer
+        assert str(tmp_path) not in answer and "private-templates" not in answer
+    assert "host_function_error" in streamed and "boom() failed" in batch
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "ValueError: cannot open /etc/qrun-secret.conf" in logged
+    assert failed.json()["request_id"] in logged
+
+
 def test_a_full_queue_answers_429_and_every_admitted_run_ends(
         server: tuple[str, Service], gate: Gate) -> None:
     url, service = server
