@@ -39,7 +39,7 @@ from qrun.limits import Budget
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.session import Session
 from qrun.runtime.stats import Stats
-from qrun.source import Source, Span
+from qrun.source import Source, Span, printable
 
 
 class CallingRun(Protocol):
@@ -146,12 +146,16 @@ class CallRunner:
         self.depth = 0
         # The program whose ops run now: the run's, or a file's that call() runs.
         self.programs = [run.program]
+        # What tools() has offered so far in this run (shared with its branches): with the
+        # functions its programs call by name, what run_tool() may call.
+        self.offered = _Offered()
 
     def for_branch(self, run: CallingRun) -> CallRunner:
         """The calls of a fork branch's run (runtime/branches.py): the same functions, and the
         macros of the program running where the fork is, run in the branch's context."""
         branch = CallRunner(run, self.functions)
         branch.depth, branch.programs = self.depth, list(self.programs)
+        branch.offered = self.offered
         return branch
 
     @property
@@ -321,11 +325,16 @@ class CallRunner:
             raise EvaluationError("tools() takes a list of host function names", span,
                                   self.run.source)
         try:
-            return self.functions.tools(names)
+            specs = self.functions.tools(names)
         except UsageError as err:
             listed = ", ".join(self.functions) or "none"
             raise EvaluationError(f"tools(): {err} (registered: {listed})", span,
                                   self.run.source) from None
+        if names is None:
+            self.offered.everything = True
+        else:
+            self.offered.names.update(names)
+        return specs
 
     def run_tool(self, args: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         source = self.run.source
@@ -337,11 +346,17 @@ class CallRunner:
         if not isinstance(arguments, Mapping):
             raise EvaluationError(f"run_tool(): the arguments of '{name}' must be a dict",
                                   span, source)
-        function = self.functions.get(name)
+        # A call's name comes from the model or an input: it reaches only what the template
+        # itself names or offers, never any function the caller registered (issue #38).
+        reachable = set(self.functions) if self.offered.everything else {
+            n for n in (*self.offered.names, *(c for p in self.programs for c in p.host_calls))
+            if n in self.functions}
+        function = self.functions.get(name) if name in reachable else None
         if function is None:
-            listed = ", ".join(self.functions) or "none"
-            raise EvaluationError(f"run_tool(): no host function named '{name}' "
-                                  f"(registered: {listed})", span, source)
+            listed = ", ".join(sorted(reachable)) or "none"
+            raise EvaluationError(f"run_tool(): '{printable(name[:80])}' is not a function this "
+                                  f"template calls or offers with tools() (it may call: "
+                                  f"{listed})", span, source)
         return self.host(function, [], dict(arguments), span)
 
     def host(self, function: HostFunction, args: list[Any], kwargs: dict[str, Any],
@@ -389,6 +404,14 @@ class CallRunner:
 
 
 _NO_RETURN: Any = object()
+
+
+class _Offered:
+    """The host functions tools() has offered in a run: `everything` after a bare tools()."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.everything = False
 
 
 class Mark:

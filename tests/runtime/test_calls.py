@@ -254,14 +254,45 @@ def test_inputs_are_never_callable(model: TransformersBackend) -> None:
         qrun.Query("{{ f(1) }}")
 
 
+OFFER_ADD = '{% set offered = tools(["add"]) %}'
+
+
 def test_run_tool_calls_the_named_function_with_keyword_arguments(
         model: TransformersBackend) -> None:
     call = {"name": "add", "arguments": {"a": 40, "b": 2}}
-    assert run(model, "{{ run_tool(c) }}", registry(), c=call).text == "42"
-    with pytest.raises(EvaluationError, match="no host function named 'rm'"):
-        run(model, "{{ run_tool(c) }}", registry(), c={"name": "rm", "arguments": {}})
+    assert run(model, OFFER_ADD + "{{ run_tool(c) }}", registry(), c=call).text == "42"
+    with pytest.raises(EvaluationError, match="'rm' is not a function this template"):
+        run(model, OFFER_ADD + "{{ run_tool(c) }}", registry(),
+            c={"name": "rm", "arguments": {}})
     with pytest.raises(EvaluationError, match=r"add\(\) has no argument 'z'"):
-        run(model, "{{ run_tool(c) }}", registry(), c={"name": "add", "arguments": {"z": 1}})
+        run(model, OFFER_ADD + "{{ run_tool(c) }}", registry(),
+            c={"name": "add", "arguments": {"z": 1}})
+
+
+def test_run_tool_reaches_only_what_the_template_names_or_offers(
+        model: TransformersBackend) -> None:
+    """Issue #38: run_tool(name_from_input) could call any registered function, also one no
+    template names. A template reaches the functions it calls by name and those tools()
+    offered it (all of them after a bare tools())."""
+    def call(name: str, **arguments: Any) -> dict[str, Any]:
+        return {"name": name, "arguments": arguments}
+
+    with pytest.raises(EvaluationError, match=r"'sleepy' is not a function this template "
+                                              r"calls or offers with tools\(\) \(it may call: "
+                                              r"add\)") as info:
+        run(model, OFFER_ADD + "{{ run_tool(c) }}", registry(), c=call("sleepy", seconds=0))
+    assert "boom" not in info.value.message  # the other registered names are not shown
+    with pytest.raises(EvaluationError, match="it may call: none"):
+        run(model, "{{ run_tool(c) }}", registry(), c=call("add", a=1))
+    # Called by name elsewhere in the template (a macro's body counts):
+    text = "{% macro m() %}{{ add(1) }}{% endmacro %}{{ run_tool(c) }}"
+    assert run(model, text, registry(), c=call("add", a=1, b=1)).text == "2"
+    # A bare tools() offers every registered function, a fork's branch sees what was offered.
+    assert run(model, "{% set t = tools() %}{{ run_tool(c) }}", registry(),
+               c=call("shout", text="hi")).text == "HI"
+    forked = ('{% set t = tools(["shout"]) %}{% fork i in [1, 2] %}{% set r = run_tool(c) %}'
+              '{{ gen x max_tokens=1 }}{% endfork %}{{ x | length }}')
+    assert run(model, forked, registry(), c=call("shout", text="hi")).text == "2"
 
 
 def test_a_dict_of_callables_and_tool_specs() -> None:
