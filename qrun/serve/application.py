@@ -12,6 +12,7 @@ import hmac
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -134,7 +135,11 @@ def _backend(model: Backend | ModelOptions | str | None,
     else:
         return model
     # One model serves every template: the first template's front matter fills in what the
-    # caller left open (docs/serve.md §3).
+    # caller left open (docs/serve.md §3); the weights when any template has a hole (issue
+    # #38: a first template without holes loaded the tokenizer alone, and every other
+    # template failed), unless the caller said.
+    if options.weights is None:
+        options = replace(options, weights=any(q.program.captures for q in queries.values()))
     return next(iter(queries.values())).load(options=options)
 
 

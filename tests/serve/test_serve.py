@@ -314,6 +314,20 @@ def test_a_host_functions_failure_and_the_servers_paths_stay_in_its_log(
     assert failed.json()["request_id"] in logged
 
 
+def test_a_first_template_without_holes_loads_the_weights_the_others_need(
+        tiny_folder: str) -> None:
+    """Issue #38: the model was loaded for the first template only: without holes, the
+    tokenizer alone, and every other template failed "loaded without weights"."""
+    templates = {"a_plain": qrun.Query("Hello {{ who }}."), "b_person": qrun.Query(PERSON)}
+    asgi = app(templates, model=tiny_folder)
+    with serving(asgi) as url:
+        assert post(url, "a_plain", {"inputs": {"who": "Ada"}}).json()["text"] == "Hello Ada."
+        answer = post(url, "b_person", {"inputs": {"name": "Ada"}})
+        assert answer.status_code == 200, answer.text
+    plain = app({"a_plain": qrun.Query("Hello {{ who }}.")}, model=tiny_folder)
+    assert plain.state.qrun.backend.step_model() is None  # nothing needs the weights
+
+
 def test_a_full_queue_answers_429_and_every_admitted_run_ends(
         server: tuple[str, Service], gate: Gate) -> None:
     url, service = server
