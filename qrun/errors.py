@@ -147,6 +147,11 @@ class GenerationError(PositionedError):
     or no token could continue. Carries the hole's span. A run-time failure (exit 1)."""
 
 
+class ContextTooLong(GenerationError):
+    """The text before a hole (the template's with its inputs) is longer than the model's
+    context: the request's size, not a failure of the run (qrun serve answers it 422)."""
+
+
 class EvaluationError(PositionedError):
     """An expression failed at run time (e.g. a key missing from an input dict, or the run's
     evaluation budget ran out); a run-time failure (exit 1)."""

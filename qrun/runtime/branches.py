@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from qrun.errors import BackendError, EvaluationError, GenerationError
+from qrun.errors import BackendError, ContextTooLong, EvaluationError, GenerationError
 from qrun.lang import ir
 from qrun.lang.args import is_count
 from qrun.lang.builtins import type_name
@@ -120,7 +120,9 @@ def share(run: BlockRun, span: Span) -> str:
     (Session.share); failures are reported at `span`."""
     try:
         return run.session.share()
-    except (ContextFull, BackendError) as exc:
+    except ContextFull as exc:
+        raise ContextTooLong(str(exc), span, run.source) from None
+    except BackendError as exc:
         raise GenerationError(str(exc), span, run.source) from None
 
 

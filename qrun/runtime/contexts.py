@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from qrun.backends.base import Backend
-from qrun.errors import BackendError, EvaluationError, GenerationError
+from qrun.errors import BackendError, ContextTooLong, EvaluationError, GenerationError
 from qrun.lang import ir
 from qrun.lang.builtins import type_name
 from qrun.lang.expr import Expr
@@ -85,7 +85,9 @@ def settle_at(run: BlockRun, span: Span) -> None:
     for the model, or a backend failure, is reported at `span` (the block's tag)."""
     try:
         run.session.settle()
-    except (ContextFull, BackendError) as exc:
+    except ContextFull as exc:
+        raise ContextTooLong(str(exc), span, run.source) from None
+    except BackendError as exc:
         raise GenerationError(str(exc), span, run.source) from None
 
 

@@ -19,6 +19,7 @@ from qrun.constraint.grammar import GrammarError
 from qrun.errors import (
     BackendError,
     ConstraintError,
+    ContextTooLong,
     EvaluationError,
     GenerationError,
     LimitError,
@@ -94,8 +95,7 @@ class Run:
         self.pieces: list[str] = []
         self.generator = new_generator(self.options.seed)
         self.source = program.source  # what the op being run points into (an included file's)
-        # Where the last fixed text came from: a ContextFull when its stretch is tokenized
-        # (before the next hole, or at the end) is reported there.
+        # Where the last fixed text came from: a ContextFull at its tokenizing is reported there.
         self.last_text: tuple[Span, Source] = (program.source.span_at(0), program.source)
         self.budget = Budget(self.options.limits, program.source)
         speculate = (self.options.speculate and self.engines.model is not None
@@ -335,7 +335,7 @@ class Run:
             self.session.append_text(text, special=special)
         except ContextFull as exc:
             where = op.span if op is not None else self.source.span_at(0)
-            raise GenerationError(str(exc), where, self.source) from None
+            raise ContextTooLong(str(exc), where, self.source) from None
         self._show(text)
 
     def flush_text(self) -> None:
@@ -345,7 +345,7 @@ class Run:
             self.session.flush()
         except ContextFull as exc:
             span, source = self.last_text
-            raise GenerationError(str(exc), span, source) from None
+            raise ContextTooLong(str(exc), span, source) from None
 
     def _show(self, text: str) -> None:
         self.pieces.append(text)

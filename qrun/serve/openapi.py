@@ -51,7 +51,8 @@ def openapi(descriptions: list[dict[str, Any]], version: str) -> dict[str, Any]:
                                 "schema": {"$ref": f"#/components/schemas/{name}.response"}},
                             "text/event-stream": {"schema": {"type": "string"}}}},
                 **{code: ERROR_RESPONSE
-                   for code in ("400", "401", "404", "413", "422", "429", "500", "504")}}}}
+                   for code in ("400", "401", "404", "413", "415", "422", "429", "500",
+                                "502", "503", "504")}}}}
         paths[f"/v1/templates/{name}/batch"] = {"post": {
             "summary": f"Run {name} once per JSON line",
             "operationId": f"batch_{name}",
@@ -60,7 +61,8 @@ def openapi(descriptions: list[dict[str, Any]], version: str) -> dict[str, Any]:
             "responses": {"200": {"description": "JSON Lines, one per input line",
                                   "content": {"application/x-ndjson": {
                                       "schema": {"type": "string"}}}},
-                          **{code: ERROR_RESPONSE for code in ("400", "401", "404", "413")}}}}
+                          **{code: ERROR_RESPONSE for code in ("400", "401", "404", "413",
+                                                               "415", "503")}}}}
     return {"openapi": "3.1.0", "info": {"title": "qrun serve", "version": version},
             "paths": paths, "components": {"schemas": schemas}}
 

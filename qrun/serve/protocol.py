@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from qrun.errors import (
     BackendError,
+    ContextTooLong,
     EvaluationError,
     GenerationError,
     HostFunctionError,
@@ -100,6 +101,8 @@ def api_error(exc: BaseException, names: Mapping[str, str] | None = None) -> Api
         return exc
     if isinstance(exc, InputError | UsageError) and not isinstance(exc, TemplateError):
         return ApiError(422, "input_error", message_of(exc), position_of(exc, names))
+    if isinstance(exc, ContextTooLong):  # the request's size: a 4xx, as input_too_large
+        return ApiError(422, "context_too_long", message_of(exc), position_of(exc, names))
     if isinstance(exc, GenerationError):
         return ApiError(500, "generation_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, HostFunctionError):  # its text is for the server's log only
@@ -306,7 +309,13 @@ def check_input_sizes(inputs: Mapping[str, Any], limits: ServeOptions,
                            "(--max-input-chars)")
         items: Iterable[tuple[str, Any]]
         if isinstance(value, Mapping):
-            items = ((f"{place}[{json.dumps(key)}]", item) for key, item in value.items())
+            long_key = next((k for k in value if isinstance(k, str)
+                             and len(k) > limits.max_input_chars), None)
+            if long_key is not None:  # a key is a string too (issue #38: 100,001 passed)
+                raise ApiError(422, "input_too_large", f"{what} {place} has a key of "
+                               f"{len(long_key)} characters; this server takes at most "
+                               f"{limits.max_input_chars} (--max-input-chars)")
+            items = ((f"{place}[{_shown_key(key)}]", item) for key, item in value.items())
         elif isinstance(value, list | tuple):
             items = ((f"{place}[{index}]", item) for index, item in enumerate(value))
         else:
@@ -315,6 +324,13 @@ def check_input_sizes(inputs: Mapping[str, Any], limits: ServeOptions,
             raise ApiError(422, "input_too_large", f"{what} {place} nests lists and objects "
                            f"deeper than {limits.max_input_depth} levels (--max-input-depth)")
         todo.extend((where, item, depth + 1) for where, item in items)
+
+
+def _shown_key(key: Any) -> str:
+    """A key as an error's place shows it: JSON, cut short (a message never echoes a long
+    key back whole)."""
+    shown = json.dumps(key)
+    return shown if len(shown) <= 42 else shown[:40] + '..."'
 
 
 def run_options(given: dict[str, Any]) -> tuple[RunOptions, float | None]:

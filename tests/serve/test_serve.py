@@ -201,12 +201,18 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
                max_input_depth=2)
     with alarm(120), serving(asgi) as url:
         answers = [post(url, "person", {"inputs": {"name": name}})
-                   for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]})]
+                   for name in ("x" * 10, "x" * 11, [["a"]], [[["a"]]], {"k": ["x" * 11]},
+                                {"k" * 11: 1}, {"k" * 10: {"y" * 50: "x" * 11}})]
         filled = post(url, "person", {"inputs": {"name": "Ada"}, "fill": {"city": "X" * 11}})
         batch = httpx.post(f"{url}/v1/templates/person/batch?fields=vars",
                            content=b'{"name": "Ada"}\n{"name": "abcdefghijk"}\n', timeout=120,
                            headers=NDJSON)
-    assert [a.status_code for a in answers] == [200, 422, 200, 422, 422]
+    assert [a.status_code for a in answers] == [200, 422, 200, 422, 422, 422, 422]
+    # A key is a string too (issue #38: a 100,001-character key passed).
+    assert "input name has a key of 11 characters" in answers[5].json()["error"]["message"]
+    message = answers[6].json()["error"]["message"]
+    assert message.startswith('input name["kkkkkkkkkk"] has a key of 50 characters')
+    assert "yyyyyyyyyyy" not in message  # the key is not echoed
     for answer in answers[1:4:2] + answers[4:]:
         assert answer.json()["error"]["code"] == "input_too_large"
     assert "input name is a string of 11 characters" in answers[1].json()["error"]["message"]
@@ -217,6 +223,20 @@ def test_an_input_too_long_or_too_deep_is_422_input_too_large(
     rows = [json.loads(line) for line in batch.text.splitlines()]
     assert "vars" in rows[0] and rows[1]["line"] == 2
     assert "at most 10 (--max-input-chars)" in rows[1]["error"]
+
+
+def test_inputs_longer_than_the_models_context_are_422_context_too_long(
+        server: tuple[str, Service]) -> None:
+    """Issue #38: an input that overflows the model's context was a 500, not the client's
+    4xx; openapi.json now lists 415, 502 and 503 too."""
+    url, _ = server
+    answer = post(url, "person", {"inputs": {"name": "word " * 9000}})  # over 4,096 tokens
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "context_too_long"
+    assert "context" in answer.json()["error"]["message"]
+    responses = httpx.get(f"{url}/openapi.json").json()["paths"][
+        "/v1/templates/person/run"]["post"]["responses"]
+    assert {"415", "422", "429", "502", "503", "504"} <= set(responses)
 
 
 def test_the_size_limits_are_on_the_request_not_on_the_template_defaults(
