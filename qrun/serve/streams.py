@@ -63,7 +63,7 @@ async def answer_run(service: Service, request: Request, request_id: str) -> Res
     ticket = _submit(service, run.request)
     outcome = asyncio.ensure_future(asyncio.wrap_future(ticket.future))
     # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
-    outcome.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+    outcome.add_done_callback(_read_outcome)
     gone = asyncio.ensure_future(_disconnected(request))
     stop = asyncio.ensure_future(service.abandoning.wait())
     waiting: set[asyncio.Future[Any]] = {outcome, gone, stop}
@@ -165,6 +165,10 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
                         else:
                             tickets.append(ticket)
                             pending[next_line] = asyncio.wrap_future(ticket.future)
+                            # A run given up on (a timeout, a client gone) still ends, most
+                            # with RunCancelled: read, never logged as "Future exception was
+                            # never retrieved" (issue #38).
+                            pending[next_line].add_done_callback(_read_outcome)
                     next_line += 1
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
@@ -173,7 +177,7 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
                 except TimeoutError:
                     error = ApiError(504, "timeout", f"the batch took longer than its "
                                      f"timeout ({timeout} s)")
-                    line = rows.error(error.message, number, parsed)
+                    line = rows.error(error.message, number, parsed, error.code)
                 except (Exception, asyncio.CancelledError) as exc:
                     if isinstance(exc, asyncio.CancelledError) and not pending[index].cancelled():
                         raise  # this stream's own task is cancelled: its client went away
@@ -187,6 +191,11 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
                 ticket.cancel()
 
     return StreamingResponse(produce(), media_type="application/x-ndjson")
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _unless_abandoned(service: Service, future: asyncio.Future[Any],

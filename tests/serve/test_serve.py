@@ -5,6 +5,7 @@ requests batched together with the results an in-process run gives."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -428,6 +429,23 @@ def test_a_batch_waiting_for_a_place_does_not_spin(
         assert [f.result().status_code for f in others] == [200] * 5
         lines = batch.result().text.splitlines()
     assert [("error" in json.loads(line)) for line in lines] == [False, False]
+
+
+def test_a_batch_given_up_on_logs_no_unread_outcome(
+        server: tuple[str, Service], gate: Gate, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #38: the runs of a batch that timed out ended later with RunCancelled, which
+    nobody read: asyncio logged "Future exception was never retrieved" tracebacks."""
+    url, service = server
+    with alarm(120), caplog.at_level("ERROR", logger="asyncio"):
+        batch = httpx.post(f"{url}/v1/templates/gated/batch?timeout=0.5",
+                           content=b'{"q": "a"}\n{"q": "b"}\n', headers=NDJSON, timeout=120)
+        assert [json.loads(line)["code"] for line in batch.text.splitlines()] == \
+            ["timeout", "timeout"]
+        gate.open.set()
+        wait_until(lambda: service.runs.active == 0)
+        httpx.get(f"{url}/healthz")  # the loop has run the runs' last callbacks by now
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 def test_a_run_past_its_timeout_is_504_and_is_cancelled(
