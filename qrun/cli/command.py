@@ -134,6 +134,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-input-depth", type=int, default=32, metavar="N",
                         help="how deep an input's lists and objects may nest (default 32; "
                              "beyond, 422 input_too_large)")
+    parser.add_argument("--body-timeout", type=int, default=60, metavar="SECONDS",
+                        help="how long a request's body may take to arrive (default 60; "
+                             "beyond, 408)")
+    parser.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a request's headers may take to arrive (default 10; "
+                             "beyond, the connection is closed)")
+    parser.add_argument("--max-connections", type=int, default=512, metavar="N",
+                        help="open connections at most (default 512; one more is closed as "
+                             "it is accepted)")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="a name clients may reach the server by (the Host header), "
                              "beside localhost, 127.0.0.1 and ::1 (repeatable; '*': any). "
@@ -300,7 +309,13 @@ def _serve(args: argparse.Namespace) -> int:
     limits = ServeOptions.checked(
         {"max_running": args.max_running, "max_queue": args.max_queue,
          "max_body_bytes": args.max_body_kb * 1024, "max_input_chars": args.max_input_chars,
-         "max_input_depth": args.max_input_depth}, lambda name: "--" + name.replace("_", "-"))
+         "max_input_depth": args.max_input_depth, "body_timeout_s": args.body_timeout},
+        lambda name: "--body-timeout" if name == "body_timeout_s"
+        else "--" + name.replace("_", "-"))
+    if not args.header_timeout > 0:
+        raise UsageError(f"--header-timeout must be > 0, got {args.header_timeout}")
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections must be ≥ 1, got {args.max_connections}")
     functions = functions_of(args)
     model = model_options(args)
     api_key = args.api_key or os.environ.get("QRUN_API_KEY") or None
@@ -310,8 +325,10 @@ def _serve(args: argparse.Namespace) -> int:
                    max_running=limits.max_running, max_queue=limits.max_queue,
                    max_body_bytes=limits.max_body_bytes,
                    max_input_chars=limits.max_input_chars,
-                   max_input_depth=limits.max_input_depth)
-    run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout)
+                   max_input_depth=limits.max_input_depth,
+                   body_timeout_s=limits.body_timeout_s)
+    run_server(asgi, args.host, args.port, api_key, args.log_level, args.drain_timeout,
+               args.header_timeout, args.max_connections)
     return EXIT_OK
 
 

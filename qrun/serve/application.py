@@ -29,6 +29,7 @@ from qrun.options import ModelOptions
 from qrun.serve.catalog import served
 from qrun.serve.openapi import openapi
 from qrun.serve.protocol import (
+    BODY_TIMEOUT_S,
     MAX_BODY_BYTES,
     MAX_INPUT_CHARS,
     MAX_INPUT_DEPTH,
@@ -62,13 +63,15 @@ def app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_input_chars: int = MAX_INPUT_CHARS,
     max_input_depth: int = MAX_INPUT_DEPTH,
+    body_timeout_s: int = BODY_TIMEOUT_S,
     api_key: str | None = None,
     allowed_hosts: Iterable[str] | None = LOOPBACK_HOSTS,
 ) -> Starlette:
     """The ASGI app serving `templates` (name -> Query, or `.tmpl` files and folders, compiled
     with `functions`) on `model` (a loaded backend, or what `load_model` takes: loaded now).
     `api_key`: requests must carry `Authorization: Bearer KEY`. `max_input_chars`,
-    `max_input_depth`: the largest input a request may give (check_input_sizes).
+    `max_input_depth`: the largest input a request may give (check_input_sizes);
+    `body_timeout_s`: how long its body may take to arrive (read_body).
     `allowed_hosts`: the names a request's `Host` may give (HostGate; default this machine's
     loopback names; "*" among them, or None: any).
 
@@ -78,7 +81,7 @@ def app(
         ModelLoadError: the model cannot be loaded.
     """
     limits = ServeOptions(max_running, max_queue, max_body_bytes, max_input_chars,
-                          max_input_depth)
+                          max_input_depth, body_timeout_s)
     if api_key is not None and api_key != "" and not _KEY.fullmatch(api_key):
         raise UsageError("the API key must be printable ASCII with no spaces (a key with a "
                          "space at either end would never match what clients send)")

@@ -4,6 +4,7 @@ entrypoints keep the same split: protocol, serving, router)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
 
 MAX_BODY_BYTES = 1 << 20
 """The largest request body read (413 beyond it)."""
+
+
+BODY_TIMEOUT_S = 60
+"""How long a request's body may take to arrive, whole: a megabyte in a minute is a slow
+link's pace, and a body dripped in to hold a connection is cut."""
 
 
 RETRY_AFTER_S = 1
@@ -155,6 +161,7 @@ class ServeOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     max_input_chars: int = MAX_INPUT_CHARS
     max_input_depth: int = MAX_INPUT_DEPTH
+    body_timeout_s: int = BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         problem = _limit_problem(self.keywords(), str)
@@ -187,7 +194,7 @@ def _limit_problem(values: Mapping[str, Any], spell: Callable[[str], str]) -> st
 
 
 _LEAST = {"max_running": 1, "max_queue": 0, "max_body_bytes": 1, "max_input_chars": 1,
-          "max_input_depth": 1}
+          "max_input_depth": 1, "body_timeout_s": 1}
 
 
 @dataclass
@@ -228,11 +235,11 @@ def require_media_type(request: Request, accepted: frozenset[str]) -> None:
                        f"not {shown}")
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as strict JSON (qrun/jsonio.py), read up to `limit` bytes; it must be sent as
+async def read_json(request: Request, limits: ServeOptions) -> Any:
+    """The body as strict JSON (qrun/jsonio.py), read as read_body reads; it must be sent as
     application/json."""
     require_media_type(request, JSON_TYPES)
-    data = await read_body(request, limit)
+    data = await read_body(request, limits)
     try:
         return parse_value(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -242,8 +249,20 @@ async def read_json(request: Request, limit: int) -> Any:
         raise ApiError(400, "bad_request", f"the body: {exc}") from None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body's bytes, at most `limit` (413 beyond, with or without a Content-Length)."""
+async def read_body(request: Request, limits: ServeOptions) -> bytes:
+    """The body's bytes, at most `limits.max_body_bytes` (413 beyond, with or without a
+    Content-Length), all arrived within `limits.body_timeout_s` (408 `body_timeout` after:
+    issue #38, a body sent a byte every 5 s was never cut)."""
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            return await _read_body(request, limits.max_body_bytes)
+    except TimeoutError:
+        raise ApiError(408, "body_timeout", f"the body took longer than "
+                       f"{limits.body_timeout_s} s to arrive (--body-timeout)",
+                       headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")

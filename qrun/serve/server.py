@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from qrun.serve.connections import HEADER_TIMEOUT_S, MAX_CONNECTIONS, bounded_config
 from qrun.serve.service import LOOPBACK_HOSTS, Service, host_name
 
 log = logging.getLogger("qrun.serve")
@@ -96,11 +97,14 @@ class DrainingServer(uvicorn.Server):
 
 def run_server(asgi: Starlette, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, log_level: str = "info",
-               drain_timeout: float = 30) -> None:
+               drain_timeout: float = 30, header_timeout: float = HEADER_TIMEOUT_S,
+               max_connections: int = MAX_CONNECTIONS) -> None:
     """Serve `asgi` (an app of `qrun.serve.app`) until SIGTERM or Ctrl-C, then drain it
     (DrainingServer: new requests answered 503 while those accepted finish, for up to
     `drain_timeout` seconds) and return. Binding beyond loopback without a key warns on stderr
-    (anyone who reaches the port can run the templates)."""
+    (anyone who reaches the port can run the templates). Connections are bounded
+    (serve/connections.py): headers within `header_timeout` seconds, at most
+    `max_connections` open."""
     if not is_loopback(host) and not api_key:
         print(f"qrun serve: warning: {host} is reachable from other machines and no "
               "--api-key (or QRUN_API_KEY) is set: anyone who reaches it can run these "
@@ -112,6 +116,7 @@ def run_server(asgi: Starlette, host: str = "127.0.0.1", port: int = 8000,
         # once it has: with the default SIGTERM handler the process would die of it (status
         # -15); this one lets `qrun serve` exit 0 (docs/serve.md §5).
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    config = uvicorn.Config(asgi, host=host, port=port, log_level=log_level,
+    config = bounded_config(asgi, host, port, header_timeout=header_timeout,
+                            max_connections=max_connections, log_level=log_level,
                             timeout_graceful_shutdown=DrainingServer.CLOSE_GRACE_S)
     DrainingServer(config, asgi.state.qrun, drain_timeout).run()

@@ -55,7 +55,7 @@ ADMIT_POLL_MAX_S = 0.5
 
 async def answer_run(service: Service, request: Request, request_id: str) -> Response:
     name = template_name(service, request)
-    body = await read_json(request, service.limits.max_body_bytes)
+    body = await read_json(request, service.limits)
     run = run_body(service.templates[name], name, service.limits, body, request)
     log.info("[%s] run %s", request_id, name)
     if run.stream:
@@ -119,7 +119,7 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
             given[key] = value  # a string: RunOptions names what it wanted
     options, timeout = run_options(given)
     require_media_type(request, JSON_LINES_TYPES)
-    data = await read_body(request, service.limits.max_body_bytes)
+    data = await read_body(request, service.limits)
     query = service.templates[name]
     rows = Rows(fields, id_field)
     # (line number, the line's object if it is one, its run or why it has none)

@@ -17,16 +17,19 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from qrun.serve.connections import bounded_config
 from tests.hang import alarm, wait_until
 
 
 @contextmanager
-def serving(asgi: Starlette) -> Iterator[str]:
-    """Serve `asgi` on 127.0.0.1 (a port the system picks) for the block; yields its URL."""
+def serving(asgi: Starlette, **bounds: Any) -> Iterator[str]:
+    """Serve `asgi` on 127.0.0.1 (a port the system picks) for the block, on the bounded
+    connections `qrun serve` has (qrun/serve/connections.py; `bounds`: header_timeout,
+    max_connections); yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(bounded_config(asgi, log_level="warning", lifespan="on", **bounds))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
