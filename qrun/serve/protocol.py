@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from qrun.errors import (
     BackendError,
@@ -256,6 +256,9 @@ async def read_body(request: Request, limits: ServeOptions) -> bytes:
     try:
         async with asyncio.timeout(limits.body_timeout_s):
             return await _read_body(request, limits.max_body_bytes)
+    except ClientDisconnect:  # gone before its body ended (or the server shut it): no bug
+        raise ApiError(499, "client_closed", "the connection closed before the body ended") \
+            from None
     except TimeoutError:
         raise ApiError(408, "body_timeout", f"the body took longer than "
                        f"{limits.body_timeout_s} s to arrive (--body-timeout)",

@@ -148,3 +148,19 @@ def test_a_dripped_body_is_cut_408(server: tuple[str, Service]) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b'"body_timeout"' in body
+
+
+def test_a_body_cut_short_is_no_server_error(server: tuple[str, Service],
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #38: a connection closed while its body was still arriving (the client gone, or
+    SIGTERM's shutdown) was answered 500 with a traceback in the log."""
+    url, _ = server
+    with alarm(120), caplog.at_level("INFO", logger="qrun.serve"):
+        client = socket.create_connection(address(url))
+        client.sendall(b"POST /v1/templates/person/run HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        client.close()
+        wait_until(lambda: 'qrun_requests_total{status="499"}' in
+                   httpx.get(f"{url}/metrics").text)
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert any("client_closed" in r.getMessage() for r in caplog.records)
