@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
+from pygls.io_ import StdinAsyncReader, StdoutWriter, run_async
 from pygls.lsp.server import LanguageServer
 
 from qrun.collector import collector_paused
@@ -33,6 +36,7 @@ from qrun.lsp import diagnostics as diagnosing
 from qrun.lsp import hover as hovering
 from qrun.lsp import symbols as outlining
 from qrun.lsp.analysis import Analysis, Range, analyze
+from qrun.lsp.transport import AnsweringProtocol, ResyncingReader
 
 DEBOUNCE_S = 0.02
 """Changes this close together are compiled once (a burst of keystrokes); short, since a
@@ -59,15 +63,39 @@ class QrunLanguageServer(LanguageServer):
     """The server, with its documents' analyses and the one thread compiles run on."""
 
     def __init__(self, functions: Signatures | None = None) -> None:
-        super().__init__("qrun", VERSION)
+        super().__init__("qrun", VERSION, protocol_cls=AnsweringProtocol)
         # The host functions templates may call (`qrun lsp --functions FILE.py`), as `qrun
         # --check --functions` takes them: the same front end, so the same verdict.
         self.functions = functions
         self.documents: dict[str, _Document] = {}
         self.compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qrun-compile")
 
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """pygls's stdio server (LanguageServer._start_io_async), reading through a
+        ResyncingReader (qrun/lsp/transport.py): a malformed message is dropped, not the
+        end of the conversation."""
+        self._stop_event = threading.Event()
+        reader = ResyncingReader(StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool))
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        try:
+            asyncio.run(run_async(stop_event=self._stop_event, reader=reader,
+                                  protocol=self.protocol, logger=log,
+                                  error_handler=self.report_server_error))
+        except BrokenPipeError:
+            log.error("qrun lsp: the client went away")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()  # type: ignore[no-untyped-call]
+
     def text(self, uri: str) -> str:
-        return self.workspace.get_text_document(uri).source
+        """The document's text: as the client sent it, or (a document it never opened) read
+        from disk by pygls; one that cannot be read is empty, so a request about it gets an
+        empty answer, not an internal error with a traceback."""
+        try:
+            return self.workspace.get_text_document(uri).source
+        except (OSError, UnicodeDecodeError, ValueError):
+            return ""
 
     def schedule(self, uri: str, delay: float) -> None:
         """Compile the document (after `delay`, dropping a compile not yet started)."""
@@ -319,6 +347,9 @@ def serve(functions: Signatures | None = None) -> int:
     """Run the server on stdin and stdout until the client ends it; `functions`: the host
     functions templates may call."""
     server = build_server(functions)
-    warm_up()
+    # On the compile thread, beside the protocol's loop: `initialize` is answered at once
+    # (issue #38: it waited 7-12 s for the warm-up on a loaded machine), and a document's
+    # first compile queues behind the warm-up, as before.
+    server.compiler.submit(warm_up)
     server.start_io()
     return 0
