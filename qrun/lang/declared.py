@@ -5,16 +5,23 @@ JSON Schema written out or from the compact spelling (`integer = 3`, `list[strin
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from qrun.constraint.grammar.schema import schema_positions
 from qrun.errors import suggest
 from qrun.lang import ast
-from qrun.lang.simple_schema import Problem, is_simple, schema_problem, value_problem
+from qrun.lang.simple_schema import (
+    Problem,
+    is_simple,
+    pattern_problem,
+    schema_problem,
+    value_problem,
+)
 from qrun.source import Span
 
 Fail = Callable[[str, Span, tuple[str, ...]], None]
@@ -305,13 +312,28 @@ def first_problem(schema: Any, value: Any) -> Problem | None:
     (jsonschema's best match for a schema that is not simple), or None when it fits."""
     if is_simple(schema):
         return value_problem(schema, value)
-    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
 
-    error = best_match(Draft202012Validator(schema).iter_errors(value))
+    error = best_match(_validator()(schema).iter_errors(value))
     if error is None:
         return None
     return tuple(error.absolute_path), error.message
+
+
+@functools.cache
+def _validator() -> Any:
+    """jsonschema's draft 2020-12 validator, its `pattern` searched as a simple schema's is
+    (simple_schema.pattern_problem: bounded in time; jsonschema's own uses `re`, unbounded)."""
+    from jsonschema import Draft202012Validator, validators
+    from jsonschema.exceptions import ValidationError
+
+    def pattern(validator: Any, expected: str, instance: Any, _: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string"):
+            problem = pattern_problem(expected, instance)
+            if problem is not None:
+                yield ValidationError(problem)
+
+    return validators.extend(Draft202012Validator, {"pattern": pattern})
 
 
 def where(path: tuple[str | int, ...]) -> str:

@@ -186,6 +186,29 @@ _CHECKS: dict[str, Callable[[Any, Any], str | None]] = {
     "maxLength": _length(lambda n, m: n <= m, str, "too long"),
     "minItems": _length(lambda n, m: n >= m, list, "too short"),
     "maxItems": _length(lambda n, m: n <= m, list, "too long"),
-    "pattern": lambda pattern, v: None if not isinstance(v, str) or re.search(pattern, v)
-    else f"{v!r} does not match {pattern!r}",
+    "pattern": lambda pattern, v: None if not isinstance(v, str) else pattern_problem(pattern, v),
 }
+
+
+PATTERN_TIMEOUT_S = 1.0
+"""How long a declared `pattern` may take to search one value: a pattern that backtracks
+catastrophically (`^(a+)+$` on forty a's and a '!') would otherwise hold the run, or a server's
+request, for minutes (issue #38)."""
+
+
+def pattern_problem(pattern: str, value: str) -> str | None:
+    """Why `value` does not match `pattern` (searched with the regex module, which stops a
+    search after PATTERN_TIMEOUT_S), or None when it does."""
+    import regex
+
+    try:
+        found = regex.search(pattern, value, timeout=PATTERN_TIMEOUT_S)
+    except TimeoutError:
+        return (f"the pattern {pattern!r} took longer than {PATTERN_TIMEOUT_S:g} s to search "
+                f"{_short(value)}")
+    return None if found else f"{_short(value)} does not match {pattern!r}"
+
+
+def _short(value: str) -> str:
+    """A value in a message: cut to 60 characters (an input may be 100,000 long)."""
+    return repr(value) if len(value) <= 60 else repr(value[:60]) + f"... ({len(value)} characters)"
