@@ -139,16 +139,6 @@ def test_the_converted_default_model_names_its_architecture() -> None:
     assert "quantization_config" not in config
 
 
-@pytest.mark.real
-def test_converting_the_default_model_writes_nothing_on_stderr(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    # transformers draws a tqdm bar while it reads a GGUF; a first run shows no bars.
-    monkeypatch.setenv("QRUN_CACHE", str(tmp_path / "cache"))
-    folder = ensure_converted(locate_model("smollm2"))
-    assert (folder / "config.json").is_file()
-    assert capfd.readouterr().err == ""
-
-
 def test_the_converted_tokenizer_splits_digits_as_smollm2_does(tiny: Any) -> None:
     # The GGUF names its pre-tokenizer "smollm" (digits split first); transformers' GGUF
     # loader wrote a plain ByteLevel one, which merged "\n\n" before a digit differently.
