@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--help); `qrun test PATH...` runs their test cases (qrun test --help); "
                "`qrun lsp` is the language server editors start (docs/editor.md).",
     )
-    parser.add_argument("file", help="the template (.tmpl)")
+    parser.add_argument("file", help="the template (.tmpl), or - to read it from standard input")
     parser.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE",
                         help="an input as a string; NAME:=JSON gives a JSON value (repeatable)")
     parser.add_argument("--vars", metavar="FILE.json|-",
@@ -240,7 +240,6 @@ def _lsp(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qrun.api import Query
 
     _validate(args)
     fields = _fields(args.fields)
@@ -248,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.server:
         return _run_on_server(args, fields, options)
     wanted = model_options(args)
-    query = Query.from_file(args.file, functions=functions_of(args))
+    query = _query(args)
     for warning in query.warnings:  # on stderr; the exit code stays the run's
         print(warning.render(), file=sys.stderr)
     if args.dump:
@@ -337,6 +336,9 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
     """`--server URL`: the run (or the --inputs lines) on a running `qrun serve`."""
     from qrun.cli.remote import run_remote, run_remote_lines
 
+    if args.file == "-":
+        raise UsageError("--server runs a template the server serves, named by its file: give "
+                         "the file's name, not -")
     local = [flag for flag, given in (
         ("--check", args.check), ("--dump", args.dump), ("--trace", args.trace),
         ("--functions", args.functions), ("--model", args.model), ("--url", args.url),
@@ -465,6 +467,26 @@ def _options(args: argparse.Namespace) -> RunOptions:
     except UsageError as exc:
         name = next((n for n in given if str(exc).startswith(n + " ")), "")
         raise UsageError(f"--{name.replace('_', '-')}: {exc}" if name else str(exc)) from None
+
+
+def _query(args: argparse.Namespace) -> Query:
+    """The template of `qrun FILE`: the file, or with `-` standard input (compiled as
+    `<stdin>`, its includes from the working folder)."""
+    from qrun.api import Query
+    from qrun.lang.size import MAX_TEMPLATE_SIZE
+    from qrun.lang.text import decode_template
+
+    if args.file != "-":
+        return Query.from_file(args.file, functions=functions_of(args))
+    if "-" in (args.inputs, args.vars):
+        raise UsageError("the template comes from standard input (qrun -): give --inputs and "
+                         "--vars as files")
+    data = sys.stdin.buffer.read(MAX_TEMPLATE_SIZE + 1)
+    if len(data) > MAX_TEMPLATE_SIZE:
+        raise UsageError(f"the template on standard input is larger than {MAX_TEMPLATE_SIZE} "
+                         "bytes")
+    return Query(decode_template(data, "<stdin>"), name="<stdin>", include_dir=os.getcwd(),
+                 functions=functions_of(args))
 
 
 def _validate(args: argparse.Namespace) -> None:

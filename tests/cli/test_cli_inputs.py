@@ -170,3 +170,22 @@ def test_json_output_is_one_line_without_raw_separators(
     row = json.loads(out)
     assert row["text"].startswith("Q: a\u2028b|")
     assert set(row) == {"text", "holes"}
+
+
+def test_the_template_from_standard_input(tmp_path: Path, tiny_folder: str) -> None:
+    """`qrun -` reads the template from standard input (issue #38 item 8), compiled as
+    <stdin> with its includes from the working folder."""
+    (tmp_path / "part.tmpl").write_text("and {{ who }}")
+    text = b'Hello {% include "part.tmpl" %}: {{ gen g regex="[a-z]{2}" }}.'
+    done = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "-v", "who=Ada", "--model",
+                           tiny_folder, "--json"], input=text, capture_output=True,
+                          check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert row["text"].startswith("Hello and Ada: ") and len(row["vars"]["g"]) == 2
+    bad = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "--check"],
+                         input=b"Hi {{ who }.", capture_output=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.decode().startswith("<stdin>:1:")
+    both = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "--inputs", "-"],
+                          input=b"Hi.", capture_output=True, check=False)
+    assert both.returncode == 2 and b"standard input" in both.stderr
