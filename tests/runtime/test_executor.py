@@ -262,7 +262,9 @@ def test_a_context_longer_than_the_model_takes_fails_before_any_forward(
     results = qrun.Query("Read: {{ doc }}\nAnswer: {{ gen a max_tokens=3 }}").run_many(
         [{"doc": "short"}, {"doc": long_text}, {"doc": "also short"}], model=tiny,
         batch_size=3)
-    assert [type(r).__name__ for r in results] == ["Result", "GenerationError", "Result"]
+    # A ContextTooLong: a GenerationError that a server answers as the request's size.
+    assert [type(r).__name__ for r in results] == ["Result", "ContextTooLong", "Result"]
+    assert isinstance(results[1], qrun.GenerationError)
 
 
 def test_generation_stops_at_the_models_maximum(tiny: TransformersBackend) -> None:
