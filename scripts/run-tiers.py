@@ -1,13 +1,14 @@
 """Runs the test tiers for `make test` (and `make test-under-load`): every tier runs even when
-another fails, each in a pytest process of its own, in two lanes at once so that both cores are
-busy all along; one summary of all tiers comes at the end, and the exit status is non-zero if
-any tier failed.
+another fails, each in a pytest process of its own, two at a time so that both cores are busy
+all along; one summary of all tiers comes at the end, and the exit status is non-zero if any
+tier failed.
 
-Why two lanes: the default tier runs on pytest-xdist's two workers (one per core) and takes
-most of the time; the other tiers (lint and types, llama.cpp, vLLM, the browser) run one after
-another beside it. vLLM and llama.cpp each need a process of their own (their OpenMP threads
-bind to the process that starts them: Makefile). Running them beside the default tier is also
-the suite's load test: nothing in it may depend on having a core to itself (issue #38).
+Why two at a time: the default tier runs on pytest-xdist's workers (one per core) and takes
+most of the time; the other tiers (vLLM, llama.cpp, lint and types, the browser) run beside
+it, longest first, and whichever of the two runners is free takes the next, so that both end
+near together. vLLM and llama.cpp each need a process of their own (their OpenMP threads bind
+to the process that starts them: Makefile). Running tiers side by side is also the suite's
+load test: nothing in it may depend on having a core to itself (issue #38).
 
 `--hog` runs the named tiers with a busy loop pinned to each core for the whole run (CI's proof
 that the backend and serve tiers hold on a busy machine).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -42,15 +44,14 @@ class Tier:
     name: str
     commands: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
-    # The lane: "main" holds the default tier, "side" the rest, one after another.
-    lane: str = "side"
     returncode: int | None = None
     seconds: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
 
 
 def pytest(*args: str) -> list[str]:
-    return [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    # The 25 slowest tests in each tier's log: where the suite's time goes.
+    return [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=25", *args]
 
 
 def tiers(chromium: str) -> dict[str, Tier]:
@@ -58,15 +59,14 @@ def tiers(chromium: str) -> dict[str, Tier]:
     return {t.name: t for t in [
         Tier("check", [[PY, "-m", "ruff", "check", "qrun", "tests", "bench", "scripts",
                         "corpus"], [PY, "-m", "mypy"]]),
-        Tier("default", [pytest("-n", workers, "--dist", "worksteal", "-m", MARKERS_DEFAULT)],
-             lane="main"),
+        Tier("default", [pytest("-n", workers, "--dist", "worksteal", "-m", MARKERS_DEFAULT)]),
         Tier("llamacpp", [pytest("-m", "llamacpp")], {"QRUN_REQUIRE_LLAMACPP": "1"}),
         Tier("vllm", [pytest("-m", "vllm")]),
         Tier("browser", [pytest("-m", "browser", "tests/trace")],
              {"QRUN_CHROMIUM": chromium, "QRUN_REQUIRE_BROWSER": "1"}),
         # Only under --hog (the default tier holds these tests already): qrun serve's tests.
         Tier("serve", [pytest("-m", "not vllm and not llamacpp and not browser",
-                              "tests/serve")], lane="main"),
+                              "tests/serve")]),
     ]}
 
 
@@ -124,8 +124,17 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
-def run_lane(lane: list[Tier], lock: threading.Lock) -> None:
-    for tier in lane:
+# The order tiers are started in: the longest first (measured on 2 cores, issue #38).
+LONGEST_FIRST = ["default", "vllm", "serve", "llamacpp", "check", "browser"]
+
+
+def runner(todo: queue.Queue[Tier], lock: threading.Lock) -> None:
+    """Run tiers from `todo` until it is empty."""
+    while True:
+        try:
+            tier = todo.get_nowait()
+        except queue.Empty:
+            return
         run_tier(tier, lock)
 
 
@@ -163,8 +172,10 @@ def main() -> int:
         print(f"a busy loop runs on each of {len(hogs)} cores beside the tiers", flush=True)
     started = time.monotonic()
     lock = threading.Lock()
-    lanes = [[t for t in chosen if t.lane == lane] for lane in ("main", "side")]
-    threads = [threading.Thread(target=run_lane, args=(lane, lock)) for lane in lanes if lane]
+    todo: queue.Queue[Tier] = queue.Queue()
+    for tier in sorted(chosen, key=lambda t: LONGEST_FIRST.index(t.name)):
+        todo.put(tier)
+    threads = [threading.Thread(target=runner, args=(todo, lock)) for _ in range(2)]
     try:
         for thread in threads:
             thread.start()
