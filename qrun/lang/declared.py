@@ -14,6 +14,7 @@ from typing import Any
 
 from qrun.constraint.grammar.schema import schema_positions
 from qrun.errors import suggest
+from qrun.jsonio import BadInput, parse_value
 from qrun.lang import ast
 from qrun.lang.simple_schema import (
     Problem,
@@ -159,15 +160,17 @@ def _enum_item(text: str) -> Any:
 
 
 def _default(text: str, schema: dict[str, Any]) -> Any:
-    """A default as JSON; bare text for a string or an enum of strings."""
+    """A default as strict JSON (qrun/jsonio.py: `1e999` is not infinity, an integer is at
+    most 4,300 digits); bare text for a string or an enum of strings."""
     if len(text) >= 2 and text[0] == text[-1] == "'":
         return text[1:-1]
     try:
-        return json.loads(text)
-    except ValueError:
+        return parse_value(text)
+    except BadInput as exc:
         if schema.get("type") == "string" or "enum" in schema or not schema:
             return text
-        raise TypeSpellingError(f"the default '{text}' is not a JSON value") from None
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        raise TypeSpellingError(f"the default '{shown}' is not a JSON value: {exc}") from None
 
 
 # ---- declarations ---------------------------------------------------------------------------

@@ -63,6 +63,12 @@ def test_compact_spelling(spelled: str, schema: dict[str, Any], optional: bool,
     ("list[string?]", "at the end"),
     ("enum[a, a]", "distinct"),
     ("integer = three", "not a JSON value"),
+    # Strict JSON (issue #38): no infinity from an overflowing float, no NaN, and an integer
+    # past Python's digit limit is refused without echoing its digits.
+    ("number = 1e999", "1e999 is too large for a float"),
+    ("number = NaN", "NaN is not a JSON number"),
+    ("integer = " + "9" * 5000, r"9{40}\.\.\. \(5000 characters\)' is not a JSON value: an "
+     "integer with more than 4300 digits"),
     ("string[x]", "takes no arguments"),
     ("dict", "takes arguments"),
 ])
