@@ -37,6 +37,10 @@ def load_functions(path: str) -> Functions:
     except Exception as exc:  # noqa: BLE001 - the caller's file failing is a usage error
         raise UsageError(f"--functions {path}: importing it failed: "
                          f"{type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # sys.exit() at import would end qrun silently (issue #38)
+        raise UsageError(f"--functions {path}: importing it called sys.exit({exc.code!r}); a "
+                         "functions file defines functions, it does not end the program") \
+            from None
     functions = getattr(module, "functions", None)
     if functions is None:
         raise UsageError(f"--functions {path} defines no `functions`: give it a dict of "

@@ -62,6 +62,9 @@ def test_a_run_calls_the_files_functions(
     (None, "no such file"),
     ("x = 1\n", "defines no `functions`"),
     ("raise RuntimeError('broken')\n", "importing it failed: RuntimeError: broken"),
+    # sys.exit() at import ended qrun at once, exit 0 and nothing printed (issue #38).
+    ("import sys\nsys.exit(0)\n", "importing it called sys.exit(0)"),
+    ("raise SystemExit('bye')\n", "sys.exit('bye')"),
     ("functions = 3\n", "functions must be a qrun.Functions or a dict"),
     ("functions = {'len': len}\n", "is a builtin's or reserved"),
     ("functions = {'calc': 3}\n", "fns.py: host function 'calc' must be callable, got int"),
