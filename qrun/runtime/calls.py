@@ -234,9 +234,15 @@ class CallRunner:
         self.check_depth(span)
         globals_ = self.globals()
         scope: dict[str, Any] = {k: run.scope[k] for k in globals_ if k in run.scope}
-        scope.update(self.bind(macro, args, kwargs, span, scope))
-        saved = run.enter_scope(scope, self.programs[-1].source)
+        # Counted from before its defaults are evaluated: a default that calls the macro
+        # (`{% macro m(x=m()) %}`) recursed without bound (issue #38).
         self.depth += 1
+        try:
+            scope.update(self.bind(macro, args, kwargs, span, scope))
+        except BaseException:
+            self.depth -= 1
+            raise
+        saved = run.enter_scope(scope, self.programs[-1].source)
         try:
             run.exec_body(macro.body, after)
         except MacroReturn as returned:

@@ -466,3 +466,18 @@ def test_a_runtime_failure_inside_a_call_is_not_taken_for_the_templates_error(
                 "{% try %}{% set v = m() %}{% except err %}caught{% endtry %}")
     with pytest.raises(CallFailure, match="KeyError"):
         run(model, template)
+
+
+def test_a_macro_whose_default_calls_it_stops_at_the_call_depth(
+        model: TransformersBackend) -> None:
+    """Issue #38: the depth was counted after the defaults were evaluated, so a default that
+    called its own macro recursed until Python's stack ran out (an internal error)."""
+    with pytest.raises(LimitError, match="calls nested more than 40 deep"):
+        run(model, "{% macro m(x=m()) %}a{% endmacro %}{{ m() }}")
+    with pytest.raises(LimitError, match="calls nested more than 5 deep"):
+        run(model, "{% macro a(x=b()) %}a{% endmacro %}{% macro b(y=a()) %}b{% endmacro %}"
+                   "{{ a() }}", limits=qrun.Limits(call_depth=5))
+    # A default that calls another macro, once, still works; the depth is given back.
+    text = ("{% macro two() %}2{% endmacro %}{% macro show(x=two()) %}[{{ x }}]{% endmacro %}"
+            "{{ show() }}{{ show() }}{{ show(1) }}")
+    assert run(model, text).text == "[2][2][1]"
