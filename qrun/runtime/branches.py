@@ -27,6 +27,7 @@ from qrun.lang import ir
 from qrun.lang.args import is_count
 from qrun.lang.builtins import type_name
 from qrun.lang.evaluate import LoopInfo
+from qrun.limits import SharedBudget
 from qrun.runtime.contexts import BlockRun, bind_targets, join_calls, mark_holes
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
@@ -57,10 +58,14 @@ def exec_fork(run: BlockRun, op: ir.Fork) -> None:
     base = int(run.generator.integers(_SEED_RANGE))
     branches = [_Branch(index, item) for index, item in enumerate(items)]
 
-    def one(branch: _Branch, engines: Engines) -> None:
-        _run_branch(run, op, branch, len(items), engines, base, names, tail)
-
     steps, output = run.budget.steps_left, run.budget.output_left
+    # A top-level fork's branches each get a copy of the run's budget, and spend this one
+    # together: nested forks cannot multiply the run's limits while the branches run.
+    shared = None if run.in_branch else SharedBudget(steps, output)
+
+    def one(branch: _Branch, engines: Engines) -> None:
+        _run_branch(run, op, branch, len(items), engines, base, names, tail, shared)
+
     if run.in_branch:
         # A fork inside a branch (a nested fork, a recursive macro's) runs its branches one
         # after the other in this branch's thread, on this branch's budget: threads stay at
@@ -127,7 +132,8 @@ def share(run: BlockRun, span: Span) -> str:
 
 
 def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
-                base: int, names: frozenset[str], tail: str) -> None:
+                base: int, names: frozenset[str], tail: str,
+                shared: SharedBudget | None) -> None:
     """Run one branch to its end in the calling thread; its error is kept, not raised. `tail`
     is the shared context's last text, not in the fork (Session.share)."""
     stats = Stats()
@@ -137,6 +143,8 @@ def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engi
     child = parent.branch(session, engines, stats, recorder,
                           np.random.default_rng([base, branch.index]), names)
     branch.child = child
+    if shared is not None:
+        child.budget.shared = shared
     try:
         bind_targets(child.scope, op.targets, branch.item, op.span, child.source)
         child.scope["loop"] = LoopInfo(branch.index, count)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from doubles import ScriptedServer, SteeredModel
 import qrun
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend
-from qrun.errors import EvaluationError, GenerationError, TemplateErrors
+from qrun.errors import EvaluationError, GenerationError, LimitError, TemplateErrors
 from qrun.runtime.result import GenRecord
 
 PREFIX = "".join(f"Fact {i}: the sky over town {i} was grey that morning.\n" for i in range(20))
@@ -364,3 +365,31 @@ def test_gen_n_and_hidden_on_the_real_model(smollm2: TransformersBackend) -> Non
     assert len(r["words"]) == 4 and all(re.fullmatch("[A-Za-z]+", w) for w in r["words"])
     assert r["best"] in r["words"] and r.text.endswith(f"The sea is {r['best']}.")
     assert "Pick one" not in r.text
+
+
+def test_nested_forks_stop_at_the_runs_step_limit_while_they_run(
+        tiny: TransformersBackend) -> None:
+    """Issue #38: each branch of a top-level fork had its own copy of the run's budget, so
+    forks nested inside ran up to (branches x budget) before the merge found the run over its
+    limit (100 x 100 x 100 ran for minutes). The branches now spend one shared budget too:
+    the run stops when their total reaches the limit, long before every body has run."""
+    ticks = 0
+    lock = threading.Lock()
+
+    def tick() -> str:
+        nonlocal ticks
+        with lock:
+            ticks += 1
+        return ""
+
+    query = qrun.Query("{% fork a in range(100) %}{% fork b in range(100) %}{{ tick() }}"
+                       "{% endfork %}{% endfork %}done", functions={"tick": tick})
+    limits = qrun.Limits(steps=20_000, call_timeout_s=None)
+    with pytest.raises(LimitError, match="more than 20,000 evaluation steps"):
+        query.run(model=tiny, options=qrun.RunOptions(limits=limits))
+    assert 0 < ticks < 10_000  # stopped part way, not after all 100 x 100 bodies
+    # Within the limit, the same fork runs whole.
+    ticks = 0
+    assert query.run(model=tiny, options=qrun.RunOptions(
+        limits=qrun.Limits(call_timeout_s=None))).text == "done"
+    assert ticks == 10_000
