@@ -273,8 +273,13 @@ def _run(args: argparse.Namespace) -> int:
     request = query.request(inputs, options=options, fill=fill)  # before the model loads
     if args.json:
         model = _load(query, wanted, args.quiet)
-        result = _hinted(lambda: query.runner(model).run(request), typed_strings)
-        print(dumps_line(Rows(fields, args.id).result(result, inputs)))
+        rows = Rows(fields, args.id)
+        try:
+            result = _hinted(lambda: query.runner(model).run(request), typed_strings)
+        except QrunError as exc:  # a failed run is a row too, as a failed --inputs line is
+            print(dumps_line({**rows.start(inputs), "error": str(exc)}))
+            raise
+        print(dumps_line(rows.result(result, inputs)))
     else:
         early = leading_text(query.program)
         write(early)  # the template's opening text, before the model loads

@@ -76,3 +76,19 @@ def test_a_bad_functions_file_is_a_usage_error(
     assert main([write(tmp_path, "hi"), "--check", "--functions", fns]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_failed_run_with_json_prints_its_error_row(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #38 item 8: `--json` printed nothing on stdout for a run that failed, where a
+    failed `--inputs` line is an error row; a script reading rows got nothing to read."""
+    fns = functions_file(tmp_path, "def boom():\n    raise ValueError('nope')\n"
+                                   "functions = {'boom': boom}\n")
+    path = write(tmp_path, "Hi {{ who }}: {{ boom() }}")
+    code = main([path, "--functions", fns, "-v", "who=Ada", "--json", "--id", "who",
+                 "--model", tiny_folder, "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    row = json.loads(out)
+    assert row["id"] == "Ada" and "boom() failed: ValueError: nope" in row["error"]
+    assert "boom() failed" in err  # the message on stderr as before
