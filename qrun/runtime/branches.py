@@ -22,17 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from qrun.errors import BackendError, ContextTooLong, EvaluationError, GenerationError
+from qrun.errors import EvaluationError
 from qrun.lang import ir
 from qrun.lang.args import is_count
 from qrun.lang.builtins import type_name
 from qrun.lang.evaluate import LoopInfo
 from qrun.limits import SharedBudget
-from qrun.runtime.contexts import BlockRun, bind_targets, join_calls, mark_holes
+from qrun.runtime.contexts import BlockRun, bind_targets, join_calls, mark_holes, reported_at
 from qrun.runtime.engines import Engines, choose_engines
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
-from qrun.runtime.session import ContextFull
 from qrun.runtime.stats import Stats
 from qrun.source import Span
 
@@ -123,12 +122,8 @@ def _items(run: BlockRun, op: ir.Fork) -> list[Any]:
 def share(run: BlockRun, span: Span) -> str:
     """Feed the whole context once, before it is forked, but its last token's text, returned
     (Session.share); failures are reported at `span`."""
-    try:
+    with reported_at(run, span):
         return run.session.share()
-    except ContextFull as exc:
-        raise ContextTooLong(str(exc), span, run.source) from None
-    except BackendError as exc:
-        raise GenerationError(str(exc), span, run.source) from None
 
 
 def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engines: Engines,

@@ -80,15 +80,23 @@ def bind_targets(scope: dict[str, Any], targets: tuple[str, ...], item: Any, spa
     scope.update(zip(targets, item, strict=True))
 
 
-def settle_at(run: BlockRun, span: Span) -> None:
-    """Tokenize the text collected so far and resolve a pending overshoot; a context too long
-    for the model, or a backend failure, is reported at `span` (the block's tag)."""
+@contextmanager
+def reported_at(run: BlockRun, span: Span) -> Iterator[None]:
+    """A context too long for the model (ContextTooLong), or a backend failure, in the block
+    is reported at `span` (a block's tag)."""
     try:
-        run.session.settle()
+        yield
     except ContextFull as exc:
         raise ContextTooLong(str(exc), span, run.source) from None
     except BackendError as exc:
         raise GenerationError(str(exc), span, run.source) from None
+
+
+def settle_at(run: BlockRun, span: Span) -> None:
+    """Tokenize the text collected so far and resolve a pending overshoot; failures are
+    reported at `span` (reported_at)."""
+    with reported_at(run, span):
+        run.session.settle()
 
 
 @contextmanager
