@@ -212,6 +212,15 @@ class Vocabulary:
         after = bisect.bisect_right(self._sorted, data)
         return after < len(self._sorted) and self._sorted[after].startswith(data)
 
+    def extensions(self, data: bytes) -> tuple[int, ...]:
+        """Every token id whose bytes properly start with `data` (`",` and `".` for `"`)."""
+        found: list[int] = []
+        index = bisect.bisect_right(self._sorted, data)
+        while index < len(self._sorted) and self._sorted[index].startswith(data):
+            found.extend(self.ids_of(self._sorted[index]))
+            index += 1
+        return tuple(found)
+
     @staticmethod
     def from_token_bytes(
         token_bytes: Sequence[bytes | None], eos_token_ids: Sequence[int]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from qrun.constraint import ConstraintSpec, Cursor
 from qrun.constraint.spec import typed_value
@@ -51,9 +52,14 @@ class GenRequest:
     follow: str | None = None
     # The stop string that ends the value stays in it and in the context (keep_stop=true).
     keep_stop: bool = False
+    # With a prefix: the tokens the hole's first token may be, those holding all of the
+    # prefix. A split of the healed text (` ` then `i` then `s` for ` is`) is a tokenization
+    # the model never reads, after which it writes garbage (issue #38).
+    first_tokens: npt.NDArray[np.bool_] | None = None
 
 
 _PUNCTUATION = frozenset(string.punctuation.encode())
+_SEPARATORS = _PUNCTUATION | frozenset(string.whitespace.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +68,9 @@ class Follow:
 
     plain: its first bytes before any control token (at most the longest token's length);
         b"" when it begins with a control token
-    tokens: the tokens that begin it: every ordinary token whose bytes start `plain`, or the
-        control token it begins with; EOS never (it ends a hole already)
+    tokens: the tokens that begin it: every ordinary token whose bytes start `plain` or are
+        `plain` and then only punctuation or spaces (the text after may begin with those), or
+        the control token it begins with; EOS never (it ends a hole already)
     whole: those of `tokens` that hold at least the text's first token as the tokenizer reads
         it (` Question` or longer for ` Question:`, not ` Q`), or only punctuation (`"` of
         `",`): what ends a hole without a constraint, where any token is value text, ` Q` may
@@ -89,6 +96,12 @@ def follow_of(session: Session, text: str | None) -> Follow:
         return Follow(b"", marker, marker)
     tokens = tuple(token for cut in range(1, len(plain) + 1)
                    for token in vocab.ids_of(plain[:cut]) if token not in eos)
+    # A token holding all of that text and then only punctuation or spaces (`",` after `"`
+    # where a loop's `, ` or the `]` after it comes next) begins it too: it stays
+    # provisionally and is kept if what follows spells the rest (Session.overshoot).
+    tokens += tuple(token for token in vocab.extensions(plain) if token not in eos
+                    and all(byte in _SEPARATORS for byte in
+                            (vocab.token_bytes[token] or b"")[len(plain):]))
     first = len(vocab.token_bytes[head[0]] or b"")
     whole = tuple(t for t in tokens if len(data := vocab.token_bytes[t] or b"") >= first
                   or all(byte in _PUNCTUATION for byte in data))

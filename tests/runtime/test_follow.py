@@ -296,3 +296,41 @@ def test_a_hole_ending_an_inline_macro_call_ends_at_the_text_after_the_call(
     assert result.text.startswith("Order: 12\nEmail: ")
     assert result.recorder.holes[0].finish == "boundary"
     check_context(tiny, backend, result)
+
+
+LIST = ('L: [{% for n in ["a", "b"] %}"{{ gen v max_tokens=4 heal=false }}"'
+        '{% if not loop.last %}, {% endif %}{% endfor %}]')
+
+
+def test_a_hole_in_a_loop_ends_at_a_token_holding_its_closing_quote_and_more(
+        tiny: TransformersBackend) -> None:
+    # In a loop only the `"` is sure to follow the hole (the `, ` depends on the round), and
+    # SmolLM2 writes `",` as one token: it ends the value, is kept where `, ` comes next and
+    # taken back before the closing `"]` (issue #38: every item ran on to max_tokens).
+    first = len(tiny.encode('L: ["'))
+    second = len(tiny.encode('L: ["Ann", "'))
+    wanted = {first: one(tiny, "Ann"), first + 1: one(tiny, '",'),
+              second: one(tiny, "Bob"), second + 1: one(tiny, '",')}
+
+    def steer(position: int, logits: np.ndarray) -> None:
+        if position in wanted:
+            logits[wanted[position]] = 1e4
+
+    backend = SteeredModel(tiny, steer)
+    result = qrun.Query(LIST).run(model=backend, speculate=False)
+    assert result["v"] == ["Ann", "Bob"]
+    assert [hole.finish for hole in result.recorder.holes] == ["boundary", "boundary"]
+    assert result.text == 'L: ["Ann", "Bob"]'
+    assert result.stats.boundary_kept == 1 and result.stats.boundary_dropped == 1
+    check_context(tiny, backend, result)
+
+
+def test_a_token_holding_the_next_text_and_a_word_is_value(tiny: TransformersBackend) -> None:
+    # Only punctuation or spaces may follow the next text inside the ending token: where a
+    # lone " " follows, " Lee" is the value going on, " (" ends it (and is taken back before
+    # the next hole).
+    backend = scripted(tiny, "Name:", [one(tiny, " Ann"), one(tiny, " Lee"), one(tiny, " (")])
+    result = qrun.Query("Name:{{ gen v max_tokens=4 heal=false }} {{ gen w max_tokens=1 }}").run(
+        model=backend, speculate=False)
+    assert result["v"] == " Ann Lee" and result.holes["v"].finish == "boundary"
+    assert result.stats.boundary_dropped == 1
