@@ -106,10 +106,10 @@ def next_token_kl(reference: Backend, other: Backend, tokens: int = 2048) -> dic
             "top1_agree": round(float((p.argmax(-1) == q.argmax(-1)).mean()), 4)}
 
 
-def greedy_outputs(reference: Backend, other: Backend) -> dict[str, Any]:
+def greedy_runs() -> list[tuple[str, qrun.Query, dict[str, Any], dict[str, Any]]]:
     """Every example template's cases (examples/NAME.tests.yaml: inputs and fills, with the
-    host functions of examples/NAME.py) and every bench workload's inputs, run greedily on
-    both models: which outputs differ."""
+    host functions of examples/NAME.py) and every bench workload's inputs: (name, query,
+    inputs, fill) each."""
     from bench.workloads import WORKLOADS
     from qrun.cli.functions_file import load_functions
     from qrun.testing.cases import cases_file_of, load_cases
@@ -126,6 +126,12 @@ def greedy_outputs(reference: Backend, other: Backend) -> dict[str, Any]:
         query = qrun.Query(workload.template())
         for i, inputs in enumerate(workload.inputs):
             runs.append((f"bench:{name}#{i}", query, dict(inputs), {}))
+    return runs
+
+
+def greedy_outputs(reference: Backend, other: Backend) -> dict[str, Any]:
+    """The greedy_runs on both models: which outputs differ."""
+    runs = greedy_runs()
     changed = []
     for name, query, inputs, fill in runs:
         texts = [query.run(inputs, model=model, temperature=0, fill=fill or None).text

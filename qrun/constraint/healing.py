@@ -21,7 +21,8 @@ class PrefixMasks:
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
-        self._cache: Lru[bytes, npt.NDArray[np.bool_]] = Lru(_PREFIX_MASKS)
+        self._compatible: Lru[bytes, npt.NDArray[np.bool_]] = Lru(_PREFIX_MASKS)
+        self._holding: Lru[bytes, npt.NDArray[np.bool_]] = Lru(_PREFIX_MASKS)
         self._everything: npt.NDArray[np.bool_] | None = None
         # Every token's bytes, zero-padded to the longest (49,152 x 81 bytes for SmolLM2,
         # 4 MB): a prefix test over the whole vocabulary is then one numpy comparison.
@@ -35,21 +36,32 @@ class PrefixMasks:
     def compatible(self, prefix: bytes) -> npt.NDArray[np.bool_]:
         """Bool [V]: tokens whose bytes start with `prefix`, or are a non-empty proper prefix of
         it (the rest of `prefix` then comes from later tokens)."""
-        mask = self._cache.get(prefix)
+        mask = self._compatible.get(prefix)
+        if mask is not None:
+            return mask
+        starts = self.holding(prefix).copy()
+        for cut in range(1, len(prefix)):
+            starts[list(self.vocab.ids_of(prefix[:cut]))] = True  # duplicated tokens too
+        starts.flags.writeable = False  # cached and shared
+        self._compatible.put(prefix, starts)
+        return starts
+
+    def holding(self, prefix: bytes) -> npt.NDArray[np.bool_]:
+        """Bool [V]: tokens whose bytes start with all of `prefix` (a healed hole's first
+        token, runtime/generate.py: ` is` or ` island` after a healed ` is`, not ` `)."""
+        mask = self._holding.get(prefix)
         if mask is not None:
             return mask
         n = len(prefix)
-        starts: npt.NDArray[np.bool_]
+        holding: npt.NDArray[np.bool_]
         if n <= self._bytes.shape[1]:
             wanted = np.frombuffer(prefix, dtype=np.uint8)
-            starts = (self._lengths >= n) & (self._bytes[:, :n] == wanted).all(axis=1)
+            holding = (self._lengths >= max(n, 1)) & (self._bytes[:, :n] == wanted).all(axis=1)
         else:
-            starts = np.zeros(self.vocab.size, dtype=np.bool_)
-        for cut in range(1, n):
-            starts[list(self.vocab.ids_of(prefix[:cut]))] = True  # duplicated tokens too
-        starts.flags.writeable = False  # cached and shared
-        self._cache.put(prefix, starts)
-        return starts
+            holding = np.zeros(self.vocab.size, dtype=np.bool_)
+        holding.flags.writeable = False  # cached and shared
+        self._holding.put(prefix, holding)
+        return holding
 
     def everything(self) -> npt.NDArray[np.bool_]:
         """Bool [V]: every ordinary token and EOS (other special tokens stay out of holes)."""

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from qrun.backends.base import Backend
 from qrun.constraint import (
     ConstraintLimits,
@@ -113,9 +116,16 @@ class ConstraintCompiler:
 
     def heal_cursor(self, prefix: bytes) -> HealCursor:
         """The cursor of an unconstrained hole that must first produce `prefix`."""
+        return HealCursor(self._masks(), prefix)
+
+    def first_tokens(self, prefix: bytes) -> npt.NDArray[np.bool_]:
+        """The tokens a hole healed to `prefix` may begin with: those holding all of it."""
+        return self._masks().holding(prefix)
+
+    def _masks(self) -> PrefixMasks:
         if self._prefix_masks is None:
             self._prefix_masks = PrefixMasks(self.backend.vocabulary)
-        return HealCursor(self._prefix_masks, prefix)
+        return self._prefix_masks
 
 
 def _lowered(kind: str, value: Any, where: Expr, source: Source, fmt: JsonFormat,

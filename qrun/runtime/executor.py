@@ -414,9 +414,8 @@ class Run:
             spec = self.constraints.spec(p.constraint, self.scope, self.source,
                                          self.budget, self.calls)
         prefix = b""
-        # The healed token may stay in the context until the model writes it again: no extra
-        # forward where one forward can return the logits of two positions (transformers).
-        # Elsewhere it is taken back (backends/base.py Capabilities).
+        # The healed token may stay in the context until the model writes it again where one
+        # forward returns two positions' logits, else it is taken back (backends/base.py).
         in_context = self.engines.heals_in_context
         if args.heal:
             prefix = self._heal(keep_last=in_context)
@@ -425,8 +424,7 @@ class Run:
             try:
                 cursor = self.constraints.cursor(spec, prefix)
             except (PatternError, GrammarError) as exc:
-                raise ConstraintError(str(exc), _constraint_span(op),
-                                      self.source) from None
+                raise ConstraintError(str(exc), _constraint_span(op), self.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         # A hole may end where the model begins the template's next text
@@ -435,9 +433,11 @@ class Run:
         follow = None
         if args.ends_at_text and (spec is not None or not args.stop):
             follow = after
+        first = self.constraints.first_tokens(prefix) if prefix else None
         return GenRequest(op.name, args.max_tokens, args.stop, args.sampling, generator, cursor,
                           spec, prefix, healed_in_context=bool(prefix) and in_context,
-                          drafter=self.drafter, follow=follow, keep_stop=args.keep_stop)
+                          drafter=self.drafter, follow=follow, keep_stop=args.keep_stop,
+                          first_tokens=first)
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""

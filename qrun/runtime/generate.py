@@ -220,6 +220,8 @@ def _mask(session: Session, hole: Hole, tokens_left: int) -> npt.NDArray[np.bool
             roomier = request.cursor.allowed(tokens_left + 1)
             mask = mask.copy()
             mask[free] |= roomier[free]
+        if not hole.ends and request.first_tokens is not None:
+            mask = mask & request.first_tokens
     empty = not mask.any()
     session.stats.mask_s += time.perf_counter() - started
     if empty:

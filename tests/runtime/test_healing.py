@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import regex
+from doubles import SteeredModel
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -142,6 +143,27 @@ def test_healing_http_colon_with_a_regex(tiny: TransformersBackend) -> None:
         joined_colon += len(first) > 1
     # The point of healing: the first token may join the healed ":" with what follows.
     assert joined_colon > 0
+
+
+@pytest.mark.parametrize("hole", ["gen e max_tokens=4", 'gen e regex="[ a-z]+" max_tokens=4'])
+def test_the_first_token_holds_all_of_the_healed_text(tiny: TransformersBackend,
+                                                      hole: str) -> None:
+    # The model wants a lone " " where " is" was taken back: spelling " is" as " ", "i",
+    # "s..." is a tokenization the model never reads, after which SmolLM2 wrote "istdout"
+    # and "isetup" (issue #38). The first token holds all of " is" (" is", " isn", ...).
+    fixed = "The math expression is"
+    steer = {len(tiny.encode(fixed)) - 1: tiny.encode(" ")[0]}
+
+    def wants_a_space(position: int, logits: npt.NDArray[np.float32]) -> None:
+        if position in steer:
+            logits[steer[position]] = 1e4
+
+    backend = SteeredModel(tiny, wants_a_space)
+    result = qrun.Query(fixed + "{{ " + hole + " }}").run(model=backend, seed=0)
+    assert result.stats.healed_tokens == 1
+    first = tiny.vocabulary.token_bytes[result.holes["e"].token_ids[0]] or b""
+    assert first.startswith(b" is")
+    assert result.text == fixed + result["e"]
 
 
 # --- the real model: the measured effect (docs/internals.md §4.1) ------------------------
