@@ -89,6 +89,18 @@ def read_template(path: str) -> str | TemplateErrors:
     return too_large(path, head, None if grew else info.st_size, "bytes")
 
 
+def missing_or_odd(path: str | os.PathLike[str]) -> str:
+    """Why `path`, neither a folder nor a regular file, cannot be a template: `no such file
+    or folder`, or what it is (`it is a named pipe (FIFO), not a file`)."""
+    try:
+        _check_kind(os.stat(path).st_mode)
+    except NotAFile as err:
+        return str(err)
+    except OSError:
+        pass
+    return "no such file or folder"
+
+
 def _check_kind(mode: int) -> None:
     if stat.S_ISREG(mode):
         return

@@ -14,6 +14,7 @@ from qrun.api import HostFunctions, Query
 from qrun.errors import UsageError
 from qrun.lang import ir
 from qrun.lang.expr import Const, DictExpr, ListExpr
+from qrun.lang.size import missing_or_odd
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 """A served template's name: its file name without `.tmpl` (what a URL carries as it is)."""
@@ -37,7 +38,7 @@ def load_templates(paths: Iterable[str | os.PathLike[str]],
         elif path.is_file():
             files = [path]
         else:
-            raise UsageError(f"{path}: no such file or folder")
+            raise UsageError(f"{path}: {missing_or_odd(path)}")
         for file in files:
             name = file.name.removesuffix(".tmpl")
             if not NAME.fullmatch(name):

@@ -4,6 +4,7 @@ real model, failures reported with the expectation, what was found and the hole,
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -215,3 +216,44 @@ def test_control_characters_are_escaped_in_the_report_and_the_xml(
     out = capsys.readouterr().out
     assert code == 1 and "\x1b" not in out and "\\x1b" in out
     ElementTree.parse(report)  # well-formed: no raw control character in it
+
+
+def test_a_suite_whose_cases_fill_every_hole_loads_no_weights(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every case gives every hole's value: the tokenizer checks them (max_tokens), no model
+    # runs (issue #38); one case that leaves a hole to the model loads the weights.
+    import qrun.backends
+
+    loaded: list[bool | None] = []
+    load = qrun.backends.load_model
+
+    def recording(*args: object, **kwargs: object) -> object:
+        options = kwargs["options"]
+        loaded.append(options.weights)  # type: ignore[attr-defined]
+        return load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(qrun.backends, "load_model", recording)
+    filled = """\
+- name: all given
+  inputs: {topic: cats}
+  fill: {label: beta, count: "7"}
+  expect: {vars: {label: beta, count: "7"}}
+"""
+    template = _write(tmp_path, filled)
+    assert main(["test", str(template), "--model", tiny_folder]) == 0, capsys.readouterr()
+    assert loaded == [False]
+    _write(tmp_path, filled + "- name: generated\n  inputs: {topic: dogs}\n"
+                              "  expect: {that: 'count in \"0123456789\"'}\n")
+    assert main(["test", str(template), "--model", tiny_folder]) == 0, capsys.readouterr()
+    assert loaded == [False, True]
+
+
+def test_a_named_pipe_is_refused_for_what_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pipe = tmp_path / "pipe.tmpl"
+    os.mkfifo(pipe)
+    assert main(["test", str(pipe)]) == 2
+    assert f"{pipe}: it is a named pipe (FIFO), not a file" in capsys.readouterr().err
+    assert main(["serve", str(pipe), "--port", "1"]) == 2
+    assert f"{pipe}: it is a named pipe (FIFO), not a file" in capsys.readouterr().err
