@@ -161,6 +161,7 @@ class Backend(Protocol):
     its caches (thread-safe): many runs may share one backend."""
 
     name: str
+    kind: str  # the adapter, as --backend names it: transformers, llamacpp, vllm, vllm-server
     device: str
     dtype: str
     load_s: float
@@ -260,6 +261,7 @@ class BackendDefaults:
     known maximum length. Adapters subclass it and override what they declare."""
 
     capabilities = Capabilities()
+    kind = "custom"
 
     @property
     def max_context(self) -> int | None:

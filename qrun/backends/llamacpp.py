@@ -159,6 +159,8 @@ class LlamaCppBackend(BackendDefaults):
     forwards (one sequence per run) and token trees for select. Thread-safe: one lock
     around every call on the context."""
 
+    kind = "llamacpp"
+
     # A forward over 1 / 2 / 3 / 5 / 9 new tokens at a 400-token context took 12.9 / 19.9 /
     # 28.1 / 39.4 / 64.7 ms (SmolLM2 Q4_1, 2 threads): each guessed token adds about half a
     # forward, so guesses pay only while the model takes more than half of them.

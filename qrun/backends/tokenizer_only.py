@@ -15,6 +15,7 @@ class TokenizerBackend(HFTokenizerMixin):
     """The tokenizer (and config) of a HF model folder or hub id; a `gen` or `select` hole on
     it fails at that hole (runtime/engines.py: no hole filler)."""
 
+    kind = "tokenizer"
     capabilities = Capabilities(heals_in_context=False)
 
     def __init__(self, tokenizer: Any, config: Any, name: str, load_s: float = 0.0) -> None:

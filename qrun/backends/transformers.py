@@ -100,6 +100,8 @@ class TransformersBackend(HFTokenizerMixin):
     """A causal LM and its tokenizer from transformers, on one device: token-level forwards,
     batched forwards and tree-shaped forwards for select."""
 
+    kind = "transformers"
+
     def __init__(
         self,
         model: Any,

@@ -99,6 +99,8 @@ class VllmBackend(HFTokenizerMixin):
     """A model on vLLM's in-process engine (LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0):
     token-level forwards, and select scoring through prompt log-probabilities."""
 
+    kind = "vllm"
+
     # Runs share the engine directly: vLLM's scheduler batches whatever is in flight. A healed
     # token kept in the context until the model writes it again needs the logits of two
     # positions: a forced step of its own here (rpg: 7 of them, batch: 16), so healing takes the

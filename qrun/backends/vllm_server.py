@@ -35,6 +35,7 @@ class VllmServerBackend(HFTokenizerMixin):
     request, and select scoring through prompt log-probabilities. The server keeps the KV cache
     across segments (its prefix cache) and batches concurrent requests."""
 
+    kind = "vllm-server"
     capabilities = Capabilities(batches_itself=True, heals_in_context=False, lookahead=False)
 
     def __init__(self, client: ServerClient, model_id: str, tokenizer: Any, name: str,

@@ -193,7 +193,7 @@ class Run:
         self.stats.wall_s = time.perf_counter() - started
         backend = self.backend
         header = {"template": self.program.source.name, "model": backend.name,
-                  "backend": type(backend).__name__, "device": backend.device,
+                  "backend": backend.kind, "device": backend.device,
                   "dtype": backend.dtype}
         return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
                       list(self.session.token_ids), self.recorder, header, self._output())

@@ -231,6 +231,7 @@ def test_example_runs_on_llamacpp(llama: LlamaCppBackend, name: str) -> None:
     check_values(name, r, llama)
     assert r.stats.context_tokens == len(r.token_ids)
     assert r.stats.forward_tokens > 0
+    assert r.trace()["backend"] == "llamacpp"  # as --backend names it
 
 
 def test_hidden_calls_and_failed_try_bodies_leave_the_context(llama: LlamaCppBackend) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from trace_helpers import FIXTURE_NAMES
 
+import qrun
+from qrun.backends.transformers import TransformersBackend
 from qrun.trace import (
     TraceFormatError,
     render_html,
@@ -199,3 +201,8 @@ def test_the_trace_package_imports_no_torch() -> None:
                 top = name.split(".")[0]
                 assert top in sys.stdlib_module_names or name.startswith("qrun.trace"), (
                     f"{module.name} imports {name}")
+
+
+def test_a_run_names_its_backend_as_the_flag_does(tiny: TransformersBackend) -> None:
+    trace = qrun.Query("Hi {{ gen x max_tokens=1 }}").run(model=tiny).trace()
+    assert trace["backend"] == "transformers" and trace["model"] == tiny.name
