@@ -231,8 +231,9 @@ class _Evaluator:
     # ---- nodes -------------------------------------------------------------------------------
 
     def name(self, name: str, span: Span, lenient: bool = False) -> Any:
-        if name.startswith("_"):
-            self.fail(f"names starting with '_' are not allowed: '{name}'", span)
+        if name.startswith("_") or "__" in name:
+            self.fail(f"names starting with '_' or containing '__' are not allowed: '{name}'",
+                      span)
         if name not in self.scope:
             return self.undefined(f"undefined variable '{name}'", span, lenient)
         return self.scope[name]

@@ -113,8 +113,9 @@ class NameResolver:
             ) -> None:
         """A use of `name`; `safe` when an undefined value is fine there (the operand of `is
         defined` or of `default`), as is any use a test guards (`ctx.defined`)."""
-        if name.startswith("_"):
-            self.fail(f"names starting with '_' are not allowed: '{name}'", span)
+        if name.startswith("_") or "__" in name:
+            self.fail(f"names starting with '_' or containing '__' are not allowed: '{name}'",
+                      span)
             return
         if name in ctx.locals or name in flow.bound or name == "holes":
             return

@@ -198,6 +198,7 @@ CASES = [
     ("loop-var-outside-loop", "---\ninputs: [xs]\n---\n{% for x in xs %}{% endfor %}{{ x }}",
      Compile, 4, 33, "unknown variable 'x'", ""),
     ("underscore-name", "{{ _secret }}", Compile, 1, 4, "names starting with '_'", ""),
+    ("dunder-inside-name", "{{ a__b }}", Compile, 1, 4, "containing '__' are not allowed", ""),
     ("dunder-attr", "{{ x.__class__ }}", Compile, 1, 4, "attributes starting with '_'", ""),
     ("dunder-chain", "{{ x.a.__globals__ }}", Compile, 1, 4, "'__globals__'", ""),
     ("unknown-function", "{{ __import__('os') }}", Compile, 1, 4,

@@ -131,6 +131,7 @@ def test_loop_as_dict_also_works() -> None:
     ("[1, 2] + 3", {}, "can only concatenate", 4),
     ("{[1]: 2}", {}, "unhashable", 4),
     ("_x", {"_x": 1}, "names starting with '_'", 4),
+    ("a__b", {"a__b": 1}, "containing '__'", 4),
     ("d._k", {"d": {"_k": 1}}, "attributes starting with '_'", 4),
     ("nope(1)", {}, "unknown function 'nope'", 4),
     ("2.0 ** 10000", {}, "Numerical result out of range", 4),
