@@ -183,7 +183,13 @@ class Query:
         events: asyncio.Queue[RunEvent | None] = asyncio.Queue()
 
         def push(event: RunEvent | None) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            # The caller may have left the loop early and closed the event loop while the run
+            # still ends in its thread (cancelled at its next forward): no one listens then.
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
 
         ticket = await self._submit_shared(
             inputs, model, options, values, lambda text: push(RunEvent("text", text=text)),

@@ -4,6 +4,7 @@ coroutines share the model's forwards, each with the result a run alone gives.""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -61,3 +62,36 @@ def test_astream_yields_text_then_holes_then_the_result(tiny: TransformersBacken
     kinds = [e.kind for e in events]
     assert kinds.index("text") < kinds.index("hole")
     assert result.vars == query.run({"name": "Ada"}, model=tiny).vars
+
+
+def test_leaving_astream_early_and_closing_the_loop_logs_nothing(
+        tiny: TransformersBackend, caplog: pytest.LogCaptureFixture) -> None:
+    # The caller breaks out after the first event and asyncio.run closes the loop while the
+    # run is still in a host call in its thread; the run then ends (cancelled at its next
+    # forward) and its last event has no loop to go to: dropped, no "Event loop is closed"
+    # traceback in the log (issue #38).
+    release = threading.Event()
+    threads: list[threading.Thread] = []  # the host call's, once it has begun
+
+    def slow() -> str:
+        threads.append(threading.current_thread())
+        release.wait(60)
+        return "."
+
+    query = qrun.Query("A {{ slow() }} B {{ gen b max_tokens=4 }}",
+                       functions=qrun.Functions({"slow": slow}))
+
+    async def main() -> None:
+        async for _ in query.astream(model=tiny):  # "A ", streamed before the host call
+            await asyncio.to_thread(wait_until, lambda: bool(threads))
+            break
+
+    with alarm(60):
+        asyncio.run(main())
+        runs = [t for t in threading.enumerate() if t.name.startswith("qrun-run-")]
+        release.set()
+        for thread in runs:
+            thread.join(60)
+    assert runs and not any(thread.is_alive() for thread in runs)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
+        caplog.text
