@@ -35,6 +35,9 @@ class Stats:
         generated
     seed: the run's seed (given, or drawn fresh): the same seed replays the run
     host_calls, host_s: host function calls (qrun.Functions) and the seconds they took
+    wall_s, model_s, mask_s, load_s: the whole run, inside model forwards, computing masks,
+        loading the model. model_s, mask_s and host_s add up each fork branch's own seconds
+        (branches run at once), so with forks they may exceed wall_s, as CPU time does
     """
 
     context_tokens: int = 0
