@@ -91,6 +91,31 @@ def test_python_blocks_print_typed_values(outputs: tuple[Path, list[str]]) -> No
     assert {"city", "why"} <= {line.split()[0] for line in inspect.splitlines()[:2]}
 
 
+def promised(code: str) -> list[re.Pattern[str]]:
+    """What a Python block says it prints: its closing `# ...` lines, each a pattern where `…`
+    and `...` stand for any text, less a note after two spaces in brackets."""
+    lines = code.rstrip("\n").split("\n")
+    shown: list[str] = []
+    while lines and lines[-1].startswith("# "):
+        shown.insert(0, re.sub(r"\s{2,}\(.*\)$", "", lines.pop()[2:]))
+    return [re.compile(".*".join(re.escape(part) for part in re.split(r"…|\.\.\.", line)))
+            for line in shown]
+
+
+@pytest.mark.real
+def test_python_blocks_print_what_the_page_shows(outputs: tuple[Path, list[str]]) -> None:
+    # The page's `# ...` lines after a block are its output as this model writes it
+    # greedily or at the block's seed: they go stale when the model's numbers move.
+    _, printed = outputs
+    for (lang, code), out in zip(blocks(), printed, strict=True):
+        patterns = promised(code) if lang == "python" else []
+        if patterns:
+            got = out.rstrip("\n").split("\n")
+            assert len(got) == len(patterns) and all(
+                p.fullmatch(line) for p, line in zip(patterns, got, strict=True)), \
+                f"the page shows:\n{[p.pattern for p in patterns]}\nthe block prints:\n{out}"
+
+
 @pytest.mark.real
 def test_inspection_files_are_written(outputs: tuple[Path, list[str]]) -> None:
     folder, _ = outputs

@@ -1,7 +1,9 @@
 """The documents the code cites are in the repository and say what is cited: every
 `docs/NAME.md §N` in a code file names a numbered section of that file, no code file cites a
 document the repository does not have, and the links and section references inside docs/ and
-README.md resolve."""
+README.md resolve. The error messages the docs print are the ones qrun prints: every caret
+stands under the column its header names, and every one-line template's error block is what
+compiling (or running, on the tiny model) that line gives."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import re
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +188,69 @@ def test_doc_links_and_section_references_resolve(path: Path) -> None:
     in_docs = path.parent == ROOT / "docs"
     problems += citation_problems(path, blank_labels(text), own_sections=in_docs)
     assert not problems, "\n".join(problems)
+
+
+ERROR_HEAD = re.compile(r"^(?P<file>\S+?):(?P<line>\d+):(?P<col>\d+): (?:error|warning): ")
+FENCED = re.compile(r"^```[^\n]*\n(?P<body>.*?)^```", re.M | re.S)
+
+
+def error_blocks() -> Iterator[tuple[str, str, list[str]]]:
+    """(where, header match's file, the lines from the header on) for every printed error in a
+    fenced block of README.md and docs/ that shows its source line and caret."""
+    for path in [ROOT / "README.md", *DOCS]:
+        text = path.read_text(encoding="utf-8")
+        for block in FENCED.finditer(text):
+            lines = block.group("body").split("\n")
+            for k, line in enumerate(lines[:-2]):
+                if ERROR_HEAD.match(line) and lines[k + 2].lstrip().startswith("^"):
+                    at = where(path, text.count("\n", 0, block.start("body")) + k + 1)
+                    yield at, line, lines[k:]
+
+
+def test_every_printed_caret_stands_at_its_column() -> None:
+    wrong = []
+    for at, head, lines in error_blocks():
+        match = ERROR_HEAD.match(head)
+        assert match is not None
+        excerpt, caret = lines[1], lines[2]
+        if excerpt.startswith("  …"):
+            continue  # a long line shown around the column: the caret is placed for the cut
+        if caret.index("^") - 1 != int(match.group("col")):
+            wrong.append(f"{at}: {head} but the caret is at column {caret.index('^') - 1}")
+    assert not wrong, "\n".join(wrong)
+
+
+def one_line_errors() -> list[tuple[str, str, list[str]]]:
+    """The printed errors of a one-line template (`t.tmpl:1:N` or `<string>:1:N`), the line
+    itself shown: the block is reproducible from it."""
+    return [(at, head, lines) for at, head, lines in error_blocks()
+            if re.match(r"(t\.tmpl|<string>):1:", head) and not lines[1].startswith("  …")]
+
+
+@pytest.mark.parametrize("at,head,lines", one_line_errors(),
+                         ids=[at for at, _, _ in one_line_errors()])
+def test_a_printed_error_is_what_qrun_prints(at: str, head: str, lines: list[str],
+                                              tiny: Any) -> None:
+    import qrun
+
+    notes = 0
+    for line in lines[3:]:
+        if not line.startswith("  note: "):
+            break
+        notes += 1
+    shown = lines[: 3 + notes]
+    template, name = lines[1][2:], head.split(":")[0]
+    try:
+        query = qrun.Query(template, name=name)
+        query.run(model=tiny)
+        printed = "(the run succeeded)"
+    except qrun.QrunError as exc:
+        printed = str(exc)
+    assert "\n".join(shown) in printed, f"{at} prints:\n" + "\n".join(shown) + \
+        f"\nqrun prints:\n{printed}"
+
+
+def test_one_line_errors_are_found() -> None:
+    # The collection above finds the docs' printed errors (a change of their form would
+    # silently test nothing).
+    assert len(one_line_errors()) >= 15
