@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_doc_blocks import promised
 
 ROOT = Path(__file__).resolve().parents[1]
 COOKBOOK = ROOT / "docs/cookbook.md"
@@ -89,17 +90,6 @@ def test_python_blocks_print_typed_values(outputs: tuple[Path, list[str]]) -> No
     assert chat.count("> ") == 2
     assert sums.count(" int ") == 5                         # regex=INT values are ints
     assert {"city", "why"} <= {line.split()[0] for line in inspect.splitlines()[:2]}
-
-
-def promised(code: str) -> list[re.Pattern[str]]:
-    """What a Python block says it prints: its closing `# ...` lines, each a pattern where `…`
-    and `...` stand for any text, less a note after two spaces in brackets."""
-    lines = code.rstrip("\n").split("\n")
-    shown: list[str] = []
-    while lines and lines[-1].startswith("# "):
-        shown.insert(0, re.sub(r"\s{2,}\(.*\)$", "", lines.pop()[2:]))
-    return [re.compile(".*".join(re.escape(part) for part in re.split(r"…|\.\.\.", line)))
-            for line in shown]
 
 
 @pytest.mark.real
