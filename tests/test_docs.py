@@ -254,3 +254,13 @@ def test_one_line_errors_are_found() -> None:
     # The collection above finds the docs' printed errors (a change of their form would
     # silently test nothing).
     assert len(one_line_errors()) >= 15
+
+
+def test_the_grammar_in_a_set_of_section_7_5_is_the_example_that_runs() -> None:
+    # docs/language.md §7.5 shows examples/query.tmpl's grammar whole (tests/test_examples.py
+    # runs the example); the two must not drift apart.
+    page = (ROOT / "docs/language.md").read_text(encoding="utf-8")
+    example = (ROOT / "examples/query.tmpl").read_text(encoding="utf-8")
+    start = example.index("{% set sql = [")
+    shown = example[start:example.index("%}", start) + 2]
+    assert shown in page
