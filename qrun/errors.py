@@ -102,7 +102,10 @@ class TemplateError(PositionedError):
 
 
 class TemplateSyntaxError(TemplateError):
-    """The template does not parse."""
+    """The template does not parse. `in_tag`: the parser found it where it was reading, so
+    the front end may set that tag aside and look for more errors (lang/recover.py)."""
+
+    in_tag = False
 
 
 class TemplateCompileError(TemplateError):

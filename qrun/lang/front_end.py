@@ -14,6 +14,7 @@ from qrun.lang import ast, ir
 from qrun.lang.compiler import compile_template
 from qrun.lang.include import Includes, load_template
 from qrun.lang.names import Signatures
+from qrun.lang.recover import errors_past
 from qrun.lang.size import MAX_TEMPLATE_SIZE, NotAFile, Size, read_template, too_large
 from qrun.lang.text import normalize_text
 from qrun.source import Source
@@ -57,6 +58,13 @@ class FrontEnd:
         assert self.template is not None, "parse() comes first"
         return compile_template(self.template, self.source, includes, functions)
 
+    def errors_past(self, syntax: TemplateErrors, includes: Includes,
+                    functions: Signatures | None = None) -> TemplateErrors:
+        """`syntax` (what `parse` raised) with the errors past it: the template's other syntax
+        errors and what compiling it with those tags blanked finds (lang/recover.py)."""
+        return errors_past(syntax, self.source, lambda template, source: compile_template(
+            template, source, includes, functions))
+
     def includes_from(self, include_dir: PathLike | None) -> Includes:
         """Includes of a template given as text: refused unless `include_dir` names the
         folder to include from."""
@@ -78,12 +86,15 @@ def compile_source(text: str, name: str = "<string>", include_dir: PathLike | No
     `functions` are the host functions the template may call (their arguments are checked).
 
     Raises:
-        TemplateErrors: every error found, in source order (a syntax error stops the parse;
-            text that cannot be encoded, and a template over a size limit of lang/size.py,
-            stop it before, so each is reported alone).
+        TemplateErrors: every error found, in source order (past a syntax error too, with
+            its tag blanked: lang/recover.py; text that cannot be encoded, and a template over
+            a size limit of lang/size.py, stop the parse, so each is reported alone).
     """
     front = FrontEnd(text, name)
-    front.parse()
+    try:
+        front.parse()
+    except TemplateErrors as errors:
+        raise front.errors_past(errors, front.includes_from(include_dir), functions) from None
     return front.compile(front.includes_from(include_dir), functions)
 
 
@@ -106,5 +117,9 @@ def compile_file(path: PathLike, include_dir: PathLike | None = None,
     if isinstance(text, TemplateErrors):
         raise text
     front = FrontEnd(text, name)
-    front.parse()
+    try:
+        front.parse()
+    except TemplateErrors as errors:
+        raise front.errors_past(errors, front.includes_of_file(include_dir),
+                                functions) from None
     return front.compile(front.includes_of_file(include_dir), functions)

@@ -79,12 +79,15 @@ def parse(source: Source) -> Tree[Token]:
 
     Raises:
         TemplateSyntaxError: the text does not parse; the span points at the offending
-            character (or at the unclosed tag when the template ends inside one).
+            character (or at the unclosed tag when the template ends inside one), and
+            `in_tag` is set; or the front matter is never closed.
     """
     try:
         tree = _parser().parse(source.text)
     except UnexpectedInput as err:
-        raise _translate(err, source) from None
+        error = _translate(err, source)
+        error.in_tag = True
+        raise error from None
     first = tree.children[0] if tree.children else None
     is_front_matter = isinstance(first, Token) and first.type == "FRONT_MATTER"
     if _FRONT_MATTER_START.match(source.text) and not is_front_matter:

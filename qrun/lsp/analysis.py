@@ -75,6 +75,10 @@ def analyze(text: str, path: str, functions: Signatures | None = None) -> Analys
     try:
         template = front.parse()
     except TemplateErrors as errors:
+        try:
+            errors = front.errors_past(errors, front.includes_of_file(), functions)
+        except Exception:  # RecursionError, or a bug in qrun: the syntax error stands
+            pass
         return Analysis(source, None, None, errors.errors, ())
     except Exception as err:  # RecursionError, or a bug in qrun
         return _failed(source, None, err)

@@ -85,7 +85,13 @@ async def test_diagnostics_come_on_open_and_on_every_change(client: LanguageClie
     assert found[0].message.startswith("unknown pattern 'DAET'\nnote: did you mean 'DATE'?")
     _change(client, uri, 3, "{% if %}")  # a syntax error is one diagnostic, not a crash
     assert len(await _diagnostics(client, uri)) == 1
-    _change(client, uri, 4, TEMPLATE)
+    # ... and does not hide the errors around it (qrun/lang/recover.py).
+    _change(client, uri, 4, "{{ gen a regex=DAET }}\n{% iff x %}\n{{ gen b max_tokens=0 }}\n")
+    found = await _diagnostics(client, uri)
+    assert [(d.range.start.line, d.message.split("\n")[0]) for d in found] == [
+        (0, "unknown pattern 'DAET'"), (1, "unknown tag 'iff'"),
+        (2, "max_tokens must be a positive integer, got 0")]
+    _change(client, uri, 5, TEMPLATE)
     assert await _diagnostics(client, uri) == []
 
 
