@@ -393,9 +393,11 @@ def test_the_docs_examples_of_sections_21_and_22_run(
     text = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text("utf-8")
     section = text[text.index("## 21. Macros"):]
     examples = re.findall(r"^```jinja\n(.*?)^```", section, flags=re.M | re.S)
+    # §21.2 gives the file its example calls: written beside, not run on its own.
+    (called,) = [e for e in examples if e.startswith("Summarize in")]
+    examples.remove(called)
     assert len(examples) == 4
-    (tmp_path / "summarize.tmpl").write_text(
-        "Summarize in {{ words }} words: {{ text }}\n{{ gen s max_tokens=4 }}", "utf-8")
+    (tmp_path / "summarize.tmpl").write_text(called, "utf-8")
     functions = qrun.Functions({"calc": lambda expression: len(expression)})
     inputs = {"topic": "tides", "document": "A long text.", "expression": "1+1"}
     for example in examples:
