@@ -59,7 +59,8 @@ class GenRequest:
 
 
 _PUNCTUATION = frozenset(string.punctuation.encode())
-_SEPARATORS = _PUNCTUATION | frozenset(string.whitespace.encode())
+_SPACES = frozenset(string.whitespace.encode())
+_SEPARATORS = _PUNCTUATION | _SPACES
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +70,9 @@ class Follow:
     plain: its first bytes before any control token (at most the longest token's length);
         b"" when it begins with a control token
     tokens: the tokens that begin it: every ordinary token whose bytes start `plain` or are
-        `plain` and then only punctuation or spaces (the text after may begin with those), or
-        the control token it begins with; EOS never (it ends a hole already)
+        `plain` and then only punctuation or spaces (only spaces where `plain` is spaces: the
+        text after may begin with those), or the control token it begins with; EOS never (it
+        ends a hole already)
     whole: those of `tokens` that hold at least the text's first token as the tokenizer reads
         it (` Question` or longer for ` Question:`, not ` Q`), or only punctuation (`"` of
         `",`): what ends a hole without a constraint, where any token is value text, ` Q` may
@@ -98,10 +100,11 @@ def follow_of(session: Session, text: str | None) -> Follow:
                    for token in vocab.ids_of(plain[:cut]) if token not in eos)
     # A token holding all of that text and then only punctuation or spaces (`",` after `"`
     # where a loop's `, ` or the `]` after it comes next) begins it too: it stays
-    # provisionally and is kept if what follows spells the rest (Session.overshoot).
-    tokens += tuple(token for token in vocab.extensions(plain) if token not in eos
-                    and all(byte in _SEPARATORS for byte in
-                            (vocab.token_bytes[token] or b"")[len(plain):]))
+    # provisionally and is kept if what follows spells the rest (Session.overshoot). After
+    # text of spaces alone only more spaces: ` (` after a lone ` ` may well be value.
+    extra = _SEPARATORS if plain.strip() else _SPACES
+    tokens += tuple(token for token in vocab.extensions(plain) if token not in eos and all(
+        byte in extra for byte in (vocab.token_bytes[token] or b"")[len(plain):]))
     first = len(vocab.token_bytes[head[0]] or b"")
     whole = tuple(t for t in tokens if len(data := vocab.token_bytes[t] or b"") >= first
                   or all(byte in _PUNCTUATION for byte in data))
