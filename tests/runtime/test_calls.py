@@ -393,7 +393,7 @@ def test_the_docs_examples_of_sections_21_and_22_run(
     text = (Path(__file__).resolve().parents[2] / "docs/language.md").read_text("utf-8")
     section = text[text.index("## 21. Macros"):]
     examples = re.findall(r"^```jinja\n(.*?)^```", section, flags=re.M | re.S)
-    # §21.2 gives the file its example calls: written beside, not run on its own.
+    # docs/language.md §21.2 gives the file its example calls: written beside, not run alone.
     (called,) = [e for e in examples if e.startswith("Summarize in")]
     examples.remove(called)
     assert len(examples) == 4
