@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from qrun.errors import TemplateError, TemplateErrors, TemplateSyntaxError
+from qrun.errors import QrunError, TemplateError, TemplateErrors, TemplateSyntaxError
 from qrun.lang import ast
 from qrun.lang.build import build_ast
 from qrun.lang.parser import parse
@@ -71,6 +71,8 @@ def errors_past(syntax: TemplateErrors, source: Source,
             more = errors.errors if isinstance(errors, TemplateErrors) else (errors,)
             found += [_moved(e, source) for e in more
                       if not names & set(_QUOTED_NAME.findall(e.message))]
+        except QrunError:
+            break  # not a template error (an unreadable include): the syntax errors stand
     return TemplateErrors(found[:MAX_ERRORS])
 
 
