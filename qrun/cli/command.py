@@ -5,6 +5,7 @@ text, the loading notice, ordered JSON Lines, Ctrl-C) through qrun/cli/output.py
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from qrun.options import ModelOptions, RunOptions
 if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
+    from qrun.runtime.request import RunRequest
     from qrun.runtime.result import Result
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -271,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
         return _run_lines(query, args, options, wanted, inputs,
                           Rows(fields, args.id, lambda exc: _hint(exc, typed_strings)))
     request = query.request(inputs, options=options, fill=fill)  # before the model loads
+    if fill:
+        _check_before_loading(query, wanted, request)
     if args.json:
         model = _load(query, wanted, args.quiet)
         rows = Rows(fields, args.id)
@@ -373,6 +377,16 @@ def _load(query: Query, given: ModelOptions, quiet: bool) -> Backend:
     chosen = query.model_options(given)  # the front matter's choice merged in, for the notice
     with LoadingNotice(str(chosen.model), quiet=quiet):
         return query.load(options=chosen)
+
+
+def _check_before_loading(query: Query, given: ModelOptions, request: RunRequest) -> None:
+    """Known values that do not fit their holes are refused before the weights load: checked
+    on the model's tokenizer alone (max_tokens counts its tokens), which the load then reads
+    again (about half a second here, against a load of 5 s or more)."""
+    chosen = query.model_options(given)
+    if chosen.weights is not False:
+        tokenizer = query.load(options=dataclasses.replace(chosen, weights=False))
+        query.runner(tokenizer).check(request)
 
 
 def _run_lines(query: Query, args: argparse.Namespace, options: RunOptions,

@@ -37,11 +37,7 @@ from qrun.runtime.calls import CallRunner, MacroReturn, Mark
 from qrun.runtime.constraints import ConstraintCompiler
 from qrun.runtime.contexts import bind_targets, exec_fresh, exec_hidden
 from qrun.runtime.engines import Engines
-from qrun.runtime.fills import (
-    check_gen_fill,
-    check_select_fill,
-    fill_text,
-)
+from qrun.runtime.fills import check_gen_fill, check_select_fill, fill_text
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
 from qrun.runtime.hole_args import HoleArgs
@@ -179,11 +175,15 @@ class Run:
         model = self.engines.model
         return model.aside() if isinstance(model, ScheduledModel) else nullcontext()
 
-    def execute(self) -> Result:
-        started = time.perf_counter()
+    def check(self) -> None:
+        """What is checked before any model work: host calls, constraints, known values."""
         self.calls.check()
         self._check_constraints()
         self._check_fills()
+
+    def execute(self) -> Result:
+        started = time.perf_counter()
+        self.check()
         try:
             self.exec_block(self.program.ops)
             self.flush_text()
@@ -193,8 +193,7 @@ class Run:
         self.stats.wall_s = time.perf_counter() - started
         backend = self.backend
         header = {"template": self.program.source.name, "model": backend.name,
-                  "backend": backend.kind, "device": backend.device,
-                  "dtype": backend.dtype}
+                  "backend": backend.kind, "device": backend.device, "dtype": backend.dtype}
         return Result("".join(self.pieces), self.vars, self.stats, self.holes, self.hole_lists,
                       list(self.session.token_ids), self.recorder, header, self._output())
 

@@ -130,6 +130,16 @@ class Runner:
         finally:
             self.shared.finished(ticket)
 
+    def check(self, request: RunRequest) -> None:
+        """What `run` checks before any model work (host calls, constraints, the known values
+        against their holes), without running: on a tokenizer alone it gives the same errors
+        before the weights are loaded.
+
+        Raises:
+            QrunError: what the run would raise before its first forward.
+        """
+        self._run(request, choose_engines(self.backend)).check()
+
     def map(self, requests: Sequence[RunRequest | QrunError], max_running: int,
             on_result: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
         """Run every request, up to `max_running` at a time sharing each forward; outcomes in
@@ -200,11 +210,9 @@ class Runner:
         return outcomes
 
     def execute(self, ticket: Ticket) -> Result:
-        """Run an admitted ticket's request in the calling thread: the one place a run is
-        built."""
+        """Run an admitted ticket's request in the calling thread."""
         try:
-            return Run(ticket.request, self.backend, self.constraints,
-                       self._engines(ticket)).execute()
+            return self._run(ticket.request, self._engines(ticket)).execute()
         finally:
             ticket.forwarded.set()
 
@@ -227,6 +235,10 @@ class Runner:
 
     def new_order(self) -> int:
         return next(self._orders)
+
+    def _run(self, request: RunRequest, engines: Engines) -> Run:
+        """The one place a run is built."""
+        return Run(request, self.backend, self.constraints, engines)
 
     def _engines(self, ticket: Ticket) -> Engines:
         if self.forwards is None:

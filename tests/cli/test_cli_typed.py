@@ -90,6 +90,34 @@ def test_bad_fill_exits_2(tmp_path: Path, tiny_folder: str, fill: str, message: 
     assert message in err and "internal error" not in err
 
 
+def test_a_fill_that_does_not_fit_is_refused_before_the_weights_load(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue #38: the value was checked when the run began, after the model had loaded. It is
+    # checked on the tokenizer alone now (max_tokens counts its tokens); a good one then
+    # loads the weights and runs.
+    import qrun.backends
+
+    loaded: list[bool | None] = []
+    load = qrun.backends.load_model
+
+    def recording(*args: object, **kwargs: object) -> object:
+        loaded.append(kwargs["options"].weights)  # type: ignore[attr-defined]
+        return load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(qrun.backends, "load_model", recording)
+    template = write(tmp_path, "A: {{ gen a regex=INT max_tokens=2 }} {{ gen b max_tokens=1 }}")
+    assert main([template, "--model", tiny_folder, "--fill", "a=x"]) == 2
+    assert "does not match its constraint regex=INT" in capsys.readouterr().err
+    assert loaded == [False]
+    assert main([template, "--model", tiny_folder, "--fill", "a=123456"]) == 2
+    assert "over its max_tokens=2" in capsys.readouterr().err
+    assert loaded == [False, False]
+    assert main([template, "--model", tiny_folder, "--fill", "a=17"]) == 0
+    assert capsys.readouterr().out.startswith("A: 17 ")
+    assert loaded == [False, False, False, True]
+
+
 def test_check_lists_inputs_that_have_defaults_as_optional(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # issue #38: every input typed with a default printed "inputs: none".
