@@ -212,14 +212,26 @@ class Vocabulary:
         after = bisect.bisect_right(self._sorted, data)
         return after < len(self._sorted) and self._sorted[after].startswith(data)
 
-    def extensions(self, data: bytes) -> tuple[int, ...]:
-        """Every token id whose bytes properly start with `data` (`",` and `".` for `"`)."""
+    def extensions(self, data: bytes, allowed: frozenset[int]) -> tuple[int, ...]:
+        """Every token id whose bytes are `data` and then one or more bytes of `allowed`
+        (`",` and `".` for `"` with punctuation allowed). Only such prefixes are visited (a
+        bisect each), not every token that starts with `data` (32,000 for " " on SmolLM2)."""
         found: list[int] = []
-        index = bisect.bisect_right(self._sorted, data)
-        while index < len(self._sorted) and self._sorted[index].startswith(data):
-            found.extend(self.ids_of(self._sorted[index]))
-            index += 1
+        pending = [data] if self.has_extension(data) else []
+        while pending:
+            prefix = pending.pop()
+            for byte in allowed:
+                longer = prefix + bytes((byte,))
+                if self._starts_a_token(longer):
+                    found.extend(self.ids_of(longer))
+                    if self.has_extension(longer):
+                        pending.append(longer)
         return tuple(found)
+
+    def _starts_a_token(self, data: bytes) -> bool:
+        """Whether some token's bytes start with `data` (or are `data`)."""
+        at = bisect.bisect_left(self._sorted, data)
+        return at < len(self._sorted) and self._sorted[at].startswith(data)
 
     @staticmethod
     def from_token_bytes(

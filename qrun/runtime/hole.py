@@ -5,6 +5,7 @@ rule, and the one tail that turns a finished hole into its record. The local sam
 
 from __future__ import annotations
 
+import functools
 import string
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from qrun.constraint import ConstraintSpec, Cursor
+from qrun.constraint import ConstraintSpec, Cursor, Vocabulary
 from qrun.constraint.spec import typed_value
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import SamplingParams
@@ -102,13 +103,19 @@ def follow_of(session: Session, text: str | None) -> Follow:
     # where a loop's `, ` or the `]` after it comes next) begins it too: it stays
     # provisionally and is kept if what follows spells the rest (Session.overshoot). After
     # text of spaces alone only more spaces: ` (` after a lone ` ` may well be value.
-    extra = _SEPARATORS if plain.strip() else _SPACES
-    tokens += tuple(token for token in vocab.extensions(plain) if token not in eos and all(
-        byte in extra for byte in (vocab.token_bytes[token] or b"")[len(plain):]))
+    tokens += tuple(t for t in _closing_extensions(vocab, plain) if t not in eos)
     first = len(vocab.token_bytes[head[0]] or b"")
     whole = tuple(t for t in tokens if len(data := vocab.token_bytes[t] or b"") >= first
                   or all(byte in _PUNCTUATION for byte in data))
     return Follow(plain, tokens, whole)
+
+
+@functools.lru_cache(maxsize=256)
+def _closing_extensions(vocab: Vocabulary, plain: bytes) -> tuple[int, ...]:
+    """The tokens that are `plain` and then punctuation or spaces (only spaces where `plain`
+    is spaces), for follow_of: a hole's next text is one of a few per template, so each is
+    walked once."""
+    return vocab.extensions(plain, _SEPARATORS if plain.strip() else _SPACES)
 
 
 class HoleFiller(Protocol):

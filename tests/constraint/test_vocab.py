@@ -22,3 +22,17 @@ def test_trie_layout() -> None:
     assert list(trie.token_at[1]) == [0, 2]
     assert list(trie.child_count[1]) == [1, 0]  # 'a' has child 'ab'; 'b' none
     assert list(trie.token_at[3]) == [5]
+
+
+def test_extensions_walk_only_the_allowed_bytes(smol_vocab: Vocabulary) -> None:
+    # The walk visits the prefixes made of allowed bytes; it finds what a scan of every
+    # token finds (runtime/hole.py: the tokens that hold a hole's next text and then close).
+    punctuation = frozenset(b'.,;:!?"()[]{} \n')
+    for data, allowed in ((b'"', punctuation), (b" ", frozenset(b" \n\t")), (b".", punctuation),
+                          (b"zzqx", punctuation)):
+        scanned = sorted(
+            token for token, held in enumerate(smol_vocab.token_bytes)
+            if held is not None and len(held) > len(data) and held.startswith(data)
+            and all(byte in allowed for byte in held[len(data):]))
+        assert sorted(smol_vocab.extensions(data, allowed)) == scanned
+    assert len(smol_vocab.extensions(b'"', punctuation)) > 10
