@@ -75,6 +75,14 @@ class LoopInfo:
 
 LOOP_FIELDS = ("index", "index0", "first", "last", "length", "revindex", "revindex0")
 HOLE_ENDING_FIELDS = ("finish", "stop", "text")
+
+
+def refused_name(name: str) -> str | None:
+    """Why a template may not use or make the name `name` (it could reach Python's internals,
+    or become an input spelled so: docs/language.md §5), or None."""
+    if name.startswith("_") or "__" in name:
+        return f"names starting with '_' or containing '__' are not allowed: '{name}'"
+    return None
 """What `holes.NAME` holds for a hole that ended (docs/language.md §7.6; runtime/executor.py
 builds it)."""
 
@@ -231,9 +239,9 @@ class _Evaluator:
     # ---- nodes -------------------------------------------------------------------------------
 
     def name(self, name: str, span: Span, lenient: bool = False) -> Any:
-        if name.startswith("_") or "__" in name:
-            self.fail(f"names starting with '_' or containing '__' are not allowed: '{name}'",
-                      span)
+        refused = refused_name(name)
+        if refused is not None:
+            self.fail(refused, span)
         if name not in self.scope:
             return self.undefined(f"undefined variable '{name}'", span, lenient)
         return self.scope[name]

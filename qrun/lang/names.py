@@ -13,7 +13,7 @@ from qrun.errors import TemplateCompileError, TemplateError, suggest
 from qrun.lang import ast
 from qrun.lang import expr as ex
 from qrun.lang.builtins import FUNCTIONS, METHODS, TESTS, UNDEFINED_TESTS, keyword_error
-from qrun.lang.evaluate import HOLE_ENDING_FIELDS, LOOP_FIELDS
+from qrun.lang.evaluate import HOLE_ENDING_FIELDS, LOOP_FIELDS, refused_name
 from qrun.lang.flow import Context, Flow, guards
 from qrun.lang.signature import Signature
 from qrun.lang.surface import FILTER_HINTS, METHOD_HINTS, STRING_FORMAT_HINT, TEST_HINTS
@@ -67,7 +67,7 @@ class NameResolver:
     # ---- names -------------------------------------------------------------------------------
 
     def check_new_name(self, name: str, span: Span, what: str) -> bool:
-        if name.startswith("_") or "__" in name:
+        if refused_name(name) is not None:
             self.fail(f"{what} '{name}': names may not start with '_' or contain '__'", span)
             return False
         if name in ("loop", "holes"):
@@ -113,9 +113,9 @@ class NameResolver:
             ) -> None:
         """A use of `name`; `safe` when an undefined value is fine there (the operand of `is
         defined` or of `default`), as is any use a test guards (`ctx.defined`)."""
-        if name.startswith("_") or "__" in name:
-            self.fail(f"names starting with '_' or containing '__' are not allowed: '{name}'",
-                      span)
+        refused = refused_name(name)
+        if refused is not None:
+            self.fail(refused, span)
             return
         if name in ctx.locals or name in flow.bound or name == "holes":
             return
