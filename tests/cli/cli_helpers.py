@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 QA = 'Question: {{ question }}\nAnswer:{{ gen answer max_tokens=6 }}\nDone.'
 
 
@@ -20,3 +22,19 @@ def rows(out: str) -> list[dict[str, Any]]:
     """JSON Lines printed by qrun, split at "\\n" only, each line parsed."""
     assert out.endswith("\n") or out == ""
     return [json.loads(line) for line in out.split("\n")[:-1]]
+
+
+def record_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
+    """The `weights` option of every model load from now on (a load of the tokenizer alone
+    is False), in order; the loads still happen."""
+    import qrun.backends
+
+    loaded: list[bool | None] = []
+    load = qrun.backends.load_model
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        loaded.append(kwargs["options"].weights)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(qrun.backends, "load_model", recording)
+    return loaded

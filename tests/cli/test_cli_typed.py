@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import write
+from cli_helpers import record_loads, write
 
 from qrun.cli import main
 
@@ -96,16 +96,7 @@ def test_a_fill_that_does_not_fit_is_refused_before_the_weights_load(
     # issue #38: the value was checked when the run began, after the model had loaded. It is
     # checked on the tokenizer alone now (max_tokens counts its tokens); a good one then
     # loads the weights and runs.
-    import qrun.backends
-
-    loaded: list[bool | None] = []
-    load = qrun.backends.load_model
-
-    def recording(*args: object, **kwargs: object) -> object:
-        loaded.append(kwargs["options"].weights)  # type: ignore[attr-defined]
-        return load(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(qrun.backends, "load_model", recording)
+    loaded = record_loads(monkeypatch)
     template = write(tmp_path, "A: {{ gen a regex=INT max_tokens=2 }} {{ gen b max_tokens=1 }}")
     assert main([template, "--model", tiny_folder, "--fill", "a=x"]) == 2
     assert "does not match its constraint regex=INT" in capsys.readouterr().err

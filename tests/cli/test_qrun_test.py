@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
+from cli_helpers import record_loads
 
 from qrun.cli import main
 
@@ -223,17 +224,7 @@ def test_a_suite_whose_cases_fill_every_hole_loads_no_weights(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Every case gives every hole's value: the tokenizer checks them (max_tokens), no model
     # runs (issue #38); one case that leaves a hole to the model loads the weights.
-    import qrun.backends
-
-    loaded: list[bool | None] = []
-    load = qrun.backends.load_model
-
-    def recording(*args: object, **kwargs: object) -> object:
-        options = kwargs["options"]
-        loaded.append(options.weights)  # type: ignore[attr-defined]
-        return load(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(qrun.backends, "load_model", recording)
+    loaded = record_loads(monkeypatch)
     filled = """\
 - name: all given
   inputs: {topic: cats}
