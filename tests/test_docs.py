@@ -30,7 +30,7 @@ CITATION = re.compile(
 MD_MENTION = re.compile(r"[\w./-]*\w\.md\b")
 NUMBERED_HEADING = re.compile(r"^#{2,6} (?P<number>\d+(?:\.\d+)*)\.? \S.*$", re.M)
 LINK = re.compile(r"\[(?P<label>[^\]\n]*)\]\((?P<target>[^)\s]+)\)")
-FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+FENCE = re.compile(r"^```[^\n]*\n(?P<body>.*?)^```", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
@@ -191,7 +191,6 @@ def test_doc_links_and_section_references_resolve(path: Path) -> None:
 
 
 ERROR_HEAD = re.compile(r"^(?P<file>\S+?):(?P<line>\d+):(?P<col>\d+): (?:error|warning): ")
-FENCED = re.compile(r"^```[^\n]*\n(?P<body>.*?)^```", re.M | re.S)
 
 
 def error_blocks() -> Iterator[tuple[str, str, list[str]]]:
@@ -199,7 +198,7 @@ def error_blocks() -> Iterator[tuple[str, str, list[str]]]:
     fenced block of README.md and docs/ that shows its source line and caret."""
     for path in [ROOT / "README.md", *DOCS]:
         text = path.read_text(encoding="utf-8")
-        for block in FENCED.finditer(text):
+        for block in FENCE.finditer(text):
             lines = block.group("body").split("\n")
             for k, line in enumerate(lines[:-2]):
                 if ERROR_HEAD.match(line) and lines[k + 2].lstrip().startswith("^"):
