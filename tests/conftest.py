@@ -19,6 +19,15 @@ from qrun.backends.hf_tokenizer import vocabulary_of
 from qrun.backends.transformers import TransformersBackend
 from qrun.constraint.vocab import Vocabulary
 
+# Every process the tests start (qrun's command line, `vllm serve`, vLLM's engine core) runs one
+# OpenMP thread, unbound: two threads spin-waiting at each other's barriers while other
+# processes hold the cores cost far more than they gain. Measured on the 2-core VM with a busy
+# loop on each core, an extract run on a `vllm serve` took 12 s with vLLM's default (a thread
+# bound to each core), 20-25 s with two unbound threads, and 5.6-7 s with one (5.3 s with two
+# on an idle machine). The test process itself sets torch's threads (one_torch_thread, below).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Registered here, not in tests/lang/conftest.py: pytest only reads command-line options
