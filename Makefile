@@ -68,7 +68,7 @@ trace-screenshot: $(BROWSER_STAMP) chromium
 # cores (scripts/install-llamacpp.sh says what is left out and why).
 llamacpp: $(LLAMACPP_STAMP)
 
-$(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh
+$(LLAMACPP_STAMP): $(STAMP) scripts/install-llamacpp.sh $(wildcard scripts/patches/llamacpp-*.patch)
 	scripts/install-llamacpp.sh $(PY)
 	touch $(LLAMACPP_STAMP)
 

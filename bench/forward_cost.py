@@ -3,6 +3,7 @@ fidelity, in one run:
 
     python -m bench.forward_cost [--backends transformers,llamacpp,llamacpp:q8_0]
                                  [--repeat 7] [--no-fidelity] [--no-cost]
+                                 [--save-reference DIR | --against DIR]
 
 Cost: one forward of N rows (N = 1, 4, 8, 16), each row one new token on its own 64-token
 context, against N one-row forwards of the same kind (median of --repeat, fresh tokens each
@@ -11,7 +12,12 @@ backend's draft_cost); a 512-token prompt fed in one forward. Fidelity (`llamacp
 against the shipped GGUF): mean and p99 KL of the next-token distributions over 2,048 tokens
 of docs/language.md, top-1 agreement, and the greedy outputs of every example template (the
 cases of examples/NAME.tests.yaml) and of the bench workloads (their inputs): how many
-change. One JSON object per line."""
+change. One JSON object per line.
+
+Two builds of llama.cpp (scripts/patches/ changes its kernels) cannot be loaded in one
+process: `--save-reference DIR` writes the shipped GGUF's next-token log-probabilities and
+greedy outputs under this build, and `--against DIR`, run under the other build, prints the
+same fidelity figures against them."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 import qrun
 from qrun.backends import Backend
@@ -95,13 +102,20 @@ def cost(spec: str, repeat: int) -> dict[str, Any]:
     return row
 
 
-def next_token_kl(reference: Backend, other: Backend, tokens: int = 2048) -> dict[str, Any]:
-    ids = [reference.start_token_id, *reference.encode(TEXT.read_text())[:tokens - 1]]
+def next_token_logprobs(model: Backend, tokens: int = 2048) -> npt.NDArray[np.float64]:
+    """The model's next-token log-probabilities [tokens, V] over the start of TEXT."""
+    ids = [model.start_token_id, *model.encode(TEXT.read_text())[:tokens - 1]]
     # float64: a KL of 0.004 nats is a small difference of log-probabilities
-    p = log_softmax(reference.forward(ids, reference.new_cache(), len(ids)).astype(np.float64))
-    q = log_softmax(other.forward(ids, other.new_cache(), len(ids)).astype(np.float64))
+    return log_softmax(model.forward(ids, model.new_cache(), len(ids)).astype(np.float64))
+
+
+def next_token_kl(reference: Backend, other: Backend, tokens: int = 2048) -> dict[str, Any]:
+    return kl_figures(next_token_logprobs(reference, tokens), next_token_logprobs(other, tokens))
+
+
+def kl_figures(p: npt.NDArray[np.float64], q: npt.NDArray[np.float64]) -> dict[str, Any]:
     kl = (np.exp(p) * (p - q)).sum(-1)
-    return {"tokens": len(ids), "mean_kl": round(float(kl.mean()), 5),
+    return {"tokens": len(p), "mean_kl": round(float(kl.mean()), 5),
             "p99_kl": round(float(np.quantile(kl, 0.99)), 4),
             "top1_agree": round(float((p.argmax(-1) == q.argmax(-1)).mean()), 4)}
 
@@ -129,17 +143,22 @@ def greedy_runs() -> list[tuple[str, qrun.Query, dict[str, Any], dict[str, Any]]
     return runs
 
 
+def greedy_texts(model: Backend) -> dict[str, str]:
+    """The greedy_runs' texts on `model`, by run name."""
+    return {name: query.run(inputs, model=model, temperature=0, fill=fill or None).text
+            for name, query, inputs, fill in greedy_runs()}
+
+
 def greedy_outputs(reference: Backend, other: Backend) -> dict[str, Any]:
     """The greedy_runs on both models: which outputs differ."""
-    runs = greedy_runs()
-    changed = []
-    for name, query, inputs, fill in runs:
-        texts = [query.run(inputs, model=model, temperature=0, fill=fill or None).text
-                 for model in (reference, other)]
-        if texts[0] != texts[1]:
-            changed.append(name)
-    return {"runs": len(runs), "changed": len(changed),
-            "unchanged_share": round(1 - len(changed) / len(runs), 3), "changed_runs": changed}
+    return greedy_figures(greedy_texts(reference), greedy_texts(other))
+
+
+def greedy_figures(reference: dict[str, str], other: dict[str, str]) -> dict[str, Any]:
+    changed = [name for name, text in reference.items() if other.get(name) != text]
+    return {"runs": len(reference), "changed": len(changed),
+            "unchanged_share": round(1 - len(changed) / len(reference), 3),
+            "changed_runs": changed}
 
 
 def main() -> None:
@@ -149,10 +168,30 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--no-fidelity", action="store_true")
     parser.add_argument("--no-cost", action="store_true")
+    saved = parser.add_mutually_exclusive_group()
+    saved.add_argument("--save-reference", type=Path, metavar="DIR",
+                       help="write the shipped GGUF's figures under this llama.cpp build")
+    saved.add_argument("--against", type=Path, metavar="DIR",
+                       help="compare this llama.cpp build with those of --save-reference")
     args = parser.parse_args()
     for spec in [] if args.no_cost else args.backends.split(","):
         print(json.dumps(cost(spec, args.repeat)), flush=True)
-    if not args.no_fidelity:
+    if args.save_reference or args.against:
+        model = load("llamacpp")
+        logprobs, texts = next_token_logprobs(model), greedy_texts(model)
+        if args.save_reference:
+            args.save_reference.mkdir(parents=True, exist_ok=True)
+            np.save(args.save_reference / "logprobs.npy", logprobs)
+            (args.save_reference / "greedy.json").write_text(json.dumps(texts, indent=1))
+        else:
+            reference = np.load(args.against / "logprobs.npy")
+            print(json.dumps({"fidelity": f"this llama.cpp build vs {args.against}",
+                              **kl_figures(reference, logprobs)}), flush=True)
+            print(json.dumps({"greedy": f"this llama.cpp build vs {args.against}",
+                              **greedy_figures(json.loads(
+                                  (args.against / "greedy.json").read_text()), texts)}),
+                  flush=True)
+    elif not args.no_fidelity:
         shipped, q8 = load("llamacpp"), load("llamacpp:q8_0")
         print(json.dumps({"fidelity": "llamacpp:q8_0 vs llamacpp",
                           **next_token_kl(shipped, q8)}), flush=True)

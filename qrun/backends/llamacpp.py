@@ -161,11 +161,12 @@ class LlamaCppBackend(BackendDefaults):
 
     kind = "llamacpp"
 
-    # A forward over 1 / 2 / 3 / 5 / 9 new tokens at a 400-token context took 12.9 / 19.9 /
-    # 28.1 / 39.4 / 64.7 ms (SmolLM2 Q4_1, 2 threads): each guessed token adds about half a
-    # forward, so guesses pay only while the model takes more than half of them.
+    # What each guessed token adds to a one-token forward (bench/forward_cost.py, 1 + 4 tokens
+    # on a 64-token context, 2 threads): 0.58 for SmolLM2's Q4_1 row by row, 0.39 with the
+    # tiled Q4_1 kernel qrun's build adds (scripts/patches/llamacpp-q4_1-sgemm.patch), 0.46 on
+    # the q8_0 copy; guesses pay only while the model takes more than that share of them.
     capabilities = Capabilities(batches_itself=False, heals_in_context=True, lookahead=True,
-                                draft_cost=0.5)
+                                draft_cost=0.4)
 
     def __init__(self, model: Model, context: Context | None, name: str, cache_mb: int,
                  load_s: float = 0.0) -> None:

@@ -183,6 +183,28 @@ def test_batched_forward_equals_forwards_one_at_a_time(llama: LlamaCppBackend) -
         assert gap(one[1], rows[1]) < TOLERANCE
 
 
+def test_a_rows_logits_do_not_depend_on_the_rows_beside_it(llama: LlamaCppBackend) -> None:
+    # The shipped Q4_1 weights go through qrun's tiled kernel (scripts/patches/
+    # llamacpp-q4_1-sgemm.patch) in every forward: each element is summed in the same order
+    # whatever the tile, so a row's logits are the same bits alone or in a batch of any size
+    # (odd sizes leave partial tiles); batched runs and speculation rely on it.
+    contexts = [ids_of(llama, f"Fact {k}: the town of Emberwick has {k + 2} bridges and")
+                for k in range(7)]
+    alone = []
+    for context in contexts:
+        cache = llama.new_cache()
+        llama.forward(context[:-1], cache)
+        alone.append(llama.forward(context[-1:], cache))
+    for n in (2, 3, 5, 7):
+        caches = [llama.new_cache() for _ in range(n)]
+        for cache, context in zip(caches, contexts, strict=False):
+            llama.forward(context[:-1], cache)
+        rows = llama.forward_batch([(context[-1:], cache) for context, cache
+                                    in zip(contexts, caches, strict=False)])
+        for k in range(n):
+            assert np.array_equal(rows[k][-1], alone[k][-1]), (n, k)
+
+
 @pytest.mark.parametrize("leaves_per_decode", [32, 2])
 def test_a_token_tree_scores_like_each_option_on_a_fork(
         llama: LlamaCppBackend, leaves_per_decode: int, monkeypatch: pytest.MonkeyPatch) -> None:
