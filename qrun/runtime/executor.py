@@ -40,7 +40,7 @@ from qrun.runtime.engines import Engines
 from qrun.runtime.fills import check_gen_fill, check_select_fill, fill_text
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
-from qrun.runtime.hole_args import HoleArgs
+from qrun.runtime.hole_args import HoleArgs, constraint_span, text_after
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.request import RunRequest
 from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
@@ -101,8 +101,11 @@ class Run:
         self.calls = CallRunner(self, request.functions)
         self.in_branch = False  # a fork branch's run (runtime/branches.py)
         self.in_role: str | None = None  # the chat turn being run, if any
-        # Told each top-level capture as its hole ends (a server's hole events); not a macro's.
+        # Told each top-level capture as its hole ends (a server's hole events), and each piece
+        # of a top-level hole's sampled text (the name of the hole being filled); not a macro's.
         self.on_hole: Callable[[str, Any], None] | None = request.on_hole
+        self.on_value = request.on_value
+        self.filling: str | None = None  # the top-level hole being filled, for on_value
         self._top_vars = self.vars
         self._start_lists(program.ops)
 
@@ -243,7 +246,7 @@ class Run:
                 filler = self.engines.filler
                 refusal = filler.refuses(spec) if filler is not None else None
                 if refusal is not None:
-                    raise ConstraintError(refusal, _constraint_span(op), source)
+                    raise ConstraintError(refusal, constraint_span(op), source)
 
     def _check_fills(self) -> None:
         """Before any model work: each known value whose hole's arguments are known now
@@ -277,7 +280,7 @@ class Run:
         closing marker, the text after an `if`), or None."""
         for index, op in enumerate(ops):
             self.budget.step(op.span)
-            self._exec(op, _text_after(ops, index, after))
+            self._exec(op, text_after(ops, index, after))
 
     def _exec(self, op: ir.Op, after: str | None = None) -> None:
         match op:
@@ -350,6 +353,8 @@ class Run:
         self.pieces.append(text)
         if self.on_text is not None and text and not self.quiet:
             self.on_text(text)
+        if self.on_value is not None and self.filling is not None and text and not self.quiet:
+            self.on_value(self.filling, text)
 
     def evaluate(self, expr: Expr) -> Any:
         return evaluate(expr, self.scope, self.source, self.budget, self.calls)
@@ -361,11 +366,14 @@ class Run:
         kind = "gen" if isinstance(op, ir.Gen) else "select"
         self.flush_text()
         self.recorder.begin_hole(op.name, kind, op.span.line, op.span.column)
+        top = self.vars is self._top_vars and not self.in_branch
+        self.filling = op.name if top else None
         try:
             yield
         except (HoleFailure, BackendError, ContextFull, GrammarError) as exc:
             raise GenerationError(str(exc), op.span, self.source) from None
         finally:
+            self.filling = None
             self.session.pause()
 
     def _known(self, op: ir.Gen | ir.Select) -> tuple[bool, Any]:
@@ -423,7 +431,7 @@ class Run:
             try:
                 cursor = self.constraints.cursor(spec, prefix)
             except (PatternError, GrammarError) as exc:
-                raise ConstraintError(str(exc), _constraint_span(op), self.source) from None
+                raise ConstraintError(str(exc), constraint_span(op), self.source) from None
         elif prefix:
             cursor = self.constraints.heal_cursor(prefix)
         # A hole may end where the model begins the template's next text
@@ -467,7 +475,7 @@ class Run:
             try:
                 cursor = self.constraints.cursor(spec)
             except (PatternError, GrammarError) as exc:
-                raise ConstraintError(str(exc), _constraint_span(op), self.source) from None
+                raise ConstraintError(str(exc), constraint_span(op), self.source) from None
         text = fill_text(op.name, value, spec)
         typed = check_gen_fill(op, text, spec, cursor, args.stop, args.keep_stop,
                                args.max_tokens, len(self.backend.encode(text)), self.source)
@@ -515,12 +523,12 @@ class Run:
             request = SelectRequest(op.name, tuple(options), temperature, normalize,
                                     self.generator, prefix)
             record = select(self.session, request, scoring)
+            self._show(record.text)
         probs = record.option_probs
         self.recorder.end_hole(
             constraint="options=" + json.dumps(list(options), ensure_ascii=False),
             value=record.value, text=record.text, finish=record.finish, seconds=record.seconds,
             options=[(o, lp, probs[o]) for o, lp in record.option_logprobs.items()])
-        self._show(record.text)
         self._capture(op.name, record, op.in_loop)
 
     def _capture(self, name: str, record: HoleRecord, in_loop: bool) -> None:
@@ -678,22 +686,3 @@ class _Break(_LoopControl):
 
 class _Continue(_LoopControl):
     pass
-
-
-def _text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | None:
-    """The template text that is sure to come next after `ops[index]` runs: the next op's when
-    it is fixed text (past `set`s, which emit nothing), `after` when the block ends first, None
-    where it depends on the run (a value, a loop's next round, another hole)."""
-    for op in ops[index + 1 :]:
-        if isinstance(op, ir.Set):
-            continue
-        return op.text if isinstance(op, ir.EmitText) and op.text else None
-    return after
-
-
-def _constraint_span(op: ir.Gen) -> Span:
-    match op.params.constraint:
-        case ir.Regex(pattern=expr) | ir.JsonSchema(schema=expr) | ir.Grammar(grammar=expr) | \
-                ir.ToolCall(tools=expr):
-            return expr.span
-    return op.span

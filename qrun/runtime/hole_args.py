@@ -7,7 +7,7 @@ whether the model fills the hole or a known value does (runtime/fills.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from qrun.lang.args import HOLE_ARG_CHECKS, show_value
 from qrun.lang.expr import Expr
 from qrun.options import Resolved
 from qrun.runtime.sampler import SamplingParams
-from qrun.source import Source
+from qrun.source import Source, Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +81,23 @@ class HoleArgs:
             got = "" if isinstance(value, list | tuple | dict) else f", got {show_value(value)}"
             raise EvaluationError(f"{name} must be {wanted}{got}", expr.span, self._source)
         return value
+
+
+def text_after(ops: Sequence[ir.Op], index: int, after: str | None) -> str | None:
+    """The template text that is sure to come next after `ops[index]` runs: the next op's when
+    it is fixed text (past `set`s, which emit nothing), `after` when the block ends first, None
+    where it depends on the run (a value, a loop's next round, another hole)."""
+    for op in ops[index + 1 :]:
+        if isinstance(op, ir.Set):
+            continue
+        return op.text if isinstance(op, ir.EmitText) and op.text else None
+    return after
+
+
+def constraint_span(op: ir.Gen) -> Span:
+    """Where an error about `op`'s constraint points: its constraint argument's value."""
+    match op.params.constraint:
+        case ir.Regex(pattern=expr) | ir.JsonSchema(schema=expr) | ir.Grammar(grammar=expr) | \
+                ir.ToolCall(tools=expr):
+            return expr.span
+    return op.span

@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,6 +28,7 @@ from qrun.api import HostFunctions, Query
 from qrun.errors import UsageError
 from qrun.options import ModelOptions
 from qrun.serve.catalog import served
+from qrun.serve.openai import CHAT, chat_completions, list_models, openai_error
 from qrun.serve.openapi import openapi
 from qrun.serve.protocol import (
     BODY_TIMEOUT_S,
@@ -93,6 +95,7 @@ def app(
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
     service = Service(queries, backend, limits, api_key or None)
+    chat = Query(CHAT)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -117,6 +120,10 @@ def app(
         Route("/v1/templates/{name}", _handler(service, _one), methods=["GET"]),
         Route("/v1/templates/{name}/run", _handler(service, answer_run), methods=["POST"]),
         Route("/v1/templates/{name}/batch", _handler(service, answer_batch), methods=["POST"]),
+        # OpenAI's API (serve/openai.py): its own error shape, the same key and limits.
+        Route("/v1/models", _handler(service, list_models, openai=True), methods=["GET"]),
+        Route("/v1/chat/completions", _handler(service, partial(chat_completions, chat=chat),
+                                               openai=True), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
                           middleware=[Middleware(HostGate, service=service, allowed=hosts),
@@ -149,10 +156,10 @@ def _backend(model: Backend | ModelOptions | str | None,
 Handler = Callable[[Service, Request, str], Awaitable[Response]]
 
 
-def _handler(service: Service, handler: Handler,
-             public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+def _handler(service: Service, handler: Handler, public: bool = False,
+             openai: bool = False) -> Callable[[Request], Awaitable[Response]]:
     """`handler` with the request's id, its key checked (unless `public`), its failures
-    answered as JSON errors and its status counted."""
+    answered as JSON errors (in OpenAI's shape where `openai`) and its status counted."""
 
     async def endpoint(request: Request) -> Response:
         request_id = request_id_of(request)
@@ -164,6 +171,8 @@ def _handler(service: Service, handler: Handler,
             error = service.failure(exc, request_id)
             if error.code == "internal_error":
                 log.exception("[%s] internal error", request_id)
+            if openai:
+                return error_response(error, request_id, service, body=openai_error(error))
             return error_response(error, request_id, service)
         response.headers["X-Request-ID"] = request_id
         service.metrics.requests.labels(str(response.status_code)).inc()

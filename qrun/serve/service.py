@@ -176,7 +176,7 @@ class DrainGate:
                              "requests", headers={"Retry-After": str(RETRY_AFTER_S),
                                                   "Connection": "close"})
             extra = {"status": "draining"} if scope["path"] == "/healthz" else {}
-            response = error_response(error, request_id_of(request), self.service, **extra)
+            response = error_response(error, request_id_of(request), self.service, extra)
             await response(scope, receive, send)
             return
         self.service.in_flight += 1
@@ -228,10 +228,14 @@ class HostGate:
 
 
 def error_response(error: ApiError, request_id: str, service: Service,
-                    **extra: Any) -> Response:
+                   extra: Mapping[str, Any] | None = None,
+                   body: Mapping[str, Any] | None = None) -> Response:
+    """`error` answered: qrun's body (docs/serve.md §4) with `extra`, or `body` instead."""
     log.info("[%s] %d %s: %s", request_id, error.status, error.code, error.message)
     service.metrics.requests.labels(str(error.status)).inc()
-    return JSONResponse({**extra, **error.body(request_id)}, status_code=error.status,
+    return JSONResponse(body if body is not None else {**(extra or {}),
+                                                       **error.body(request_id)},
+                        status_code=error.status,
                         headers={**error.headers, "X-Request-ID": request_id})
 
 

@@ -45,6 +45,7 @@ from qrun.serve.service import Service, log, template_name
 
 if TYPE_CHECKING:  # the runtime and backends are reached through Query, never imported here
     from qrun.runtime.request import RunRequest
+    from qrun.runtime.result import Result
     from qrun.runtime.runner import Ticket
 
 
@@ -60,7 +61,19 @@ async def answer_run(service: Service, request: Request, request_id: str) -> Res
     log.info("[%s] run %s", request_id, name)
     if run.stream:
         return _stream(service, run, request_id)
-    ticket = _submit(service, run.request)
+    result = await outcome_of(service, request, submit(service, run.request), run.timeout,
+                              request_id)
+    return Response(dumps_line(result.row(run.fields)), media_type="application/json")
+
+
+async def outcome_of(service: Service, request: Request, ticket: Ticket,
+                     timeout: float | None, request_id: str) -> Result:
+    """The result of `ticket`'s run, waited for up to `timeout` seconds, while the client
+    stays and the server does not abandon its runs; a run given up on is cancelled.
+
+    Raises:
+        ApiError: 504 past the timeout, 499 the client gone, the run's failure as answered.
+    """
     outcome = asyncio.ensure_future(asyncio.wrap_future(ticket.future))
     # A run given up on (timeout, client gone) still ends with an outcome: read, not logged.
     outcome.add_done_callback(_read_outcome)
@@ -68,7 +81,7 @@ async def answer_run(service: Service, request: Request, request_id: str) -> Res
     stop = asyncio.ensure_future(service.abandoning.wait())
     waiting: set[asyncio.Future[Any]] = {outcome, gone, stop}
     try:
-        done, _ = await asyncio.wait(waiting, timeout=run.timeout,
+        done, _ = await asyncio.wait(waiting, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
@@ -80,18 +93,17 @@ async def answer_run(service: Service, request: Request, request_id: str) -> Res
         if gone in done:  # nobody to answer: the run stops at its next forward
             log.info("[%s] the client went away: run cancelled", request_id)
             raise ApiError(499, "client_closed", "the client closed the connection")
-        raise ApiError(504, "timeout", f"the run took longer than its timeout "
-                       f"({run.timeout} s)")
+        raise ApiError(504, "timeout", f"the run took longer than its timeout ({timeout} s)")
     if outcome.cancelled():  # taken out of the queue by the drain's end
         raise service.failure(asyncio.CancelledError())
     try:
-        result = outcome.result()
+        result: Result = outcome.result()
     except Exception as exc:
         error = service.failure(exc, request_id)
         if error.code == "internal_error":
             log.error("[%s] internal error", request_id, exc_info=exc)
         raise error from None
-    return Response(dumps_line(result.row(run.fields)), media_type="application/json")
+    return result
 
 
 async def _disconnected(request: Request) -> None:
@@ -172,7 +184,7 @@ async def answer_batch(service: Service, request: Request, request_id: str) -> R
                     next_line += 1
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    result = await _unless_abandoned(service, pending[index], left)
+                    result = await unless_abandoned(service, pending[index], left)
                     line = rows.result(result, parsed)
                 except TimeoutError:
                     error = ApiError(504, "timeout", f"the batch took longer than its "
@@ -198,7 +210,7 @@ def _read_outcome(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-async def _unless_abandoned(service: Service, future: asyncio.Future[Any],
+async def unless_abandoned(service: Service, future: asyncio.Future[Any],
                             timeout: float | None) -> Any:
     """`future`'s result, waited for up to `timeout` seconds (then TimeoutError) and until
     the service abandons its runs (then RunCancelled). A task of this request's own (a
@@ -227,7 +239,7 @@ async def _admit(service: Service, run: RunRequest,
     pause = ADMIT_POLL_FIRST_S
     while True:
         try:
-            return _submit(service, run)
+            return submit(service, run)
         except ApiError:
             running = [f for f in pending.values() if not f.done()]
             if running:
@@ -238,7 +250,7 @@ async def _admit(service: Service, run: RunRequest,
                 pause = min(2 * pause, ADMIT_POLL_MAX_S)
 
 
-def _submit(service: Service, run: RunRequest) -> Ticket:
+def submit(service: Service, run: RunRequest) -> Ticket:
     """Admit `run` to the server's runs (429 when the queue is full); its outcome is counted
     in the metrics as it ends."""
     try:
@@ -259,7 +271,7 @@ def _stream(service: Service, run: RunBody, request_id: str) -> Response:
     def push(kind: str, data: Any) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
-    ticket = _submit(service, run.request.streaming(
+    ticket = submit(service, run.request.streaming(
         lambda text: push("text", {"text": text}),
         lambda name, value: push("hole", {"name": name, "value": value})))
     # After every text and hole event: the run's thread pushed those before its future ended.
@@ -272,7 +284,7 @@ def _stream(service: Service, run: RunBody, request_id: str) -> Response:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 event = asyncio.ensure_future(events.get())
                 try:
-                    kind, data = await _unless_abandoned(service, event, left)
+                    kind, data = await unless_abandoned(service, event, left)
                 except RunCancelled as exc:
                     error = service.failure(exc, request_id)
                     yield {"event": "error", "data": dumps_line(error.body(request_id))}

@@ -12,6 +12,7 @@ Without llama_cpp installed these tests skip, unless QRUN_REQUIRE_LLAMACPP=1."""
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -117,3 +118,27 @@ def test_a_client_gone_cancels_its_llamacpp_run_and_frees_its_sequence(
     gc.collect()
     llama.clear_cache()  # the prefix cache's sequences: what is left is held by a run
     assert llama.free_sequences() == llama.context().n_seq_max
+
+
+def test_the_openai_sdk_on_llamacpp(server: tuple[str, Service], llama: LlamaCppBackend) -> None:
+    # issue #39: OpenAI's endpoints on the default model's GGUF, concurrent requests under a
+    # schema (llama.cpp batches them) and a stream (serve/openai.py; the tiny model's tier has
+    # the rest, tests/serve/test_openai.py).
+    import openai
+
+    url, _ = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": f"Extract the person as JSON: {bio}"}
+                for bio in BIOS[:2]]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    with alarm(300), ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda m: client.chat.completions.create(
+            model=llama.name, messages=[m], temperature=0, max_tokens=64,  # type: ignore[list-item]
+            response_format=fmt), messages))  # type: ignore[arg-type]
+        chunks = list(client.chat.completions.create(
+            model=llama.name, messages=[messages[0]], temperature=0,  # type: ignore[list-item]
+            max_tokens=64, response_format=fmt, stream=True))  # type: ignore[arg-type]
+    for answer in answers:
+        jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMA)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    jsonschema.validate(json.loads(streamed), SCHEMA)
