@@ -28,7 +28,7 @@ from qrun.api import HostFunctions, Query
 from qrun.errors import UsageError
 from qrun.options import ModelOptions
 from qrun.serve.catalog import served
-from qrun.serve.openai import CHAT, chat_completions, list_models, openai_error
+from qrun.serve.openai import CHAT, COMPLETE, chat_completions, list_models, openai_error
 from qrun.serve.openapi import openapi
 from qrun.serve.protocol import (
     BODY_TIMEOUT_S,
@@ -95,7 +95,7 @@ def app(
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
     service = Service(queries, backend, limits, api_key or None)
-    chat = Query(CHAT)
+    chat, complete = Query(CHAT), Query(COMPLETE)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -124,6 +124,8 @@ def app(
         Route("/v1/models", _handler(service, list_models, openai=True), methods=["GET"]),
         Route("/v1/chat/completions", _handler(service, partial(chat_completions, chat=chat),
                                                openai=True), methods=["POST"]),
+        Route("/v1/completions", _handler(service, partial(
+            chat_completions, chat=complete, legacy=True), openai=True), methods=["POST"]),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan,
                           middleware=[Middleware(HostGate, service=service, allowed=hosts),

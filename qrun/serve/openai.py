@@ -61,6 +61,14 @@ schema does not know (OpenAPI's `int32`, `double`, `password`...) are annotation
 Schema says (`formats="known"`, docs/language.md §7.4): schemas arrive from pydantic and
 OpenAPI generators."""
 
+COMPLETE = """\
+{{ prompt }}
+{%- if count == 1 -%}""" + ANSWER + """
+{%- else -%}{% fork i in range(count) %}""" + ANSWER + """{% endfork %}
+{%- endif -%}"""
+"""The template of `POST /v1/completions` (OpenAI's legacy text completions): the prompt as
+text, never control tokens, then the answer as CHAT's."""
+
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 """The message roles taken, and the chat role each is rendered as (`developer` is OpenAI's
 newer name for `system`)."""
@@ -96,9 +104,23 @@ values (false, 0, none, an empty list) pass."""
 CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "structured_outputs")
 
-KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "seed", "max_tokens",
-                   "max_completion_tokens", "stop", "n", "stream", "stream_options",
-                   *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
+CHAT_KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "seed",
+                        "max_tokens", "max_completion_tokens", "stop", "n", "stream",
+                        "stream_options", *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
+
+LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of",
+                      "logprobs": "log-probabilities"}
+"""What /v1/completions adds to UNSUPPORTED (its `logprobs` is a number there), with the
+value of each that asks for nothing."""
+LEGACY_NEUTRAL = {"echo": False, "suffix": "", "best_of": 1, "logprobs": 0}
+
+LEGACY_KNOWN = (CHAT_KNOWN - {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                              "tools", "tool_choice", "functions", "function_call", "audio",
+                              "response_format", "parallel_tool_calls", "modalities",
+                              "reasoning_effort", "prediction", "web_search_options"}
+                ) | {"prompt"}
+"""The fields /v1/completions reads: a prompt instead of messages, vLLM's constraint fields
+but no response_format (as vLLM's own completions endpoint)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +133,7 @@ class ChatCall:
     constraint_field: str | None  # the field the constraint came in
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    legacy: bool = False  # POST /v1/completions: a prompt in, text_completion objects out
 
 
 def model_id(service: Service) -> str:
@@ -129,14 +152,16 @@ async def list_models(service: Service, request: Request, request_id: str) -> Re
 
 
 async def chat_completions(service: Service, request: Request, request_id: str, *,
-                           chat: Query) -> Response:
-    """POST /v1/chat/completions: the request run as `chat` (CHAT compiled once per app)."""
+                           chat: Query, legacy: bool = False) -> Response:
+    """POST /v1/chat/completions: the request run as `chat` (CHAT compiled once per app);
+    with `legacy`, POST /v1/completions run as COMPLETE."""
     body = await read_json(request, service.limits)
-    if isinstance(body, dict) and isinstance(body.get("model"), str) \
+    if not legacy and isinstance(body, dict) and isinstance(body.get("model"), str) \
             and body["model"].startswith(TEMPLATE_PREFIX):
         return await _run_template(service, request, request_id, body)
-    call = chat_call(body, model_id(service))
-    check_input_sizes({"messages": call.inputs["messages"]}, service.limits)
+    call = chat_call(body, model_id(service), legacy)
+    check_input_sizes({"given": call.inputs.get("messages") or call.inputs["prompt"]},
+                      service.limits)
     run = chat.request(call.inputs, options=call.options)
     log.info("[%s] chat completion (%s%s)", request_id, call.inputs["kind"],
              ", streamed" if call.stream else "")
@@ -163,7 +188,7 @@ async def _run_template(service: Service, request: Request, request_id: str,
     allowed = {"model", "messages", "inputs", "temperature", "top_p", "top_k", "seed",
                "max_tokens", "max_completion_tokens", *IGNORED}
     asked = sorted(key for key in set(body) - allowed
-                   if key not in KNOWN or not _neutral(key, body[key]))
+                   if key not in CHAT_KNOWN or not _neutral(key, body[key]))
     if asked:
         raise bad(f"{asked[0]}: not taken by a template (its holes have their own "
                   "constraints and options)", asked[0])
@@ -238,16 +263,22 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
 
     ticket = submit(service, run.streaming(None, None, lambda name, text: push("text", text)))
     ticket.future.add_done_callback(lambda future: push("end", future))
-    base = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
+    base = {"id": f"{'cmpl' if call.legacy else 'chatcmpl'}-{request_id}",
+            "object": "text_completion" if call.legacy else "chat.completion.chunk",
             "created": int(time.time()), "model": call.model, "system_fingerprint": None}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if call.legacy:
+            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _event({**base, "choices": [choice]})
 
     async def produce() -> AsyncIterator[str]:
         try:
-            yield chunk({"role": "assistant", "content": ""})
+            if not call.legacy:
+                yield chunk({"role": "assistant", "content": ""})
             while True:
                 try:
                     kind, data = await unless_abandoned(
@@ -304,29 +335,43 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
     for index, hole in enumerate(holes):
         # The first tokens may only re-produce prompt text that healing took back.
         completion_tokens += len(hole.token_ids) - getattr(hole, "prefix_tokens", 0)
-        choices.append({"index": index, "logprobs": None,
-                        "finish_reason": "length" if hole.finish == "max_tokens" else "stop",
-                        "message": {"role": "assistant", "content": hole.text,
-                                    "refusal": None}})
+        choice: dict[str, Any] = {
+            "index": index, "logprobs": None,
+            "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
+        if call.legacy:
+            choice["text"] = hole.text
+        else:
+            choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
+        choices.append(choice)
     prompt_tokens = holes[0].start
     return {
-        "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
-        "model": call.model, "system_fingerprint": None, "choices": choices,
+        "id": f"{'cmpl' if call.legacy else 'chatcmpl'}-{request_id}",
+        "object": "text_completion" if call.legacy else "chat.completion",
+        "created": int(time.time()), "model": call.model, "system_fingerprint": None,
+        "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
 
 
-def chat_call(body: Any, served: str) -> ChatCall:
-    """A chat request's body, checked (400 with OpenAI's `param` where a field is wrong, 404
-    for another model)."""
+def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
+    """A chat request's body (with `legacy`, a completion request's), checked (400 with
+    OpenAI's `param` where a field is wrong, 404 for another model)."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN)
+    if legacy:
+        for key, what in LEGACY_UNSUPPORTED.items():
+            value = body.get(key)
+            if value is not None and (type(value) is not type(LEGACY_NEUTRAL[key])
+                                      or value != LEGACY_NEUTRAL[key]):
+                raise bad(f"{key}: {what} are not supported by qrun serve yet", key)
+        body = {k: v for k, v in body.items() if k not in LEGACY_UNSUPPORTED}
+    unknown = sorted(set(body) - (LEGACY_KNOWN if legacy else CHAT_KNOWN))
     if unknown:
         raise bad(f"unknown field(s) {', '.join(map(repr, unknown))}", unknown[0])
     for key, what in UNSUPPORTED.items():
-        if not _neutral(key, body.get(key)) and body.get(key) != 0:
+        value = body.get(key)
+        if not _neutral(key, value) and not (type(value) in (int, float) and value == 0):
             raise bad(f"{key}: {what} are not supported by qrun serve yet", key)
     model = body.get("model")
     if not isinstance(model, str):
@@ -339,7 +384,9 @@ def chat_call(body: Any, served: str) -> ChatCall:
         raise bad(f"n: must be an integer from 1 to {MAX_N}", "n")
     if n > 1 and body.get("stream"):
         raise bad("n: streaming several choices is not supported by qrun serve yet", "n")
-    inputs: dict[str, Any] = {"messages": messages_of(body.get("messages")), "count": n,
+    given = {"prompt": prompt_of(body.get("prompt"))} if legacy else {
+        "messages": messages_of(body.get("messages"))}
+    inputs: dict[str, Any] = {**given, "count": n,
                               "limit": max_tokens_of(body), "stop": stop_of(body.get("stop")),
                               "schema": None, "pattern": None, "grammar": None,
                               "choices": None, "kind": "text"}
@@ -354,7 +401,17 @@ def chat_call(body: Any, served: str) -> ChatCall:
         raise bad("stream_options: must be an object with include_usage true or false",
                   "stream_options")
     return ChatCall(model, inputs, sampling_of(body), field, stream,
-                    bool(options.get("include_usage")))
+                    bool(options.get("include_usage")), legacy)
+
+
+def prompt_of(prompt: Any) -> str:
+    """A completion request's prompt: a string, or a list of one."""
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("prompt: must be a string (token ids and several prompts are not supported "
+                  "by qrun serve yet)", "prompt")
+    return prompt
 
 
 def messages_of(given: Any) -> list[dict[str, str]]:

@@ -313,3 +313,35 @@ def test_langchains_chat_openai_with_structured_output(url: str, model: str) -> 
     reply = chat.invoke("Say hi.")
     assert isinstance(reply.content, str)
     assert reply.usage_metadata is not None and reply.usage_metadata["output_tokens"] >= 1
+
+
+def test_text_completions_with_a_constraint_a_stream_and_n(
+        client: openai.OpenAI, model: str) -> None:
+    prompt = "The year the first moon landing happened:"
+    answer = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0,
+                                       extra_body={"guided_regex": " [0-9]{4}"})
+    (choice,) = answer.choices
+    assert answer.object == "text_completion" and regex.fullmatch(" [0-9]{4}", choice.text)
+    assert answer.usage is not None and answer.usage.total_tokens == (
+        answer.usage.prompt_tokens + answer.usage.completion_tokens)
+    chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=8,
+                                            temperature=0, stream=True,
+                                            extra_body={"guided_regex": " [0-9]{4}"}))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    several = client.completions.create(model=model, prompt=prompt, max_tokens=4, n=2,
+                                        extra_body={"guided_choice": [" one", " two"]})
+    assert [c.text in (" one", " two") for c in several.choices] == [True, True]
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"echo": True}, "echo"), ({"logprobs": 2}, "logprobs"), ({"best_of": 3}, "best_of"),
+    ({"suffix": "end"}, "suffix"), ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"extra_body": {"response_format": {"type": "json_object"}}}, "response_format"),
+])
+def test_what_text_completions_refuse(client: openai.OpenAI, model: str,
+                                      kwargs: dict[str, Any], param: str) -> None:
+    given: dict[str, Any] = {"model": model, "prompt": "Hi", "max_tokens": 2, **kwargs}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**given)
+    assert caught.value.body["param"] == param  # type: ignore[attr-defined]
