@@ -66,9 +66,12 @@ class GenRecord(HoleRecord):
 @dataclass(slots=True)
 class SelectRecord(HoleRecord):
     """A `select` hole: every option's log-probability in context (the sum over its tokens),
-    and the probabilities they give when normalised over the options."""
+    and the probabilities they give when normalised over the options. With token healing its
+    tokens are those of the healed text and the option together, of which the first
+    `prefix_tokens` lie wholly inside the healed text (as GenRecord's)."""
 
     option_logprobs: dict[str, float] = field(default_factory=dict)
+    prefix_tokens: int = 0
 
     @property
     def option_probs(self) -> dict[str, float]:

@@ -104,6 +104,10 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
     commit(chosen)
     row = rows[chosen]
     start = len(session.token_ids) - len(row)
+    healed, end, prefix_tokens = len(request.prefix.encode("utf-8")), 0, 0
+    for token in row:  # the tokens that only re-produce the healed text
+        end += len(backend.vocabulary.token_bytes[token] or b"")
+        prefix_tokens += end <= healed
     session.stats.generated_tokens += len(row)
     value = request.options[chosen]
     if session.recorder is not None:
@@ -121,6 +125,7 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
         option_logprobs={
             o: sum(lps) for o, lps in zip(request.options, token_logprobs, strict=True)
         },
+        prefix_tokens=prefix_tokens,
     )
 
 

@@ -81,6 +81,17 @@ def test_a_plain_answer_has_exact_usage_and_ends_within_max_tokens(
     assert choice.message.content == run["content"]
 
 
+def test_a_choice_counts_the_options_tokens_not_the_healed_newline(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    # The assistant turn's "\n" is taken back by healing and the option scored as "\nred":
+    # the newline's token is the prompt's, not the answer's.
+    answer = client.chat.completions.create(model=model, messages=MESSAGES,  # type: ignore[arg-type]
+                                            extra_body={"guided_choice": ["red", "blue"]})
+    content = answer.choices[0].message.content
+    assert content in ("red", "blue") and answer.usage is not None
+    assert answer.usage.completion_tokens == len(tiny.encode(content))
+
+
 def test_a_json_schema_answer_is_valid_and_unknown_formats_are_annotations(
         client: openai.OpenAI, model: str) -> None:
     for seed in range(3):
