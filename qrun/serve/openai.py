@@ -38,13 +38,18 @@ ANSWER = """\
 {%- elif kind == "regex" -%}{{ gen content regex=pattern max_tokens=limit }}
 {%- elif kind == "grammar" -%}{{ gen content grammar=grammar max_tokens=limit }}
 {%- elif kind == "choice" -%}{{ select content options=choices }}
+{%- elif kind == "tool" -%}{{ gen content tools=calls max_tokens=limit }}
 {%- elif stop -%}{{ gen content stop=stop max_tokens=limit }}
 {%- else -%}{{ gen content max_tokens=limit }}
 {%- endif -%}"""
 
 CHAT = """\
+{%- if tools and messages[0].role != "system" -%}{% system tools=tools %}{% endsystem %}
+{%- endif -%}
 {%- for m in messages -%}
-{%- if m.role == "system" -%}{% system %}{{ m.content }}{% endsystem %}
+{%- if m.role == "system" and tools and loop.first -%}
+{% system tools=tools %}{{ m.content }}{% endsystem %}
+{%- elif m.role == "system" -%}{% system %}{{ m.content }}{% endsystem %}
 {%- elif m.role == "user" -%}{% user %}{{ m.content }}{% enduser %}
 {%- else -%}{% assistant %}{{ m.content }}{% endassistant %}
 {%- endif -%}
@@ -90,7 +95,7 @@ IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool
 bill): read and let be, as OpenAI's own server does for features a model lacks."""
 
 UNSUPPORTED = {
-    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
+    "functions": "function calls (use tools)",
     "function_call": "function calls", "logprobs": "log-probabilities",
     "top_logprobs": "log-probabilities", "audio": "audio",
     "logit_bias": "logit_bias", "presence_penalty": "presence_penalty",
@@ -106,7 +111,8 @@ CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_c
 
 CHAT_KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "seed",
                         "max_tokens", "max_completion_tokens", "stop", "n", "stream",
-                        "stream_options", *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
+                        "stream_options", "tools", "tool_choice", *CONSTRAINT_FIELDS,
+                        *IGNORED, *UNSUPPORTED})
 
 LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of",
                       "logprobs": "log-probabilities"}
@@ -340,6 +346,10 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
         if call.legacy:
             choice["text"] = hole.text
+        elif call.inputs["kind"] == "tool":
+            choice["finish_reason"] = "tool_calls" if hole.finish != "max_tokens" else "length"
+            choice["message"] = {"role": "assistant", "content": None, "refusal": None,
+                                 "tool_calls": [_tool_call(hole.value, request_id, index)]}
         else:
             choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         choices.append(choice)
@@ -352,6 +362,13 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
+
+
+def _tool_call(value: dict[str, Any], request_id: str, index: int) -> dict[str, Any]:
+    """A `tools=` hole's value (docs/language.md §7.7) as one of OpenAI's `tool_calls`."""
+    return {"id": f"call_{request_id}_{index}", "type": "function",
+            "function": {"name": value["name"],
+                         "arguments": json.dumps(value["arguments"], ensure_ascii=False)}}
 
 
 def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
@@ -389,9 +406,18 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
     inputs: dict[str, Any] = {**given, "count": n,
                               "limit": max_tokens_of(body), "stop": stop_of(body.get("stop")),
                               "schema": None, "pattern": None, "grammar": None,
-                              "choices": None, "kind": "text"}
+                              "choices": None, "kind": "text", "tools": None, "calls": None}
     field, constraint = constraint_of(body)
     inputs.update(constraint)
+    if not legacy:
+        tools = tools_of(body)
+        if tools is not None:
+            inputs.update(tools)
+            if field is not None and inputs["kind"] == "tool":
+                raise bad(f"{field} and a tool call: give one", field)
+            if inputs["kind"] == "tool" and body.get("stream"):
+                raise bad("stream: streamed tool calls are not supported by qrun serve yet",
+                          "stream")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad("stream: must be true or false", "stream")
@@ -402,6 +428,42 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
                   "stream_options")
     return ChatCall(model, inputs, sampling_of(body), field, stream,
                     bool(options.get("include_usage")), legacy)
+
+
+def tools_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """CHAT's inputs for `tools` and `tool_choice`: the tools rendered in the system turn in
+    the model's own format (docs/language.md §7.7), and with `required` or a named function
+    the answer one call (a `tools=` hole: a tool's name and arguments valid under its
+    parameters); `none` answers text. `auto`, which leaves the choice between text and a call
+    to the model, is not done yet."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none"):
+            raise bad("tool_choice: there are no tools", "tool_choice")
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type", "function") == "function"
+            and isinstance(t.get("function"), dict) for t in tools):
+        raise bad("tools: must be a list of {\"type\": \"function\", \"function\": {...}}",
+                  "tools")
+    names = [t["function"].get("name") for t in tools]
+    if choice == "none":
+        return {"tools": tools}
+    if choice == "required":
+        return {"tools": tools, "calls": tools, "kind": "tool"}
+    if isinstance(choice, dict) and choice.get("type") == "function" \
+            and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise bad(f"tool_choice: no tool named {json.dumps(name)[:60]}", "tool_choice")
+        return {"tools": tools, "calls": [t for t in tools if t["function"]["name"] == name],
+                "kind": "tool"}
+    if choice in (None, "auto"):
+        raise bad("tool_choice: \"auto\" (the default with tools) is not supported by qrun "
+                  "serve yet: give \"required\", a named function or \"none\"",
+                  "tool_choice")
+    raise bad("tool_choice: must be \"none\", \"required\" or a named function",
+              "tool_choice")
 
 
 def prompt_of(prompt: Any) -> str:
