@@ -1,13 +1,15 @@
-"""OpenAI-compatible endpoints of `qrun serve` (docs/serve.md §6, issue #39): `GET /v1/models`
-and `POST /v1/chat/completions`, so the clients people already use (the `openai` SDK and the
-libraries on it) reach qrun's masks. A chat request becomes a run of one template, CHAT, on the
-served model, through the same admission, scheduler and metrics as the template endpoints:
-the messages are its inputs (rendered by the model's own chat template, never read as template
-text or control tokens), and the answer is its one hole, constrained by the request's
-`response_format` or vLLM's `guided_*` / `structured_outputs` extensions, every token masked by
-qrun. Errors take OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), with the
-statuses the SDK maps to its exception classes. What this does not do yet is refused with a
-400 naming it, never ignored (UNSUPPORTED)."""
+"""OpenAI-compatible endpoints of `qrun serve` (docs/serve.md §2.7, issue #39): `GET
+/v1/models`, `POST /v1/chat/completions` and `POST /v1/completions`, so the clients people
+already use (the `openai` SDK and the libraries on it) reach qrun's masks. A request becomes a
+run of one template, CHAT or COMPLETE, on the served model, through the same admission,
+scheduler and metrics as the template endpoints: the messages or the prompt are its inputs
+(rendered by the model's own chat template, never read as template text or control tokens),
+and the answer is its one hole (or `n` holes in a fork), constrained by the request's
+`response_format`, vLLM's `guided_*` / `structured_outputs` extensions or its tools, every
+token masked by qrun. A served template is a model too (`template:NAME`). Errors take OpenAI's
+shape (`{"error": {"message", "type", "param", "code"}}`), with the statuses the SDK maps to
+its exception classes. What this does not do yet is refused with a 400 naming it, never
+ignored (UNSUPPORTED)."""
 
 from __future__ import annotations
 
@@ -82,6 +84,10 @@ DEFAULT_MAX_TOKENS = 512
 """An answer's length when the request names none (OpenAI's default is the rest of the
 context; a bound keeps a request without one from holding a slot that long)."""
 
+TOP_LOGPROBS = 5
+"""The most alternatives per token `top_logprobs` may ask for: those a run's trace keeps
+(runtime/recorder.py TOP_ALTERNATIVES)."""
+
 MAX_N = 16
 """The most choices one request may ask for (`n`): each is a branch of the run."""
 
@@ -96,8 +102,7 @@ bill): read and let be, as OpenAI's own server does for features a model lacks."
 
 UNSUPPORTED = {
     "functions": "function calls (use tools)",
-    "function_call": "function calls", "logprobs": "log-probabilities",
-    "top_logprobs": "log-probabilities", "audio": "audio",
+    "function_call": "function calls", "audio": "audio",
     "logit_bias": "logit_bias", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
@@ -111,8 +116,8 @@ CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_c
 
 CHAT_KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "seed",
                         "max_tokens", "max_completion_tokens", "stop", "n", "stream",
-                        "stream_options", "tools", "tool_choice", *CONSTRAINT_FIELDS,
-                        *IGNORED, *UNSUPPORTED})
+                        "stream_options", "tools", "tool_choice", "logprobs",
+                        "top_logprobs", *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
 
 LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of",
                       "logprobs": "log-probabilities"}
@@ -139,6 +144,7 @@ class ChatCall:
     constraint_field: str | None  # the field the constraint came in
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    logprobs: int | None = None  # how many alternatives each answer token lists, if any
     legacy: bool = False  # POST /v1/completions: a prompt in, text_completion objects out
 
 
@@ -346,6 +352,10 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
         if call.legacy:
             choice["text"] = hole.text
+        elif call.logprobs is not None:
+            choice["logprobs"] = {"content": token_logprobs(result, hole, call.logprobs),
+                                  "refusal": None}
+            choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         elif call.inputs["kind"] == "tool":
             choice["finish_reason"] = "tool_calls" if hole.finish != "max_tokens" else "length"
             choice["message"] = {"role": "assistant", "content": None, "refusal": None,
@@ -362,6 +372,34 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
+
+
+def token_logprobs(result: Result, hole: Any, top: int) -> list[dict[str, Any]]:
+    """OpenAI's `logprobs.content` for the answer `hole`, from the run's trace: each kept token
+    of the hole with its log-probability (under the step's mask: what the token was sampled
+    from; a forced token's is 0, a select's is in context) and its `top` likeliest
+    alternatives. Tokens that re-cover healed prompt text show only the answer's part of it,
+    so the tokens spell the answer."""
+    trace = result.trace()
+    index = next(i for i, h in enumerate(trace["holes"]) if h["name"] == "content")
+    events = [e for e in trace["events"] if e["hole"] == index and e["kept"]]
+    spelt = "".join(e["text"] for e in events)
+    healed = spelt[:len(spelt) - len(hole.text)] if spelt.endswith(hole.text) else ""
+    content = []
+    for event in events:
+        text = event["text"]
+        if healed:  # the prompt's text these tokens re-cover: not the answer's
+            cut = min(len(healed), len(text))
+            text, healed = text[cut:], healed[cut:]
+            if not text:
+                continue
+        content.append({
+            "token": text, "logprob": event["logprob"] if event["logprob"] is not None else 0.0,
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": t["text"], "logprob": t["logprob"],
+                              "bytes": list(t["text"].encode("utf-8"))}
+                             for t in event["top"][:top]]})
+    return content
 
 
 def _tool_call(value: dict[str, Any], request_id: str, index: int) -> dict[str, Any]:
@@ -418,6 +456,7 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
             if inputs["kind"] == "tool" and body.get("stream"):
                 raise bad("stream: streamed tool calls are not supported by qrun serve yet",
                           "stream")
+    logprobs = None if legacy else logprobs_of(body, n)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad("stream: must be true or false", "stream")
@@ -426,8 +465,32 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
                                                          bool):
         raise bad("stream_options: must be an object with include_usage true or false",
                   "stream_options")
-    return ChatCall(model, inputs, sampling_of(body), field, stream,
-                    bool(options.get("include_usage")), legacy)
+    sampling = sampling_of(body)
+    if logprobs is not None:  # the trace keeps each sampled token's alternatives
+        sampling = RunOptions(trace=True).over(sampling)
+    return ChatCall(model, inputs, sampling, field, stream,
+                    bool(options.get("include_usage")), legacy=legacy, logprobs=logprobs)
+
+
+def logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
+    """How many alternatives each answer token lists (`top_logprobs`, 0 to TOP_LOGPROBS)
+    when `logprobs` is true, else None."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is None or asked is False:
+        if top not in (None, 0) or isinstance(top, bool):
+            raise bad("top_logprobs: needs logprobs true", "top_logprobs")
+        return None
+    if asked is not True:
+        raise bad("logprobs: must be true or false", "logprobs")
+    if top is None:
+        top = 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS:
+        raise bad(f"top_logprobs: must be an integer from 0 to {TOP_LOGPROBS} (the "
+                  "alternatives qrun keeps per token)", "top_logprobs")
+    if n > 1 or body.get("stream"):
+        raise bad("logprobs: with n > 1 or stream, not supported by qrun serve yet",
+                  "logprobs")
+    return top
 
 
 def tools_of(body: Mapping[str, Any]) -> dict[str, Any] | None:

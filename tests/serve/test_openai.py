@@ -172,6 +172,10 @@ def test_the_async_client(url: str, model: str) -> None:
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["a"]}}, openai.BadRequestError,
      "guided_choice", "invalid_request_error"),
     ({"temperature": 3}, openai.BadRequestError, "temperature", "invalid_request_error"),
+    ({"logprobs": True, "top_logprobs": 6}, openai.BadRequestError, "top_logprobs",
+     "invalid_request_error"),
+    ({"logprobs": True, "n": 2}, openai.BadRequestError, "logprobs", "invalid_request_error"),
+    ({"top_logprobs": 2}, openai.BadRequestError, "top_logprobs", "invalid_request_error"),
     ({"extra_body": {"frobnicate": 1}}, openai.BadRequestError, "frobnicate",
      "invalid_request_error"),
 ])
@@ -253,6 +257,30 @@ def test_tool_choice_none_answers_text_with_the_tools_in_the_prompt(
     assert not answer.choices[0].message.tool_calls
     assert answer.usage is not None and without.usage is not None
     assert answer.usage.prompt_tokens > without.usage.prompt_tokens + 20  # the tools' text
+
+
+@pytest.mark.parametrize("extra", [{}, {"guided_regex": "[a-z]{3,8}"},
+                                   {"guided_choice": ["red", "blue"]}])
+def test_logprobs_spell_the_answer_with_the_alternatives_asked_for(
+        client: openai.OpenAI, model: str, extra: dict[str, Any]) -> None:
+    answer = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=6, seed=2,  # type: ignore[arg-type]
+        logprobs=True, top_logprobs=3, extra_body=extra)
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    tokens = choice.logprobs.content
+    assert "".join(t.token for t in tokens) == choice.message.content
+    for token in tokens:
+        assert token.logprob <= 0 and bytes(token.bytes or []) == token.token.encode()
+        if "guided_choice" not in extra:  # a select scores options, it keeps no alternatives
+            assert len(token.top_logprobs) == 3
+            assert [a.logprob for a in token.top_logprobs] == sorted(
+                (a.logprob for a in token.top_logprobs), reverse=True)
+    if not extra:  # unconstrained: a sampled token is among its step's 3 likeliest, or
+        # less likely than the third
+        for token in tokens[1:]:
+            assert any(a.token == token.token for a in token.top_logprobs) or (
+                token.logprob <= token.top_logprobs[-1].logprob + 1e-6)
 
 
 def test_a_stream_is_the_same_answer_in_chunks_with_its_usage_last(
