@@ -255,10 +255,12 @@ def _inputs_from_messages(messages: Any) -> Any:
 
 
 def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
-    """CHAT itself compiles: an error of its text at run time is the request's constraint (a
-    schema, regex or grammar qrun refuses), answered as the client's mistake."""
-    if error.code == "template_error":
-        return OpenAIError(400, "invalid_constraint", error.message, call.constraint_field)
+    """CHAT itself compiles and evaluates: an error of its text at run time is the request's
+    constraint or tools (a schema, regex, grammar or tool list qrun refuses), answered as the
+    client's mistake."""
+    if error.code in ("template_error", "evaluation_error"):
+        field = "tools" if call.inputs.get("tools") is not None else call.constraint_field
+        return OpenAIError(400, "invalid_constraint", error.message, field)
     return error
 
 

@@ -172,6 +172,11 @@ def test_the_async_client(url: str, model: str) -> None:
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["a"]}}, openai.BadRequestError,
      "guided_choice", "invalid_request_error"),
     ({"temperature": 3}, openai.BadRequestError, "temperature", "invalid_request_error"),
+    ({"tools": [{"type": "function", "function": {"name": "a b!", "parameters": {}}}],
+      "tool_choice": "required"}, openai.BadRequestError, "tools", "invalid_constraint"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}], "tool_choice": "none"},
+     openai.BadRequestError, "tools", "invalid_constraint"),
     ({"logprobs": True, "top_logprobs": 6}, openai.BadRequestError, "top_logprobs",
      "invalid_request_error"),
     ({"logprobs": True, "n": 2}, openai.BadRequestError, "logprobs", "invalid_request_error"),
