@@ -172,8 +172,8 @@ async def chat_completions(service: Service, request: Request, request_id: str, 
             and body["model"].startswith(TEMPLATE_PREFIX):
         return await _run_template(service, request, request_id, body)
     call = chat_call(body, model_id(service), legacy)
-    check_input_sizes({"given": call.inputs.get("messages") or call.inputs["prompt"]},
-                      service.limits)
+    given = "prompt" if legacy else "messages"
+    check_input_sizes({given: call.inputs[given]}, service.limits)
     run = chat.request(call.inputs, options=call.options)
     log.info("[%s] chat completion (%s%s)", request_id, call.inputs["kind"],
              ", streamed" if call.stream else "")

@@ -172,6 +172,8 @@ def test_the_async_client(url: str, model: str) -> None:
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["a"]}}, openai.BadRequestError,
      "guided_choice", "invalid_request_error"),
     ({"temperature": 3}, openai.BadRequestError, "temperature", "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": "a" * 100_001}]},
+     openai.UnprocessableEntityError, None, "input_too_large"),
     ({"tools": [{"type": "function", "function": {"name": "a b!", "parameters": {}}}],
       "tool_choice": "required"}, openai.BadRequestError, "tools", "invalid_constraint"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
@@ -193,6 +195,8 @@ def test_refusals_are_the_sdks_exceptions_with_openais_fields(
     body = caught.value.body  # type: ignore[attr-defined]
     assert body["code"] == code and body["param"] == param, body
     assert body["type"] in ("invalid_request_error",) and body["message"]
+    if code == "input_too_large":  # named as the client wrote it
+        assert body["message"].startswith('input messages[0]["content"] is a string of 100001')
 
 
 @pytest.mark.parametrize("extra", [
