@@ -119,13 +119,11 @@ CHAT_KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "s
                         "stream_options", "tools", "tool_choice", "logprobs",
                         "top_logprobs", *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
 
-LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of",
-                      "logprobs": "log-probabilities"}
-"""What /v1/completions adds to UNSUPPORTED (its `logprobs` is a number there), with the
-value of each that asks for nothing."""
-LEGACY_NEUTRAL = {"echo": False, "suffix": "", "best_of": 1, "logprobs": 0}
+LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of"}
+"""What /v1/completions adds to UNSUPPORTED, with the value of each that asks for nothing."""
+LEGACY_NEUTRAL = {"echo": False, "suffix": "", "best_of": 1}
 
-LEGACY_KNOWN = (CHAT_KNOWN - {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+LEGACY_KNOWN = (CHAT_KNOWN - {"messages", "max_completion_tokens", "top_logprobs",
                               "tools", "tool_choice", "functions", "function_call", "audio",
                               "response_format", "parallel_tool_calls", "modalities",
                               "reasoning_effort", "prediction", "web_search_options"}
@@ -354,6 +352,9 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
         if call.legacy:
             choice["text"] = hole.text
+            if call.logprobs is not None:
+                choice["logprobs"] = _legacy_logprobs(
+                    token_logprobs(result, hole, call.logprobs))
         elif call.logprobs is not None:
             choice["logprobs"] = {"content": token_logprobs(result, hole, call.logprobs),
                                   "refusal": None}
@@ -402,6 +403,20 @@ def token_logprobs(result: Result, hole: Any, top: int) -> list[dict[str, Any]]:
                               "bytes": list(t["text"].encode("utf-8"))}
                              for t in event["top"][:top]]})
     return content
+
+
+def _legacy_logprobs(content: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's `logprobs.content` in /v1/completions' shape (columns, and each token's
+    character offset in the answer)."""
+    offsets, at = [], 0
+    for token in content:
+        offsets.append(at)
+        at += len(token["token"])
+    return {"tokens": [t["token"] for t in content],
+            "token_logprobs": [t["logprob"] for t in content],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in t["top_logprobs"]}
+                             for t in content],
+            "text_offset": offsets}
 
 
 def _tool_call(value: dict[str, Any], request_id: str, index: int) -> dict[str, Any]:
@@ -458,7 +473,7 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
             if inputs["kind"] == "tool" and body.get("stream"):
                 raise bad("stream: streamed tool calls are not supported by qrun serve yet",
                           "stream")
-    logprobs = None if legacy else logprobs_of(body, n)
+    logprobs = legacy_logprobs_of(body, n) if legacy else logprobs_of(body, n)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad("stream: must be true or false", "stream")
@@ -472,6 +487,21 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
         sampling = RunOptions(trace=True).over(sampling)
     return ChatCall(model, inputs, sampling, field, stream,
                     bool(options.get("include_usage")), legacy=legacy, logprobs=logprobs)
+
+
+def legacy_logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
+    """/v1/completions' `logprobs`: how many alternatives each token lists (0 to
+    TOP_LOGPROBS), or None."""
+    top = body.get("logprobs")
+    if top is None:
+        return None
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS:
+        raise bad(f"logprobs: must be an integer from 0 to {TOP_LOGPROBS} (the alternatives "
+                  "qrun keeps per token)", "logprobs")
+    if n > 1 or body.get("stream"):
+        raise bad("logprobs: with n > 1 or stream, not supported by qrun serve yet",
+                  "logprobs")
+    return top
 
 
 def logprobs_of(body: Mapping[str, Any], n: int) -> int | None:

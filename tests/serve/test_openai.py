@@ -433,8 +433,23 @@ def test_text_completions_with_a_constraint_a_stream_and_n(
     assert [c.text in (" one", " two") for c in several.choices] == [True, True]
 
 
+def test_text_completion_logprobs_in_their_columns(client: openai.OpenAI, model: str) -> None:
+    answer = client.completions.create(model=model, prompt="Colors: red, green,",
+                                       max_tokens=5, seed=4, logprobs=2)
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.tokens
+    columns = choice.logprobs
+    assert "".join(columns.tokens) == choice.text  # type: ignore[arg-type]
+    assert columns.text_offset == [sum(len(t) for t in columns.tokens[:k])  # type: ignore[index]
+                                   for k in range(len(columns.tokens))]  # type: ignore[arg-type]
+    assert all(lp is not None and lp <= 0 for lp in columns.token_logprobs or [])
+    # (two alternatives that read alike share one key of the column's dict)
+    assert all(1 <= len(top) <= 2 for top in columns.top_logprobs or [])
+
+
 @pytest.mark.parametrize("kwargs, param", [
-    ({"echo": True}, "echo"), ({"logprobs": 2}, "logprobs"), ({"best_of": 3}, "best_of"),
+    ({"echo": True}, "echo"), ({"logprobs": 6}, "logprobs"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 2, "n": 2}, "logprobs"), ({"logprobs": True}, "logprobs"),
     ({"suffix": "end"}, "suffix"), ({"prompt": [1, 2, 3]}, "prompt"),
     ({"extra_body": {"response_format": {"type": "json_object"}}}, "response_format"),
 ])
