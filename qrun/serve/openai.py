@@ -18,7 +18,6 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -41,7 +40,7 @@ from qrun.serve.openai_protocol import (
 )
 from qrun.serve.protocol import ApiError, check_input_sizes, read_json
 from qrun.serve.service import Service, log
-from qrun.serve.streams import outcome_of, submit, unless_abandoned
+from qrun.serve.streams import ended, outcome_of, submit, unless_abandoned
 
 if TYPE_CHECKING:  # the runtime is reached through Query, never imported here
     from qrun.runtime.request import RunRequest
@@ -224,7 +223,7 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                 if kind == "text":
                     yield chunk({"content": data})
                     continue
-                error = _ended(service, data, request_id)
+                error = ended(service, data, request_id)
                 if error is not None:
                     yield _event(openai_error(_as_client_error(error, call)))
                     return
@@ -239,20 +238,6 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
 
     return StreamingResponse(produce(), media_type="text/event-stream",
                              headers={"X-Request-ID": request_id, "Cache-Control": "no-cache"})
-
-
-def _ended(service: Service, future: Future[Any], request_id: str) -> ApiError | None:
-    """Why the run of `future` (ended) has no result, or None when it has one."""
-    if future.cancelled():
-        return (service.failure(asyncio.CancelledError()) if service.abandoned
-                else ApiError(503, "cancelled", "the run was cancelled"))
-    exc = future.exception()
-    if exc is None:
-        return None
-    error = service.failure(exc, request_id)
-    if error.code == "internal_error":
-        log.error("[%s] internal error", request_id, exc_info=exc)
-    return error
 
 
 def _event(data: dict[str, Any]) -> str:

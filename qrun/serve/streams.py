@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from sse_starlette import EventSourceResponse
@@ -210,8 +211,24 @@ def _read_outcome(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+def ended(service: Service, future: Future[Any], request_id: str) -> ApiError | None:
+    """Why the run of `future` (ended) has no result, as a stream answers it, or None when it
+    has one: cancelled by the drain's end or by the client, or its failure (an internal one
+    logged with the request's id)."""
+    if future.cancelled():
+        return (service.failure(asyncio.CancelledError()) if service.abandoned
+                else ApiError(503, "cancelled", "the run was cancelled"))
+    exc = future.exception()
+    if exc is None:
+        return None
+    error = service.failure(exc, request_id)
+    if error.code == "internal_error":
+        log.error("[%s] internal error", request_id, exc_info=exc)
+    return error
+
+
 async def unless_abandoned(service: Service, future: asyncio.Future[Any],
-                            timeout: float | None) -> Any:
+                           timeout: float | None) -> Any:
     """`future`'s result, waited for up to `timeout` seconds (then TimeoutError) and until
     the service abandons its runs (then RunCancelled). A task of this request's own (a
     stream's next event) is cancelled when it is not done; a run's future is left to it."""
@@ -298,19 +315,13 @@ def _stream(service: Service, run: RunBody, request_id: str) -> Response:
                 if kind != "end":
                     yield {"event": kind, "data": dumps_line(data)}
                     continue
-                if data.cancelled():
-                    error = (service.failure(asyncio.CancelledError()) if service.abandoned
-                             else ApiError(503, "cancelled", "the run was cancelled"))
-                elif data.exception() is not None:
-                    error = service.failure(data.exception(), request_id)
-                    if error.code == "internal_error":
-                        log.error("[%s] internal error", request_id, exc_info=data.exception())
-                else:
+                failed = ended(service, data, request_id)
+                if failed is None:
                     row = data.result().row(run.fields)
                     yield {"event": "done", "data": dumps_line(row)}
                     return
-                log.info("[%s] stream error %s", request_id, error.code)
-                yield {"event": "error", "data": dumps_line(error.body(request_id))}
+                log.info("[%s] stream error %s", request_id, failed.code)
+                yield {"event": "error", "data": dumps_line(failed.body(request_id))}
                 return
         finally:
             ticket.cancel()  # a client gone away: the run stops at its next forward
