@@ -170,15 +170,7 @@ def legacy_logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
     """/v1/completions' `logprobs`: how many alternatives each token lists (0 to
     TOP_LOGPROBS), or None."""
     top = body.get("logprobs")
-    if top is None:
-        return None
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS:
-        raise bad(f"logprobs: must be an integer from 0 to {TOP_LOGPROBS} (the alternatives "
-                  "qrun keeps per token)", "logprobs")
-    if n > 1 or body.get("stream"):
-        raise bad("logprobs: with n > 1 or stream, not supported by qrun serve yet",
-                  "logprobs")
-    return top
+    return None if top is None else _alternatives(top, "logprobs", body, n)
 
 
 def logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
@@ -191,11 +183,15 @@ def logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
         return None
     if asked is not True:
         raise bad("logprobs: must be true or false", "logprobs")
-    if top is None:
-        top = 0
+    return _alternatives(0 if top is None else top, "top_logprobs", body, n)
+
+
+def _alternatives(top: Any, key: str, body: Mapping[str, Any], n: int) -> int:
+    """`top`, the request's field `key`, checked as a count of alternatives per token, for a
+    request of one choice, not streamed."""
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS:
-        raise bad(f"top_logprobs: must be an integer from 0 to {TOP_LOGPROBS} (the "
-                  "alternatives qrun keeps per token)", "top_logprobs")
+        raise bad(f"{key}: must be an integer from 0 to {TOP_LOGPROBS} (the alternatives "
+                  "qrun keeps per token)", key)
     if n > 1 or body.get("stream"):
         raise bad("logprobs: with n > 1 or stream, not supported by qrun serve yet",
                   "logprobs")
