@@ -75,6 +75,8 @@ class LoopInfo:
 
 LOOP_FIELDS = ("index", "index0", "first", "last", "length", "revindex", "revindex0")
 HOLE_ENDING_FIELDS = ("finish", "stop", "text")
+"""What `holes.NAME` holds for a hole that ended (docs/language.md §7.6; runtime/executor.py
+builds it)."""
 
 
 def refused_name(name: str) -> str | None:
@@ -83,8 +85,6 @@ def refused_name(name: str) -> str | None:
     if name.startswith("_") or "__" in name:
         return f"names starting with '_' or containing '__' are not allowed: '{name}'"
     return None
-"""What `holes.NAME` holds for a hole that ended (docs/language.md §7.6; runtime/executor.py
-builds it)."""
 
 
 class Calls(Protocol):

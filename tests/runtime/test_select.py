@@ -138,14 +138,8 @@ def test_select_heals_the_text_before_it(tiny: TransformersBackend) -> None:
     assert r.token_ids == tiny.encode("Paid:") + tiny.encode(" " + r["p"]) + tiny.encode(".")
 
 
-def test_a_large_tree_is_scored_in_parts_with_the_same_scores(
-        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    words = [" red", " green and blue", " ultramarine violet", " sky", " deep sea green",
-             " the colour of old paper", " pale", " burnt orange and gold"]
-    options = [f"{a}{b}" for a in words for b in words]  # 64 options, shared first tokens
-    query = qrun.Query("My favourite colour is{{ select c options=opts }}. Yes.")
-    whole = query.run(model=tiny, opts=options)
-    monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 6)
+def tree_sizes(tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of nodes of each tree forward on `tiny` from now on, as they happen."""
     sizes: list[int] = []
     forward_tree = tiny.forward_tree
 
@@ -154,6 +148,18 @@ def test_a_large_tree_is_scored_in_parts_with_the_same_scores(
         return forward_tree(token_ids, parents, cache)
 
     monkeypatch.setattr(tiny, "forward_tree", spy)
+    return sizes
+
+
+def test_a_large_tree_is_scored_in_parts_with_the_same_scores(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    words = [" red", " green and blue", " ultramarine violet", " sky", " deep sea green",
+             " the colour of old paper", " pale", " burnt orange and gold"]
+    options = [f"{a}{b}" for a in words for b in words]  # 64 options, shared first tokens
+    query = qrun.Query("My favourite colour is{{ select c options=opts }}. Yes.")
+    whole = query.run(model=tiny, opts=options)
+    monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 6)
+    sizes = tree_sizes(tiny, monkeypatch)
     parts = query.run(model=tiny, opts=options)
     assert len(sizes) > 5 and max(sizes) <= 6 + max(len(tiny.encode(o)) for o in options)
     assert parts.text == whole.text and parts["c"] == whole["c"]
@@ -174,14 +180,7 @@ def test_thousands_of_options_are_scored_within_the_node_bound(
     from qrun.runtime.select import TREE_NODES
 
     options = [f"{i} is the number" for i in range(2_002)]
-    sizes: list[int] = []
-    forward_tree = tiny.forward_tree
-
-    def spy(token_ids: Any, parents: Any, cache: Any) -> Any:
-        sizes.append(len(token_ids))
-        return forward_tree(token_ids, parents, cache)
-
-    monkeypatch.setattr(tiny, "forward_tree", spy)
+    sizes = tree_sizes(tiny, monkeypatch)
     result = qrun.Query("Pick one: {{ select n options=opts }}").run(model=tiny, opts=options)
     assert result["n"] in options
     assert len(result.holes["n"].option_logprobs) == 2_002  # type: ignore[attr-defined]
