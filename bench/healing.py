@@ -107,7 +107,7 @@ def judge(model: Backend, text: str, start: int) -> Judgement:
         closing += gram in seen
         seen.add(gram)
     return Judgement(per_token=float(np.mean(picked)) if picked else 0.0,
-                     per_byte=sum(picked) / max(1, len(model.decode(ids[before:]).encode())),
+                     per_byte=sum(picked) / max(1, len(model.decode(rest).encode())),
                      repeated=closing / len(rest) if rest else 0.0)
 
 

@@ -165,13 +165,11 @@ async def _run_template(service: Service, request: Request, request_id: str,
     stats = result.stats
     completion_tokens = stats.generated_tokens + stats.forced_tokens
     return JSONResponse({
-        "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
-        "model": body["model"], "system_fingerprint": None,
+        **_header(request_id, body["model"], "chat.completion"),
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "refusal": None,
                                  "content": json.dumps(answer, ensure_ascii=False)}}],
-        "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": stats.prompt_tokens + completion_tokens}})
+        "usage": _usage(stats.prompt_tokens, completion_tokens)})
 
 
 def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
@@ -197,9 +195,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
 
     ticket = submit(service, run.streaming(None, None, lambda name, text: push("text", text)))
     ticket.future.add_done_callback(lambda future: push("end", future))
-    base = {"id": f"{'cmpl' if call.legacy else 'chatcmpl'}-{request_id}",
-            "object": "text_completion" if call.legacy else "chat.completion.chunk",
-            "created": int(time.time()), "model": call.model, "system_fingerprint": None}
+    base = _header(request_id, call.model,
+                   "text_completion" if call.legacy else "chat.completion.chunk")
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         if call.legacy:
@@ -275,14 +272,21 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         choices.append(choice)
     prompt_tokens = holes[0].start
-    return {
-        "id": f"{'cmpl' if call.legacy else 'chatcmpl'}-{request_id}",
-        "object": "text_completion" if call.legacy else "chat.completion",
-        "created": int(time.time()), "model": call.model, "system_fingerprint": None,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }
+    return {**_header(request_id, call.model,
+                      "text_completion" if call.legacy else "chat.completion"),
+            "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _header(request_id: str, model: str, kind: str) -> dict[str, Any]:
+    """The fields every answer and chunk opens with; `kind` is OpenAI's `object`."""
+    prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
+    return {"id": f"{prefix}-{request_id}", "object": kind, "created": int(time.time()),
+            "model": model, "system_fingerprint": None}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def token_logprobs(result: Result, hole: Any, top: int) -> list[dict[str, Any]]:
