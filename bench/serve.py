@@ -3,14 +3,16 @@ into a person record under SCHEMA, greedy, at most 64 tokens) sent by an async h
 several concurrencies, every answer validated with jsonschema.
 
     python -m bench.serve [--model smollm2] [--concurrency 1 4 16 64] [--requests 32]
-                          [--threads 1] [--backends transformers,llamacpp]
+                          [--threads 1] [--backends transformers,llamacpp] [--openai]
                           [--peers llama_cpp,vllm] [--fault]
 
 Servers, each started here on a free port (a fresh one per concurrency, so no prefix cache
 answers a bio it saw at the previous concurrency):
 
 - `qrun serve` on each of `--backends` (transformers, llamacpp, vllm: the template TEMPLATE),
-  streamed (server-sent events);
+  streamed (server-sent events); with `--openai` also through its OpenAI endpoint
+  (`qrun-openai-BACKEND`: `/v1/chat/completions`, the same user message and
+  `response_format: {"type": "json_schema", ...}`, as the peers are sent);
 - `--peers llama_cpp`: llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, the
   `bench` extra) on the GGUF qrun's default model loads, `/v1/chat/completions` with the same
   user message and `response_format: {"type": "json_object", "schema": SCHEMA}` (its grammar
@@ -21,8 +23,9 @@ answers a bio it saw at the previous concurrency):
 
 One JSON line per server and concurrency: requests/s, output tokens/s, p50/p99 latency, time
 to the first token of the answer (TTFT) p50, invalid answers, failed requests; the in-process
-rate of each qrun backend one run at a time; then a `summary` line checking the issue's
-targets. `--fault` runs the fault run instead (fault_run)."""
+rate of each qrun backend one run at a time; then a `summary` line checking the targets of
+issues 26 (the template endpoint) and 39 (the OpenAI endpoint). `--fault` runs the fault run
+instead (fault_run)."""
 
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ WARM_UP = "Ana is a 40-year-old doctor who lives in Lima and likes rowing."
 BIOS = [f"{name} is a {age + 3 * k}-year-old {job} who lives in {city} and likes {hobby}."
         for k in range(4) for name, age, job, city, hobby in PEOPLE]
 assert len(BIOS) == 32
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 START_TIMEOUT_S = 900  # vLLM's CPU start-up (compiling, profiling) takes minutes here
 DRAIN_TIMEOUT_S = 60
 
@@ -322,7 +326,9 @@ def launch(name: str, command: list[str], env: dict[str, str], ready: str, send:
 
 
 def start_qrun(folder: Path, model: str, backend: str, max_running: int, threads: int,
-               logs: Path, log_level: str = "warning") -> Server:
+               logs: Path, log_level: str = "warning", openai: bool = False) -> Server:
+    """qrun serve on `backend`, sent TEMPLATE's requests, or with `openai` the peers' chat
+    requests (its model's id read from GET /v1/models)."""
     port = free_port()
     kind, _, dtype = backend.partition(":")  # llamacpp:q8_0: the re-quantized copy
     command = [sys.executable, "-m", "qrun.cli", "serve", str(folder), "--model", model,
@@ -330,7 +336,13 @@ def start_qrun(folder: Path, model: str, backend: str, max_running: int, threads
                "--max-queue", "1024", "--drain-timeout", str(DRAIN_TIMEOUT_S),
                "--log-level", log_level, *(["--dtype", dtype] if dtype else [])]
     env = {"OMP_NUM_THREADS": str(threads), "QRUN_LLAMACPP_THREADS": str(threads)}
-    return launch(f"qrun-{backend}", command, env, "/healthz", qrun_request, logs, port)
+    if not openai:
+        return launch(f"qrun-{backend}", command, env, "/healthz", qrun_request, logs, port)
+    server = launch(f"qrun-openai-{backend}", command, env, "/healthz", qrun_request, logs,
+                    port)
+    served = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    server.send = openai_request(JSON_SCHEMA_FORMAT, served)
+    return server
 
 
 def gguf_path(model: str) -> Path:
@@ -372,8 +384,7 @@ def start_vllm(model: str, threads: int, logs: Path) -> Server:
     # pins one thread per physical core and may reserve one: vllm/utils/ompmultiprocessing.py).
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
-    send = openai_request({"type": "json_schema",
-                           "json_schema": {"name": "person", "schema": SCHEMA}}, folder)
+    send = openai_request(JSON_SCHEMA_FORMAT, folder)
     return launch("vllm", command, env, "/v1/models", send, logs, port)
 
 
@@ -412,9 +423,12 @@ def in_process(model: str, backend: str, requests: int, threads: int) -> dict[st
 
 
 def summary(rows: list[dict[str, Any]], backends: list[str]) -> dict[str, Any]:
-    """The issue's targets, each with the figures it compares (None where one is missing):
-    at 16 clients qrun's requests/s ≥ 3× llama_cpp.server's and ≥ vLLM's, qrun's p99 ≤
-    llama_cpp.server's median; at 1 client within 10 % of in-process; no invalid answer."""
+    """The issues' targets, each with the figures it compares (None where one is missing).
+    Issue 26, the template endpoint: at 16 clients qrun's requests/s ≥ 3× llama_cpp.server's
+    and ≥ vLLM's, qrun's p99 ≤ llama_cpp.server's median; at 1 client within 10 % of
+    in-process. Issue 39, the OpenAI endpoint: at 16 clients ≥ 4× llama_cpp.server's and ≥
+    1.2× vLLM's, p99 ≤ llama_cpp.server's median; at 1 client within 10 % of the template
+    endpoint. No invalid answer anywhere."""
 
     def at(server: str, concurrency: int, key: str) -> Any:
         return next((r.get(key) for r in rows if r["server"] == server
@@ -439,6 +453,18 @@ def summary(rows: list[dict[str, Any]], backends: list[str]) -> dict[str, Any]:
             "p99_16_vs_llama_cpp_p50": [p99, llama_p50,
                                         check(p99, lambda a, b: a <= b, llama_p50)],
             "rps_1_vs_in_process": [one, alone, check(one, lambda a, b: a >= 0.9 * b, alone)]}
+        name = f"qrun-openai-{backend}"
+        rate, p99 = at(name, 16, "requests_per_s"), at(name, 16, "p99_s")
+        if rate is None:
+            continue
+        one_openai = at(name, 1, "requests_per_s")
+        targets[name] = {
+            "rps_16_vs_4x_llama_cpp": [rate, llama, check(rate, lambda a, b: a >= 4 * b, llama)],
+            "rps_16_vs_1.2x_vllm": [rate, vllm, check(rate, lambda a, b: a >= 1.2 * b, vllm)],
+            "p99_16_vs_llama_cpp_p50": [p99, llama_p50,
+                                        check(p99, lambda a, b: a <= b, llama_p50)],
+            "rps_1_vs_template_endpoint": [one_openai, one,
+                                           check(one_openai, lambda a, b: a >= 0.9 * b, one)]}
     invalid = sum(r.get("invalid", 0) for r in rows)
     return {"summary": targets, "invalid": invalid, "no_invalid": invalid == 0}
 
@@ -567,6 +593,9 @@ def main() -> None:
                         help="qrun serve's backends, comma-separated (transformers, "
                              "llamacpp:q8_0 for --dtype q8_0, "
                              "llamacpp, vllm)")
+    parser.add_argument("--openai", action="store_true",
+                        help="also send the workload to each backend's OpenAI endpoint "
+                             "(/v1/chat/completions with response_format), as the peers")
     parser.add_argument("--peers", default="",
                         help="other servers on the same workload: llama_cpp, vllm")
     parser.add_argument("--fault", action="store_true",
@@ -601,6 +630,10 @@ def main() -> None:
         for backend in backends:
             rows += measure(partial(start_qrun, folder, args.model, backend, args.max_running,
                                     args.threads, logs), args.concurrency, args.requests)
+            if args.openai:
+                rows += measure(partial(start_qrun, folder, args.model, backend,
+                                        args.max_running, args.threads, logs, openai=True),
+                                args.concurrency, args.requests)
         for peer in peers:
             start = {"llama_cpp": start_llama_cpp, "vllm": start_vllm}[peer]
             rows += measure(partial(start, args.model, args.threads, logs), args.concurrency,

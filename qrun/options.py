@@ -62,6 +62,37 @@ def _top_p(value: Any) -> str | None:
     return None if is_number(value) and 0 < value <= 1 else "a number in (0, 1]"
 
 
+def _penalty(value: Any) -> str | None:
+    return None if is_number(value) and -2 <= value <= 2 else "a number in [-2, 2]"
+
+
+def _repetition(value: Any) -> str | None:
+    return None if is_number(value) and 0 < value <= 100 else "a number in (0, 100]"
+
+
+def _min_p(value: Any) -> str | None:
+    return None if is_number(value) and 0 <= value <= 1 else "a number in [0, 1]"
+
+
+LOGIT_BIAS_WANTED = "a mapping of token ids (integers >= 0) to numbers in [-100, 100]"
+
+
+def logit_bias_items(value: Any) -> tuple[tuple[int, float], ...] | None:
+    """A logit_bias mapping as sorted (token id, bias) pairs, or None when it is not one: keys
+    are token ids as integers or as their decimal strings (JSON's keys, as OpenAI sends them),
+    values numbers in [-100, 100] (OpenAI's range)."""
+    if not isinstance(value, Mapping):
+        return None
+    items = []
+    for key, bias in value.items():
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9:
+            key = int(key)
+        if not (is_int(key) and key >= 0 and is_number(bias) and -100 <= bias <= 100):
+            return None
+        items.append((int(key), float(bias)))
+    return tuple(sorted(items))
+
+
 def _flag(value: Any) -> str | None:
     return None if isinstance(value, bool) else "true or false"
 
@@ -70,6 +101,11 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "temperature": _temperature,
     "top_p": _top_p,
     "top_k": _count,
+    "min_p": _min_p,
+    "presence_penalty": _penalty,
+    "frequency_penalty": _penalty,
+    "repetition_penalty": _repetition,
+    "logit_bias": lambda v: None if logit_bias_items(v) is not None else LOGIT_BIAS_WANTED,
     "seed": _count,
     "max_tokens": _positive,
     "trace": _flag,
@@ -80,12 +116,20 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
 the value is fine. Hole arguments of the same names are checked with the same functions."""
 
 
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty", "logit_bias")
+"""The run options that say how a token is chosen: a `gen` hole takes each as an argument of
+the same name, a request to qrun serve as an option."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How a run samples. None means "not given": the template's front matter applies, then
-    the built-in default (temperature 0, i.e. greedy; top_p 1 and top_k 0, i.e. no filter; a
-    fresh random seed, reported in the run's stats so the run can be replayed; max_tokens 128
-    per hole). A hole's own arguments override these for that hole. `trace` keeps, for every
+    the built-in default (temperature 0, i.e. greedy; top_p 1, top_k 0 and min_p 0, i.e. no
+    filter; no penalty and no logit bias; a fresh random seed, reported in the run's stats so
+    the run can be replayed; max_tokens 128 per hole). A hole's own arguments override these
+    for that hole. The penalties and logit_bias mean what OpenAI and vLLM mean by them
+    (runtime/sampler.py SamplingParams, docs/language.md §14.8). `trace` keeps, for every
     sampled token, the mask size and the likeliest alternatives in the run's trace
     (`Result.trace()`; the tokens themselves are always recorded). `limits` bounds the work
     of evaluating the template (qrun.Limits: steps, output characters, integer size).
@@ -99,6 +143,11 @@ class RunOptions:
     top_k: int | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: Mapping[int, float] | None = None
     trace: bool | None = None
     limits: Limits | None = None
     speculate: bool | None = None
@@ -109,10 +158,13 @@ class RunOptions:
             wanted = None if value is None else check(value)
             if wanted is not None:
                 raise UsageError(f"{name} must be {wanted}, got {value!r}")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
             value = getattr(self, name)
             if is_int(value):  # one type per field: 1 -> 1.0
                 object.__setattr__(self, name, float(value))
+        if self.logit_bias is not None:  # token ids as ints, whichever way they came
+            object.__setattr__(self, "logit_bias", dict(logit_bias_items(self.logit_bias) or ()))
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -151,6 +203,12 @@ class RunOptions:
             top_k=0 if self.top_k is None else self.top_k,
             seed=secrets.randbits(63) if self.seed is None else self.seed,
             max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=(1.0 if self.repetition_penalty is None
+                                else self.repetition_penalty),
+            logit_bias=logit_bias_items(self.logit_bias or {}) or (),
             trace=bool(self.trace),
             limits=self.limits or Limits(),
             speculate=self.speculate is not False,
@@ -166,6 +224,11 @@ class Resolved:
     top_k: int
     seed: int
     max_tokens: int
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: tuple[tuple[int, float], ...]
     trace: bool
     limits: Limits
     speculate: bool

@@ -115,10 +115,12 @@ class HoleSampler(Protocol):
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
                  regex: str | None = None, grammar: str | None = None,
-                 stop_token_ids: Sequence[int] = ()) -> Completion:
+                 stop_token_ids: Sequence[int] = (),
+                 extra: Mapping[str, object] | None = None) -> Completion:
         """Sample up to max_tokens after `prompt` (token ids), under `regex` (the server's
         dialect) or `grammar` (llguidance's Lark) when given, ending at a stop string or after
-        one of `stop_token_ids` (which is returned) when given."""
+        one of `stop_token_ids` (which is returned) when given. `extra`: more sampling fields
+        by the names of vLLM's completions API (min_p, the penalties, logit_bias)."""
         ...
 
     def reads_llguidance(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from qrun.backends.base import Capabilities, Completion, HoleSampler, PromptScorer, ScoredRows
@@ -68,7 +68,8 @@ class VllmServerBackend(HFTokenizerMixin):
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
                  regex: str | None = None, grammar: str | None = None,
-                 stop_token_ids: Sequence[int] = ()) -> Completion:
+                 stop_token_ids: Sequence[int] = (),
+                 extra: Mapping[str, object] | None = None) -> Completion:
         """Sample one hole after `prompt` (token ids).
 
         Raises:
@@ -82,6 +83,7 @@ class VllmServerBackend(HFTokenizerMixin):
             "seed": seed, "logprobs": 0, "return_token_ids": True,
             "skip_special_tokens": False, "include_stop_str_in_output": True,
         }
+        body.update(extra or {})
         if stop:
             body["stop"] = list(stop)
         if stop_token_ids:

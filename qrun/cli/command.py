@@ -39,7 +39,7 @@ from qrun.jsonio import (
     parse_value,
     split_lines,
 )
-from qrun.options import ModelOptions, RunOptions
+from qrun.options import SAMPLING_OPTIONS, ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--top-k", type=int)
+    parser.add_argument("--min-p", type=float)
+    parser.add_argument("--presence-penalty", type=float)
+    parser.add_argument("--frequency-penalty", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--logit-bias", action="append", metavar="TOKEN=BIAS",
+                        help="add BIAS (-100 to 100) to token id TOKEN's logit (repeatable)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
@@ -359,8 +365,7 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
         raise UsageError(f"--server runs on the server's model and templates: "
                          f"{', '.join(local)} cannot go with it")
     given = {name: getattr(options, name) for name in
-             ("temperature", "top_p", "top_k", "seed", "max_tokens")
-             if getattr(options, name) is not None}
+             (*SAMPLING_OPTIONS, "seed", "max_tokens") if getattr(options, name) is not None}
     if options.speculate is False:
         given["speculate"] = False
     inputs, _ = _inputs(args)
@@ -474,11 +479,25 @@ def _read_bytes(path: str, flag: str) -> bytes:
     return data
 
 
+def _bias(text: str) -> tuple[int, float]:
+    """A --logit-bias value, TOKEN=BIAS (its range is RunOptions' check)."""
+    token, equals, bias = text.partition("=")
+    try:
+        if equals and token.strip().isdigit():
+            return int(token), float(bias)
+    except ValueError:
+        pass
+    raise UsageError(f"--logit-bias: expected TOKEN=BIAS (a token id and a number), "
+                     f"got {text!r}")
+
+
 def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
     given = {name: getattr(args, name)
-             for name in ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")}
+             for name in (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate")}
+    if args.logit_bias is not None:
+        given["logit_bias"] = dict(_bias(text) for text in args.logit_bias)
     if args.trace:
         given["trace"] = True
     try:

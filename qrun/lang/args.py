@@ -20,17 +20,29 @@ from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
 from qrun.lang.declared import InputType, read_input_type, read_output
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
-from qrun.options import CHECKS, MODEL_CHECKS, ModelOptions, RunOptions, is_number
+from qrun.options import (
+    CHECKS,
+    MODEL_CHECKS,
+    SAMPLING_OPTIONS,
+    ModelOptions,
+    RunOptions,
+    is_number,
+)
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
-            "tools", "temperature", "top_p", "top_k", "seed", "heal", "ends_at_text", "n")
+            "tools", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "heal",
+            "ends_at_text", "n")
+# The sampling arguments a gen hole shares with the run options.
+SAMPLING_ARGS = SAMPLING_OPTIONS
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 # The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).
 SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
-FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "seed", "max_tokens", "device",
+FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "device",
                      "dtype", "inputs", "output", "tests")
 
 NameCheck = Callable[[str, Span, str], bool]

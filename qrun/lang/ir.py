@@ -108,6 +108,11 @@ class GenParams:
     temperature: Expr | None = None
     top_p: Expr | None = None
     top_k: Expr | None = None
+    min_p: Expr | None = None
+    presence_penalty: Expr | None = None
+    frequency_penalty: Expr | None = None
+    repetition_penalty: Expr | None = None
+    logit_bias: Expr | None = None
     seed: Expr | None = None
     heal: Expr | None = None
     keep_stop: Expr | None = None  # the stop string that ended the value stays in it
@@ -133,8 +138,9 @@ class GenParams:
                 yield grammar
             case None:
                 pass
-        for value in (self.temperature, self.top_p, self.top_k, self.seed, self.heal,
-                      self.keep_stop, self.ends_at_text):
+        for value in (self.temperature, self.top_p, self.top_k, self.min_p,
+                      self.presence_penalty, self.frequency_penalty, self.repetition_penalty,
+                      self.logit_bias, self.seed, self.heal, self.keep_stop, self.ends_at_text):
             if value is not None:
                 yield value
 
@@ -662,7 +668,9 @@ def _gen(op: Gen) -> str:
         parts.append(f"[{params.constraint.engine}]")
     if isinstance(params.constraint, ToolCall):
         parts.append("-> {name, arguments}")
-    for key in ("temperature", "top_p", "top_k", "seed", "heal", "keep_stop", "ends_at_text"):
+    for key in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "heal",
+                "keep_stop", "ends_at_text"):
         value = getattr(params, key)
         if value is not None:
             parts.append(f"{key}={ex.format_expr(value)}")

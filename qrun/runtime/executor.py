@@ -410,7 +410,8 @@ class Run:
             self.emit(call.suffix, special=True, op=op)
 
     def _hole_args(self) -> HoleArgs:
-        return HoleArgs(self.evaluate, self.source, self.options)
+        return HoleArgs(self.evaluate, self.source, self.options,
+                        self.backend.vocabulary.size)
 
     def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params

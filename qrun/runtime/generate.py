@@ -71,7 +71,10 @@ def generate(
                 if request.drafter is not None and not hole.speculative:
                     _draft(hole, request.drafter, tokens_left)
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
-                token, logprob = sample(logits, mask, request.sampling, request.generator)
+                history = ((hole.output_tokens(), session.token_ids)
+                           if request.sampling.reshapes else ((), ()))
+                token, logprob = sample(logits, mask, request.sampling, request.generator,
+                                        *history)
                 recorder = session.recorder
                 if token in eos:
                     if recorder is not None:

@@ -158,6 +158,13 @@ class Hole:
         plen = len(self.request.prefix)
         return sum(1 for end in self.ends if end > plen)
 
+    def output_tokens(self) -> list[int]:
+        """The hole's tokens that carry value bytes: what frequency and presence penalties
+        count (tokens re-covering the healed prefix give back the template's own text)."""
+        plen = len(self.request.prefix)
+        return [token for token, end in zip(self.record.token_ids, self.ends, strict=True)
+                if end > plen]
+
     def in_prefix(self) -> bool:
         """Whether the healed prefix is not produced yet."""
         return len(self.text) < len(self.request.prefix)

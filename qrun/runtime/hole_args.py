@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qrun.errors import EvaluationError
+from qrun.errors import EvaluationError, UsageError
 from qrun.lang import ir
 from qrun.lang.args import HOLE_ARG_CHECKS, show_value
 from qrun.lang.expr import Expr
-from qrun.options import Resolved
+from qrun.options import Resolved, logit_bias_items
 from qrun.runtime.sampler import SamplingParams
 from qrun.source import Source, Span
 
@@ -38,11 +38,12 @@ class HoleArgs:
     """Evaluates the arguments of the hole at hand, in the scope `evaluate` reads; errors are
     EvaluationErrors at the argument, in `source`."""
 
-    def __init__(self, evaluate: Callable[[Expr], Any], source: Source, options: Resolved
-                 ) -> None:
+    def __init__(self, evaluate: Callable[[Expr], Any], source: Source, options: Resolved,
+                 vocab_size: int) -> None:
         self._evaluate = evaluate
         self._source = source
         self._options = options
+        self._vocab_size = vocab_size  # the model's: logit_bias names tokens in it
 
     def gen(self, p: ir.GenParams) -> GenArgs:
         options = self._options
@@ -57,8 +58,29 @@ class HoleArgs:
             sampling=SamplingParams(
                 float(self.value(p.temperature, "temperature", options.temperature)),
                 float(self.value(p.top_p, "top_p", options.top_p)),
-                int(self.value(p.top_k, "top_k", options.top_k))),
+                int(self.value(p.top_k, "top_k", options.top_k)),
+                float(self.value(p.min_p, "min_p", options.min_p)),
+                float(self.value(p.presence_penalty, "presence_penalty",
+                                 options.presence_penalty)),
+                float(self.value(p.frequency_penalty, "frequency_penalty",
+                                 options.frequency_penalty)),
+                float(self.value(p.repetition_penalty, "repetition_penalty",
+                                 options.repetition_penalty)),
+                self._logit_bias(p.logit_bias, options.logit_bias)),
             seed=None if seed is None else int(seed))
+
+    def _logit_bias(self, expr: Expr | None, default: tuple[tuple[int, float], ...]
+                    ) -> tuple[tuple[int, float], ...]:
+        value = self.value(expr, "logit_bias", None)
+        items = default if value is None else logit_bias_items(value) or ()
+        outside = [token for token, _ in items if token >= self._vocab_size]
+        if outside:
+            message = (f"logit_bias names token {outside[0]}, outside the model's vocabulary "
+                       f"(token ids 0 to {self._vocab_size - 1})")
+            if expr is None:
+                raise UsageError(message)
+            raise EvaluationError(message, expr.span, self._source)
+        return items
 
     def select_options(self, op: ir.Select) -> list[str]:
         """The options of a select: wanted before its known value is checked against them."""

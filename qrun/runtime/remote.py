@@ -124,7 +124,7 @@ def generate_remote(
     completion = sampler.complete(
         list(session.token_ids), limit, temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, stop=server_stops, regex=regex,
-        grammar=grammar, stop_token_ids=server_ends)
+        grammar=grammar, stop_token_ids=server_ends, extra=sampling.server_fields())
     session.count_model_call(time.perf_counter() - t0, completion.computed, completion.cached)
     finish = _replay(hole, request, completion, follow, frozenset(ends))
     record = hole.finish(finish, f"the server's value does not complete the constraint within "

@@ -17,7 +17,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -461,12 +461,14 @@ class _CheckedSampler:
     def complete(self, prompt: Sequence[int], max_tokens: int, *, temperature: float,
                  top_p: float, top_k: int, seed: int, stop: Sequence[str] = (),
                  regex: str | None = None, grammar: str | None = None,
-                 stop_token_ids: Sequence[int] = ()) -> Completion:
+                 stop_token_ids: Sequence[int] = (),
+                 extra: Mapping[str, object] | None = None) -> Completion:
         if self.ticket.cancelled.is_set():
             raise RunCancelled
         completion = self.sampler.complete(
             prompt, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-            stop=stop, regex=regex, grammar=grammar, stop_token_ids=stop_token_ids)
+            stop=stop, regex=regex, grammar=grammar, stop_token_ids=stop_token_ids,
+            extra=extra)
         self.ticket.forwarded.set()
         return completion
 

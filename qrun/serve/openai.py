@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qrun.api import Query
-from qrun.errors import RunCancelled, UsageError
-from qrun.options import RunOptions
+from qrun.errors import RunCancelled
+from qrun.options import SAMPLING_OPTIONS, RunOptions
 from qrun.serve.openai_protocol import (
     CHAT_KNOWN,
     IGNORED,
@@ -37,6 +37,7 @@ from qrun.serve.openai_protocol import (
     max_tokens_of,
     neutral,
     openai_error,
+    sampling_of,
 )
 from qrun.serve.protocol import ApiError, check_input_sizes, read_json
 from qrun.serve.service import Service, log
@@ -137,8 +138,8 @@ async def _run_template(service: Service, request: Request, request_id: str,
     if query is None:
         raise ApiError(404, "model_not_found", f"no template named {name[:100]!r} is served "
                        "(GET /v1/models)")
-    allowed = {"model", "messages", "inputs", "temperature", "top_p", "top_k", "seed",
-               "max_tokens", "max_completion_tokens", *IGNORED}
+    allowed = {"model", "messages", "inputs", *SAMPLING_OPTIONS, "seed", "max_tokens",
+               "max_completion_tokens", *IGNORED}
     asked = sorted(key for key in set(body) - allowed
                    if key not in CHAT_KNOWN or not neutral(key, body[key]))
     if asked:
@@ -150,14 +151,9 @@ async def _run_template(service: Service, request: Request, request_id: str,
     if not isinstance(inputs, dict):
         raise bad("inputs: must be a JSON object", "inputs")
     check_input_sizes(inputs, service.limits)
-    options = {key: body[key] for key in ("temperature", "top_p", "top_k", "seed")
-               if body.get(key) is not None}
+    run_options = sampling_of(body, temperature=None)
     if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
-        options["max_tokens"] = max_tokens_of(body)
-    try:
-        run_options = RunOptions(**options)
-    except UsageError as exc:
-        raise bad(str(exc)) from None
+        run_options = RunOptions(max_tokens=max_tokens_of(body)).over(run_options)
     run = query.request(inputs, options=run_options)  # InputError: 422, as a template's run
     log.info("[%s] chat completion by template %s", request_id, name)
     result = await outcome_of(service, request, submit(service, run), None, request_id)
@@ -179,6 +175,10 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
     if error.code in ("template_error", "evaluation_error"):
         field = "tools" if call.inputs.get("tools") is not None else call.constraint_field
         return OpenAIError(400, "invalid_constraint", error.message, field)
+    if error.code == "input_error":  # a run option only the model can check (logit_bias ids)
+        named = next((key for key in SAMPLING_OPTIONS if error.message.startswith(key + " ")),
+                     None)
+        return OpenAIError(400, "invalid_request_error", error.message, named)
     return error
 
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qrun.options import RunOptions
+from qrun.errors import UsageError
+from qrun.options import SAMPLING_OPTIONS, RunOptions
 from qrun.serve.protocol import ApiError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -40,9 +41,6 @@ bill): read and let be, as OpenAI's own server does for features a model lacks."
 UNSUPPORTED = {
     "functions": "function calls (use tools)",
     "function_call": "function calls", "audio": "audio",
-    "logit_bias": "logit_bias", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
 }
 """Fields qrun serve does not answer yet (issue #39's next steps), each refused when it asks
 for something (a 400 naming it) rather than answered as if it were not there; their neutral
@@ -51,10 +49,10 @@ values (false, 0, none, an empty list) pass."""
 CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "structured_outputs")
 
-CHAT_KNOWN = frozenset({"model", "messages", "temperature", "top_p", "top_k", "seed",
-                        "max_tokens", "max_completion_tokens", "stop", "n", "stream",
-                        "stream_options", "tools", "tool_choice", "logprobs",
-                        "top_logprobs", *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
+CHAT_KNOWN = frozenset({"model", "messages", *SAMPLING_OPTIONS, "seed", "max_tokens",
+                        "max_completion_tokens", "stop", "n", "stream", "stream_options",
+                        "tools", "tool_choice", "logprobs", "top_logprobs",
+                        *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
 
 LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of"}
 """What /v1/completions adds to UNSUPPORTED, with the value of each that asks for nothing."""
@@ -160,6 +158,11 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
         raise bad("stream_options: must be an object with include_usage true or false",
                   "stream_options")
     sampling = sampling_of(body)
+    if inputs["kind"] == "choice":
+        for key, off in TOKEN_OPTIONS.items():
+            if getattr(sampling, key) not in (None, off):
+                raise bad(f"{key}: a choice is scored whole (each option's probability), not "
+                          "sampled token by token; give it with guided_regex instead", key)
     if logprobs is not None:  # the trace keeps each sampled token's alternatives
         sampling = RunOptions(trace=True).over(sampling)
     return ChatCall(model, inputs, sampling, field, stream,
@@ -297,19 +300,32 @@ def stop_of(stop: Any) -> list[str] | None:
     return stops or None
 
 
-def sampling_of(body: Mapping[str, Any]) -> RunOptions:
-    given = {key: body[key] for key in ("temperature", "top_p", "top_k", "seed")
+def sampling_of(body: Mapping[str, Any], temperature: float | None = DEFAULT_TEMPERATURE
+                ) -> RunOptions:
+    """The request's sampling fields as run options (`temperature` where it gives none: a
+    template's own default with None), each checked (400 naming it)."""
+    given = {key: body[key] for key in (*SAMPLING_OPTIONS, "seed")
              if body.get(key) is not None}
-    given.setdefault("temperature", DEFAULT_TEMPERATURE)
+    if temperature is not None:
+        given.setdefault("temperature", temperature)
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if key != "logit_bias" and (isinstance(value, bool)
+                                    or not isinstance(value, int | float)):
             raise bad(f"{key}: must be a number", key)
-    if not 0 <= given["temperature"] <= 2:
+    if not 0 <= given.get("temperature", 0) <= 2:
         raise bad("temperature: must be between 0 and 2", "temperature")
     try:
         return RunOptions(**given)
-    except Exception as exc:  # UsageError: a value out of range, said in RunOptions' words
-        raise bad(str(exc), next(iter(given))) from None
+    except UsageError as exc:  # a value out of range, said in RunOptions' words
+        named = next((key for key in given if str(exc).startswith(key + " ")), None)
+        raise bad(str(exc), named) from None
+
+
+TOKEN_OPTIONS: Mapping[str, Any] = {
+    "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0, "logit_bias": {}}
+"""The sampling fields that act on tokens as they are sampled, which a guided choice (scored
+whole, as a `select`) has none of, with the value of each that does nothing."""
 
 
 def constraint_of(body: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -20,7 +20,11 @@ ERROR_RESPONSE = {"description": "an error (docs/serve.md §4)", "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 OPTIONS = {"type": "object", "additionalProperties": False, "properties": {
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
-    "top_k": {"type": "integer", "minimum": 0}, "seed": {"type": "integer"},
+    "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number"},
+    "presence_penalty": {"type": "number"}, "frequency_penalty": {"type": "number"},
+    "repetition_penalty": {"type": "number"},
+    "logit_bias": {"type": "object", "additionalProperties": {"type": "number"}},
+    "seed": {"type": "integer"},
     "max_tokens": {"type": "integer", "minimum": 1}, "speculate": {"type": "boolean"},
     "timeout": {"type": "number", "exclusiveMinimum": 0}}}
 

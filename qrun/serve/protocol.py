@@ -35,7 +35,7 @@ from qrun.jsonio import (
     BadInput,
     parse_value,
 )
-from qrun.options import RunOptions
+from qrun.options import SAMPLING_OPTIONS, RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import (
@@ -69,7 +69,7 @@ MAX_INPUT_DEPTH = 32
 qrun/jsonio.py, for the body's own wrapping and the other inputs)."""
 
 
-REQUEST_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "speculate")
+REQUEST_OPTIONS = (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 
 

@@ -269,3 +269,25 @@ def test_a_bad_timeout_is_a_usage_error() -> None:
     for bad in (0, -1, float("nan")):
         with pytest.raises(qrun.UsageError, match="timeout"):
             qrun.load_model("smollm2", backend="vllm", url="http://127.0.0.1:9", timeout=bad)
+
+
+def test_penalties_and_logit_bias_go_to_the_server_by_vllms_names(
+        server: StandIn, model: Any) -> None:
+    sent: list[dict[str, Any]] = []
+    ids = model.encode(" Bob")
+
+    def reply(request: dict[str, Any]) -> tuple[int, bytes]:
+        sent.append(request)
+        return completion(token_ids=ids, logprobs={"token_logprobs": [-0.5] * len(ids)},
+                          finish_reason="stop")(request)
+
+    server.answer(reply)
+    options = qrun.RunOptions(presence_penalty=0.5, repetition_penalty=1.1,
+                              logit_bias={"7": -100}, min_p=0.05)
+    qrun.Query("Name:{{ gen n max_tokens=4 heal=false }}").run(model=model, options=options)
+    qrun.Query("Name:{{ gen n max_tokens=4 heal=false }}").run(model=model)
+    assert {key: sent[0].get(key) for key in (
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p")
+    } == {"presence_penalty": 0.5, "frequency_penalty": None, "repetition_penalty": 1.1,
+          "logit_bias": {"7": -100.0}, "min_p": 0.05}
+    assert not {"presence_penalty", "logit_bias", "min_p"} & set(sent[1])

@@ -120,7 +120,10 @@ def test_missing_model_is_a_clear_usage_error(
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["-v", "noequals"], "NAME=VALUE"), (["-v", "x:=[1,"], "invalid JSON"),
-     (["--temperature", "-1"], "--temperature"), (["--vars", "/no/such.json"], "--vars")],
+     (["--temperature", "-1"], "--temperature"), (["--vars", "/no/such.json"], "--vars"),
+     (["--presence-penalty", "3"], "--presence-penalty: presence_penalty must be a number in"),
+     (["--logit-bias", "7"], "expected TOKEN=BIAS"),
+     (["--logit-bias", "7=200"], "--logit-bias: logit_bias must be a mapping")],
 )
 def test_bad_arguments(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -240,3 +243,14 @@ def test_bad_model_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert main([write(tmp_path, template), *args]) == 2
     err = capsys.readouterr().err
     assert err.strip() == message
+
+
+def test_logit_bias_and_penalties_as_flags(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Token 1000 is b"()" in the tiny model's vocabulary (tests/runtime/test_penalties.py).
+    template = write(tmp_path, "Hi {{ gen x max_tokens=6 }}")
+    assert main([template, "--model", tiny_folder, "--logit-bias", "1000=100",
+                 "--frequency-penalty", "0.5", "--json"]) == 0
+    value = json.loads(capsys.readouterr().out)["vars"]["x"]
+    assert value.endswith("()" * 5), value

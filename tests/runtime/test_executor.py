@@ -182,7 +182,8 @@ def test_a_negative_temperature_is_a_usage_error_before_any_work(
     query = qrun.Query('Pick: {{ select p options=["yes", "no", "maybe"] }}')
     bad_options: list[dict[str, Any]] = [
         {"temperature": -0.01}, {"top_p": 0}, {"max_tokens": 0}, {"top_k": -1}, {"seed": 1.5},
-        {"temperature": float("nan")}]
+        {"temperature": float("nan")}, {"frequency_penalty": -3}, {"min_p": -0.1},
+        {"repetition_penalty": 0}, {"logit_bias": {-1: 5}}, {"logit_bias": [1, 2]}]
     for bad in bad_options:
         with pytest.raises(UsageError, match=next(iter(bad))):
             query.run(model=tiny, **bad)
@@ -338,6 +339,11 @@ def test_input_text_never_becomes_control_tokens(tiny: TransformersBackend) -> N
     ("{{ gen a ends_at_text=V max_tokens=1 }}", "no"),
     ("{{ gen a max_tokens=V }}", 0),
     ("{{ gen a top_k=V max_tokens=1 }}", 2.5),
+    ("{{ gen a presence_penalty=V max_tokens=1 }}", 2.5),
+    ("{{ gen a repetition_penalty=V max_tokens=1 }}", 0),
+    ("{{ gen a min_p=V max_tokens=1 }}", 1.5),
+    ("{{ gen a logit_bias=V max_tokens=1 }}", {"x": 1}),
+    ("{{ gen a logit_bias=V max_tokens=1 }}", {"5": 101}),
     ('{{ select a options=["x", "y"] normalize=V }}', "max"),
     ("{{ select a options=V }}", []),
     ("{{ select a options=V }}", ["x", "x"]),
@@ -353,7 +359,7 @@ def test_a_computed_argument_is_refused_in_the_words_a_literal_is(
         run(tiny, hole, V=bad)
     at_compile = compiled.value.errors[0].message
     assert at_compile.startswith(ran.value.message), (at_compile, ran.value.message)
-    if not isinstance(bad, list):
+    if not isinstance(bad, list | dict):
         assert ran.value.message == at_compile
 
 

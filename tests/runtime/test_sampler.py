@@ -7,7 +7,14 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from qrun.runtime.sampler import SamplingParams, draw, log_softmax, new_generator, sample
+from qrun.runtime.sampler import (
+    SamplingParams,
+    draw,
+    log_softmax,
+    new_generator,
+    reshape,
+    sample,
+)
 
 
 def logits() -> npt.NDArray[np.float32]:
@@ -124,3 +131,61 @@ def test_log_softmax_of_rows_matches_the_reference() -> None:
                                np.stack([reference_log_softmax(r.astype(float)) for r in rows]),
                                atol=1e-5)
     assert log_softmax(rows).dtype == np.float32
+
+
+# ---- penalties, logit_bias, min_p (docs/language.md §14.8) ----------------------------------
+
+
+def test_logit_bias_moves_greedy_and_the_reported_logprob_stays_the_models() -> None:
+    params = SamplingParams(logit_bias=((3, 3.0),))  # 0.5 + 3 beats 3.0
+    token, logprob = sample(logits(), None, params, None)
+    assert token == 3
+    raw = reference_log_softmax(logits().astype(float))
+    assert math.isclose(logprob, float(raw[3]), rel_tol=1e-6)
+
+
+def test_logit_bias_never_passes_the_mask() -> None:
+    mask = np.array([True, False, True, False])
+    params = SamplingParams(logit_bias=((1, 100.0), (3, 100.0), (2, -100.0)))
+    assert sample(logits(), mask, params, None)[0] == 0
+    for seed in range(50):  # sampled too: only allowed tokens, however biased
+        token, _ = sample(logits(), mask, SamplingParams(1.0, logit_bias=((2, -100.0),)),
+                          new_generator(seed))
+        assert token == 0
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    values = np.array([4.0, -1.0, 3.0, 0.0], dtype=np.float32)
+    shaped = reshape(values, SamplingParams(repetition_penalty=2.0), (), [0, 1, 0])
+    assert shaped.tolist() == [2.0, -2.0, 3.0, 0.0]
+    assert sample(values, None, SamplingParams(repetition_penalty=2.0), None, (), [0])[0] == 2
+
+
+def test_frequency_counts_each_time_presence_once_and_only_the_holes_tokens() -> None:
+    values = np.zeros(4, dtype=np.float32)
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    shaped = reshape(values, params, output=[1, 1, 1, 2], context=[0, 0, 1, 1, 1, 2])
+    assert shaped.tolist() == [0.0, -1.75, -0.75, 0.0]
+    # A negative penalty favours what the hole wrote: greedy then repeats it.
+    favour = SamplingParams(frequency_penalty=-2.0)
+    assert sample(logits(), None, favour, None, output=[3])[0] == 1  # 0.5 + 2 < 3
+    assert sample(logits(), None, favour, None, output=[3, 3])[0] == 3  # 0.5 + 4 > 3
+
+
+def test_min_p_drops_tokens_under_its_share_of_the_likeliest() -> None:
+    # Probabilities at temperature 1 relative to the top (3.0): e^-2, 1, e^-1, e^-2.5.
+    params = SamplingParams(1.0, min_p=0.3)  # keeps 1 (1.0) and 2 (0.37)
+    seen = {sample(logits(), None, params, new_generator(seed))[0] for seed in range(200)}
+    assert seen == {1, 2}
+    without = {sample(logits(), None, SamplingParams(1.0), new_generator(seed))[0]
+               for seed in range(200)}
+    assert without == {0, 1, 2, 3}
+
+
+def test_neutral_values_change_nothing_and_are_not_sent_to_a_server() -> None:
+    assert not SamplingParams(repetition_penalty=1.0).reshapes
+    assert SamplingParams().server_fields() == {}
+    fields = SamplingParams(min_p=0.1, presence_penalty=1.0, frequency_penalty=-1.0,
+                            repetition_penalty=1.2, logit_bias=((7, -100.0),)).server_fields()
+    assert fields == {"min_p": 0.1, "presence_penalty": 1.0, "frequency_penalty": -1.0,
+                      "repetition_penalty": 1.2, "logit_bias": {"7": -100.0}}

@@ -81,6 +81,22 @@ def test_a_plain_answer_has_exact_usage_and_ends_within_max_tokens(
     assert choice.message.content == run["content"]
 
 
+def test_penalties_and_logit_bias_shape_the_answer(client: openai.OpenAI, model: str) -> None:
+    # Token 1000 is b"()" in the tiny model's vocabulary (tests/runtime/test_penalties.py):
+    # a bias of 100 makes it every token after the first, which must hold the healed "\n".
+    base: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 6,
+                            "temperature": 0}
+    plain = client.chat.completions.create(**base).choices[0].message.content or ""
+    biased = client.chat.completions.create(**base, logit_bias={"1000": 100})
+    content = biased.choices[0].message.content or ""
+    assert "()" not in plain and content.endswith("()" * 5), (plain, content)
+    # And the rest of the family is taken (answers checked in tests/runtime/test_penalties.py).
+    other = client.chat.completions.create(
+        **base, presence_penalty=-2, frequency_penalty=-1,
+        extra_body={"repetition_penalty": 1.2, "min_p": 0.05})
+    assert other.choices[0].finish_reason in ("length", "stop")
+
+
 def test_a_choice_counts_the_options_tokens_not_the_healed_newline(
         client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
     # The assistant turn's "\n" is taken back by healing and the option scored as "\nred":
@@ -185,6 +201,16 @@ def test_the_async_client(url: str, model: str) -> None:
     ({"top_logprobs": 2}, openai.BadRequestError, "top_logprobs", "invalid_request_error"),
     ({"extra_body": {"frobnicate": 1}}, openai.BadRequestError, "frobnicate",
      "invalid_request_error"),
+    ({"presence_penalty": 2.5}, openai.BadRequestError, "presence_penalty",
+     "invalid_request_error"),
+    ({"extra_body": {"min_p": "0.1"}}, openai.BadRequestError, "min_p",
+     "invalid_request_error"),
+    ({"logit_bias": {"12": 101}}, openai.BadRequestError, "logit_bias",
+     "invalid_request_error"),
+    ({"logit_bias": {"999999": 5}}, openai.BadRequestError, "logit_bias",
+     "invalid_request_error"),
+    ({"logit_bias": {"5": -100}, "extra_body": {"guided_choice": ["a", "b"]}},
+     openai.BadRequestError, "logit_bias", "invalid_request_error"),
 ])
 def test_refusals_are_the_sdks_exceptions_with_openais_fields(
         client: openai.OpenAI, model: str, kwargs: dict[str, Any], error: type[Exception],
