@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from qrun.constraint.grammar.schema import escape, schema_positions
+from qrun.constraint.grammar.text import JsonFormat, json_rule
 
 __all__ = ["CallKeys", "DEFAULT_KEYS", "Tool", "ToolsError", "call_schema", "openai_tools",
-           "pointer_inside", "read_tools"]
+           "pointer_inside", "read_tools", "text_or_call_grammar"]
 
 # OpenAI's rule for a function name (the API refuses others); it also keeps a name plain text
 # wherever a chat template writes it unquoted (Qwen's writes `{"name": "` + name + `"`).
@@ -153,6 +154,16 @@ def call_schema(tools: tuple[Tool, ...], keys: CallKeys = DEFAULT_KEYS) -> dict[
         branches.append({"type": "object", "properties": dict(pairs),
                          "required": [k for k, _ in pairs], "additionalProperties": False})
     return {**root, "anyOf": branches}
+
+
+def text_or_call_grammar(tools: tuple[Tool, ...], fmt: JsonFormat) -> str:
+    """The Lark grammar of an answer that is either text or one call to one of `tools` as the
+    default JSON object (call_schema, in `fmt`): OpenAI's `tool_choice: "auto"`, where the model
+    chooses. Text may not begin with `{` and a call does, so the answer's first byte says which
+    it is (llguidance's own function-calling example, in its Lark syntax guide)."""
+    return ("start: TEXT | call\n"
+            "TEXT: /[^{][\\s\\S]*/\n"
+            f"call: {json_rule(call_schema(tools), fmt)}\n")
 
 
 def pointer_inside(message: str, base: str) -> str:

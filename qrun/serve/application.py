@@ -29,7 +29,7 @@ from qrun.errors import UsageError
 from qrun.options import ModelOptions
 from qrun.serve.catalog import served
 from qrun.serve.openai import CHAT, COMPLETE, chat_completions, list_models
-from qrun.serve.openai_protocol import openai_error
+from qrun.serve.openai_errors import openai_error
 from qrun.serve.openapi import openapi
 from qrun.serve.protocol import (
     BODY_TIMEOUT_S,

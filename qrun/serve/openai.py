@@ -26,19 +26,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from qrun.api import Query
 from qrun.errors import RunCancelled
 from qrun.options import SAMPLING_OPTIONS, RunOptions
+from qrun.serve.openai_errors import OpenAIError, bad, openai_error
 from qrun.serve.openai_protocol import (
     CHAT_KNOWN,
     IGNORED,
     ChatCall,
-    OpenAIError,
-    bad,
     chat_call,
     inputs_from_messages,
     max_tokens_of,
     neutral,
-    openai_error,
     sampling_of,
 )
+from qrun.serve.openai_tools import answer_of
 from qrun.serve.protocol import ApiError, check_input_sizes, read_json
 from qrun.serve.service import Service, log
 from qrun.serve.streams import ended, outcome_of, submit, unless_abandoned
@@ -53,6 +52,8 @@ ANSWER = """\
 {%- elif kind == "grammar" -%}{{ gen content grammar=grammar max_tokens=limit }}
 {%- elif kind == "choice" -%}{{ select content options=choices }}
 {%- elif kind == "tool" -%}{{ gen content tools=calls max_tokens=limit }}
+{%- elif kind == "auto" and stop -%}{{ gen content grammar=grammar stop=stop max_tokens=limit }}
+{%- elif kind == "auto" -%}{{ gen content grammar=grammar max_tokens=limit }}
 {%- elif stop -%}{{ gen content stop=stop max_tokens=limit }}
 {%- else -%}{{ gen content max_tokens=limit }}
 {%- endif -%}"""
@@ -112,7 +113,8 @@ async def chat_completions(service: Service, request: Request, request_id: str, 
     if not legacy and isinstance(body, dict) and isinstance(body.get("model"), str) \
             and body["model"].startswith(TEMPLATE_PREFIX):
         return await _run_template(service, request, request_id, body)
-    call = chat_call(body, model_id(service), legacy)
+    own_format = service.backend.tool_call_format() is not None
+    call = chat_call(body, model_id(service), legacy, own_format)
     given = "prompt" if legacy else "messages"
     check_input_sizes({given: call.inputs[given]}, service.limits)
     run = chat.request(call.inputs, options=call.options)
@@ -185,8 +187,10 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
 def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) -> Response:
     """Server-sent events in OpenAI's chunk format: the role, the answer's text as the model
     writes it (stop strings held back until they cannot be one), the finish reason, the usage
-    (with stream_options.include_usage), `[DONE]`. A failure once the stream has begun is an
-    `error` event (the SDK raises it)."""
+    (with stream_options.include_usage), `[DONE]`. A tool call is sent whole, in one
+    `tool_calls` delta once it is written (under "auto", an answer that begins with `{` is a
+    call: serve/openai_tools.py). A failure once the stream has begun is an `error` event
+    (the SDK raises it)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
@@ -206,25 +210,34 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _event({**base, "choices": [choice]})
 
+    kind = call.inputs["kind"]
+    held: list[str] = []  # the text of a call, held until it is whole
+
     async def produce() -> AsyncIterator[str]:
         try:
             if not call.legacy:
                 yield chunk({"role": "assistant", "content": ""})
             while True:
                 try:
-                    kind, data = await unless_abandoned(
+                    event, data = await unless_abandoned(
                         service, asyncio.ensure_future(events.get()), None)
                 except RunCancelled as exc:
                     yield _event(openai_error(service.failure(exc, request_id)))
                     return
-                if kind == "text":
-                    yield chunk({"content": data})
+                if event == "text":
+                    if kind == "tool" or (kind == "auto" and (held or data.startswith("{"))):
+                        held.append(data)
+                    else:
+                        yield chunk({"content": data})
                     continue
                 error = ended(service, data, request_id)
                 if error is not None:
                     yield _event(openai_error(_as_client_error(error, call)))
                     return
                 answer = completion(data.result(), call, request_id)
+                calls = answer["choices"][0].get("message", {}).get("tool_calls")
+                if calls:
+                    yield chunk({"tool_calls": [{"index": 0, **calls[0]}]})
                 yield chunk({}, answer["choices"][0]["finish_reason"])
                 if call.include_usage:
                     yield _event({**base, "choices": [], "usage": answer["usage"]})
@@ -264,10 +277,14 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             choice["logprobs"] = {"content": token_logprobs(result, hole, call.logprobs),
                                   "refusal": None}
             choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
-        elif call.inputs["kind"] == "tool":
-            choice["finish_reason"] = "tool_calls" if hole.finish != "max_tokens" else "length"
-            choice["message"] = {"role": "assistant", "content": None, "refusal": None,
-                                 "tool_calls": [_tool_call(hole.value, request_id, index)]}
+        elif call.inputs["kind"] in ("tool", "auto"):
+            content, value = ((None, hole.value) if call.inputs["kind"] == "tool"
+                              else answer_of(hole.text))
+            choice["message"] = {"role": "assistant", "content": content, "refusal": None}
+            if value is not None:
+                choice["message"]["tool_calls"] = [_tool_call(value, request_id, index)]
+                if hole.finish != "max_tokens":
+                    choice["finish_reason"] = "tool_calls"
         else:
             choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         choices.append(choice)

@@ -12,11 +12,14 @@ from typing import Any
 
 from qrun.errors import UsageError
 from qrun.options import SAMPLING_OPTIONS, RunOptions
+from qrun.serve.openai_errors import bad
+from qrun.serve.openai_tools import OWN_FORMAT, assistant_calls, call_names, tool_result, tools_of
 from qrun.serve.protocol import ApiError
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "user"}
 """The message roles taken, and the chat role each is rendered as (`developer` is OpenAI's
-newer name for `system`)."""
+newer name for `system`; a `tool` message, a call's result, is what the user side says)."""
 
 DEFAULT_MAX_TOKENS = 512
 """An answer's length when the request names none (OpenAI's default is the rest of the
@@ -101,9 +104,11 @@ def inputs_from_messages(messages: Any) -> Any:
                   "object (or give `inputs`)", "messages") from None
 
 
-def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
+def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = False
+              ) -> ChatCall:
     """A chat request's body (with `legacy`, a completion request's), checked (400 with
-    OpenAI's `param` where a field is wrong, 404 for another model)."""
+    OpenAI's `param` where a field is wrong, 404 for another model). `own_format`: the served
+    model writes tool calls in a format of its own (serve/openai_tools.py)."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
     if legacy:
@@ -132,7 +137,7 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
     if n > 1 and body.get("stream"):
         raise bad("n: streaming several choices is not supported by qrun serve yet", "n")
     given = {"prompt": prompt_of(body.get("prompt"))} if legacy else {
-        "messages": messages_of(body.get("messages"))}
+        "messages": messages_of(body.get("messages"), own_format)}
     inputs: dict[str, Any] = {**given, "count": n,
                               "limit": max_tokens_of(body), "stop": stop_of(body.get("stop")),
                               "schema": None, "pattern": None, "grammar": None,
@@ -140,14 +145,12 @@ def chat_call(body: Any, served: str, legacy: bool = False) -> ChatCall:
     field, constraint = constraint_of(body)
     inputs.update(constraint)
     if not legacy:
-        tools = tools_of(body)
+        tools = tools_of(body, own_format)
         if tools is not None:
+            if field is not None and tools.get("kind") in ("tool", "auto"):
+                raise bad(f"{field} and a tool call: give one (tool_choice \"none\" answers "
+                          "under the constraint)", field)
             inputs.update(tools)
-            if field is not None and inputs["kind"] == "tool":
-                raise bad(f"{field} and a tool call: give one", field)
-            if inputs["kind"] == "tool" and body.get("stream"):
-                raise bad("stream: streamed tool calls are not supported by qrun serve yet",
-                          "stream")
     logprobs = legacy_logprobs_of(body, n) if legacy else logprobs_of(body, n)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -201,42 +204,6 @@ def _alternatives(top: Any, key: str, body: Mapping[str, Any], n: int) -> int:
     return top
 
 
-def tools_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """CHAT's inputs for `tools` and `tool_choice`: the tools rendered in the system turn in
-    the model's own format (docs/language.md §7.7), and with `required` or a named function
-    the answer one call (a `tools=` hole: a tool's name and arguments valid under its
-    parameters); `none` answers text. `auto`, which leaves the choice between text and a call
-    to the model, is not done yet."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools in (None, []):
-        if choice not in (None, "none"):
-            raise bad("tool_choice: there are no tools", "tool_choice")
-        return None
-    if not isinstance(tools, list) or not all(
-            isinstance(t, dict) and t.get("type", "function") == "function"
-            and isinstance(t.get("function"), dict) for t in tools):
-        raise bad("tools: must be a list of {\"type\": \"function\", \"function\": {...}}",
-                  "tools")
-    names = [t["function"].get("name") for t in tools]
-    if choice == "none":
-        return {"tools": tools}
-    if choice == "required":
-        return {"tools": tools, "calls": tools, "kind": "tool"}
-    if isinstance(choice, dict) and choice.get("type") == "function" \
-            and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if name not in names:
-            raise bad(f"tool_choice: no tool named {json.dumps(name)[:60]}", "tool_choice")
-        return {"tools": tools, "calls": [t for t in tools if t["function"]["name"] == name],
-                "kind": "tool"}
-    if choice in (None, "auto"):
-        raise bad("tool_choice: \"auto\" (the default with tools) is not supported by qrun "
-                  "serve yet: give \"required\", a named function or \"none\"",
-                  "tool_choice")
-    raise bad("tool_choice: must be \"none\", \"required\" or a named function",
-              "tool_choice")
-
-
 def prompt_of(prompt: Any) -> str:
     """A completion request's prompt: a string, or a list of one."""
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -247,10 +214,14 @@ def prompt_of(prompt: Any) -> str:
     return prompt
 
 
-def messages_of(given: Any) -> list[dict[str, str]]:
+def messages_of(given: Any, own_format: bool = False) -> list[dict[str, str]]:
+    """The conversation as CHAT renders it, each message a chat role and its text: an
+    assistant message's `tool_calls` follow its text as the model writes calls, and a `tool`
+    message (a call's result) is a user turn (serve/openai_tools.py)."""
     if not isinstance(given, list) or not given:
         raise bad("messages: required, a non-empty list", "messages")
     messages = []
+    names: dict[str, str] = {}  # the calls made so far: their function names by id
     for k, message in enumerate(given):
         where = f"messages[{k}]"
         if not isinstance(message, dict):
@@ -259,8 +230,18 @@ def messages_of(given: Any) -> list[dict[str, str]]:
         if role not in ROLES:
             raise bad(f"{where}.role: must be one of {', '.join(ROLES)} (got "
                       f"{json.dumps(role)[:40]})", f"{where}.role")
-        messages.append({"role": ROLES[role],
-                         "content": content_of(message.get("content"), f"{where}.content")})
+        calls = role == "assistant" and message.get("tool_calls") not in (None, [])
+        if (calls or role == "tool") and own_format:
+            raise bad(f"{where}: " + OWN_FORMAT.format(what="earlier calls and their results"),
+                      where)
+        content = message.get("content")
+        text = "" if content is None and calls else content_of(content, f"{where}.content")
+        if calls:
+            text = "\n".join(part for part in (text, assistant_calls(message, where)) if part)
+            names.update(call_names(message))
+        elif role == "tool":
+            text = tool_result(message, text, names, where)
+        messages.append({"role": ROLES[role], "content": text})
     return messages
 
 
@@ -385,30 +366,3 @@ def _response_format(value: Any) -> dict[str, Any]:
         return {"kind": "json", "schema": schema}
     raise bad("response_format.type: must be text, json_object or json_schema",
               "response_format")
-
-
-class OpenAIError(ApiError):
-    """An ApiError that names the request's field it is about (OpenAI's `param`)."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None) -> None:
-        super().__init__(status, code, message)
-        self.param = param
-
-
-def bad(message: str, param: str | None = None) -> OpenAIError:
-    return OpenAIError(400, "invalid_request_error", message, param)
-
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "invalid_request_error",
-               408: "invalid_request_error", 413: "invalid_request_error",
-               415: "invalid_request_error", 422: "invalid_request_error",
-               429: "rate_limit_error"}
-
-
-def openai_error(error: ApiError) -> dict[str, Any]:
-    """`error` in OpenAI's shape; `code` is qrun's stable code (docs/serve.md §4)."""
-    return {"error": {"message": error.message,
-                      "type": ERROR_TYPES.get(error.status, "server_error"),
-                      "param": error.param if isinstance(error, OpenAIError) else None,
-                      "code": error.code}}

@@ -170,20 +170,27 @@ def test_the_async_client(url: str, model: str) -> None:
      openai.BadRequestError, "response_format", "invalid_constraint"),
     ({"extra_body": {"guided_regex": "(a"}}, openai.BadRequestError, "guided_regex",
      "invalid_constraint"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-     openai.BadRequestError, "tool_choice", "invalid_request_error"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}},
      openai.BadRequestError, "tool_choice", "invalid_request_error"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "frob"}}}}}]},
+     openai.BadRequestError, "tools", "invalid_constraint"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-      "tool_choice": "required", "stream": True},
-     openai.BadRequestError, "stream", "invalid_request_error"),
+      "response_format": {"type": "json_object"}},
+     openai.BadRequestError, "response_format", "invalid_request_error"),
     ({"stream_options": {"include_usage": "yes"}}, openai.BadRequestError, "stream_options",
      "invalid_request_error"),
     ({"n": 0}, openai.BadRequestError, "n", "invalid_request_error"),
     ({"n": 17}, openai.BadRequestError, "n", "invalid_request_error"),
     ({"n": 2, "stream": True}, openai.BadRequestError, "n", "invalid_request_error"),
     ({"messages": [{"role": "tool", "content": "x"}]}, openai.BadRequestError,
+     "messages[0].tool_call_id", "invalid_request_error"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+     openai.BadRequestError, "messages[0].tool_calls[0].function.arguments",
+     "invalid_request_error"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, openai.BadRequestError,
      "messages[0].role", "invalid_request_error"),
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["a"]}}, openai.BadRequestError,
      "guided_choice", "invalid_request_error"),
@@ -279,6 +286,96 @@ def test_tool_calls_are_valid_under_their_tools_parameters(
         assert call.function.name in names  # type: ignore[union-attr]
         jsonschema.validate(json.loads(call.function.arguments),  # type: ignore[union-attr]
                             parameters[call.function.name])  # type: ignore[union-attr]
+
+
+def brace(tiny: TransformersBackend) -> str:
+    """The tiny model's token for `{`, as logit_bias keys name it."""
+    (token,) = tiny.encode("{")
+    return str(token)
+
+
+def call_first(tiny: TransformersBackend) -> dict[str, int]:
+    """A logit_bias that makes the tiny model open a call: the assistant turn's "\n" is
+    healed, so the first token must hold it, and "\n{" is two tokens."""
+    (newline,) = tiny.encode("\n")
+    return {brace(tiny): 100, str(newline): 50}
+
+
+def test_tool_choice_auto_is_the_models_choice_of_text_or_a_valid_call(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    # The tiny model's choice is noise: logit_bias steers it each way; either way the answer
+    # is whole (a call valid under its tool, or text).
+    base: dict[str, Any] = {"model": model, "messages": MESSAGES, "tools": TOOLS,
+                            "max_tokens": 40, "temperature": 0}
+    call = client.chat.completions.create(**base, logit_bias=call_first(tiny))
+    (option,) = call.choices
+    (made,) = option.message.tool_calls or []
+    assert option.finish_reason == "tool_calls" and option.message.content is None
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    jsonschema.validate(json.loads(made.function.arguments),  # type: ignore[union-attr]
+                        parameters[made.function.name])  # type: ignore[union-attr]
+    text = client.chat.completions.create(**base, tool_choice="auto",
+                                          logit_bias={brace(tiny): -100})
+    assert not text.choices[0].message.tool_calls
+    assert isinstance(text.choices[0].message.content, str) and text.choices[0].message.content
+    assert text.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_a_streamed_tool_call_is_one_delta_the_sdk_reads(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend, choice: str) -> None:
+    stream = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=choice,  # type: ignore[arg-type]
+        max_tokens=40, temperature=0, stream=True, logit_bias=call_first(tiny))
+    calls, content, finish = [], "", None
+    for chunk in stream:
+        for option in chunk.choices:
+            calls += option.delta.tool_calls or []
+            content += option.delta.content or ""
+            finish = option.finish_reason or finish
+    (call,) = calls
+    assert finish == "tool_calls" and content == "" and call.index == 0
+    assert call.function is not None and call.function.name in ("get_weather", "add")
+    assert isinstance(json.loads(call.function.arguments or ""), dict)
+
+
+def test_a_conversation_with_calls_and_their_results(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    conversation: list[Any] = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, rain"}]
+    answer = client.chat.completions.create(model=model, messages=conversation, tools=TOOLS,
+                                            tool_choice="none", max_tokens=4, temperature=0)
+    # What the model read: the call as it writes calls, the result as a user turn.
+    run = qrun.Query(CHAT).run(model=tiny, messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+        {"role": "user", "content": "Result of get_weather: 12 C, rain"}],
+        kind="text", limit=4, stop=None, count=1, tools=TOOLS, calls=None, schema=None,
+        pattern=None, grammar=None, choices=None, temperature=0)
+    assert answer.usage is not None and answer.usage.prompt_tokens == run.holes["content"].start
+    assert answer.choices[0].message.content == run["content"]
+
+
+def test_a_model_with_its_own_call_format_refuses_what_it_cannot_render() -> None:
+    # Its calls are written around control tokens a request's text must never spell.
+    from qrun.serve.openai_errors import OpenAIError
+    from qrun.serve.openai_protocol import chat_call
+
+    tools = {"tools": TOOLS}
+    with pytest.raises(OpenAIError) as auto:
+        chat_call({"model": "m", "messages": MESSAGES, **tools}, "m", own_format=True)
+    assert auto.value.param == "tool_choice" and "format of its own" in auto.value.message
+    assert chat_call({"model": "m", "messages": MESSAGES, "tool_choice": "required", **tools},
+                     "m", own_format=True).inputs["kind"] == "tool"
+    with pytest.raises(OpenAIError) as result:
+        chat_call({"model": "m", "messages": [*MESSAGES, {"role": "tool", "content": "1",
+                                                          "tool_call_id": "c"}]},
+                  "m", own_format=True)
+    assert result.value.param == "messages[2]"
 
 
 def test_tool_choice_none_answers_text_with_the_tools_in_the_prompt(
@@ -438,6 +535,33 @@ def test_langchains_chat_openai_with_structured_output(url: str, model: str) -> 
     reply = chat.invoke("Say hi.")
     assert isinstance(reply.content, str)
     assert reply.usage_metadata is not None and reply.usage_metadata["output_tokens"] >= 1
+
+
+def test_langchains_tool_loop(url: str, model: str, tiny: TransformersBackend) -> None:
+    # bind_tools leaves tool_choice to the model ("auto"), then the call's result goes back
+    # as a ToolMessage: LangChain's agent loop, one round, through the SDK.
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    chat = ChatOpenAI(model=model, base_url=f"{url}/v1", api_key=KEY,  # type: ignore[arg-type]
+                      max_retries=0, temperature=0, max_completion_tokens=40,
+                      logit_bias=call_first(tiny)).bind_tools([add])
+    question = HumanMessage("What is 2 + 3?")
+    asked = chat.invoke([question])
+    (call,) = asked.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "add" and set(call["args"]) == {"a", "b"}
+    result = ToolMessage(str(add.invoke(call["args"])), tool_call_id=call["id"])
+    answered = ChatOpenAI(model=model, base_url=f"{url}/v1", api_key=KEY,  # type: ignore[arg-type]
+                          max_retries=0, temperature=0, max_completion_tokens=5
+                          ).bind_tools([add], tool_choice="none").invoke(
+                              [question, asked, result])
+    assert isinstance(answered.content, str) and not answered.tool_calls  # type: ignore[attr-defined]
 
 
 def test_text_completions_with_a_constraint_a_stream_and_n(

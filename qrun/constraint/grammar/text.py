@@ -169,7 +169,13 @@ FLEXIBLE = JsonFormat(whitespace_flexible=True)
 def json_grammar(schema: Any, fmt: JsonFormat = FIXED) -> str:
     """The Lark text of JSON valid against `schema` (a dict or a bool), rewritten
     (rewrite.py). Check it with `check_schema` first for a located error."""
-    return f"{HEADER}start: %json {_schema_text(schema, fmt)}\n"
+    return f"{HEADER}start: {json_rule(schema, fmt)}\n"
+
+
+def json_rule(schema: Any, fmt: JsonFormat = FIXED) -> str:
+    """The body of a Lark rule matching JSON valid against `schema` as a json= hole reads it
+    (rewritten, `fmt`'s layout): `%json {...}`, for a grammar that puts it beside others."""
+    return f"%json {_schema_text(schema, fmt)}"
 
 
 def lark_grammar(text: str) -> str:
