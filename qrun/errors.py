@@ -151,8 +151,9 @@ class GenerationError(PositionedError):
 
 
 class ContextTooLong(GenerationError):
-    """The text before a hole (the template's with its inputs) is longer than the model's
-    context: the request's size, not a failure of the run (qrun serve answers it 422)."""
+    """The text before a hole (the template's with its inputs), or that text and the hole's
+    tokens, are longer than the model's context: the request's size and its max_tokens, not a
+    failure of the run (qrun serve answers it 422)."""
 
 
 class EvaluationError(PositionedError):

@@ -370,7 +370,10 @@ class Run:
         self.filling = op.name if top else None
         try:
             yield
-        except (HoleFailure, BackendError, ContextFull, GrammarError) as exc:
+        except ContextFull as exc:  # the hole ran out of room: its max_tokens did not fit
+            raise ContextTooLong(f"{exc}: hole '{op.name}' filled the rest of the context",
+                                 op.span, self.source) from None
+        except (HoleFailure, BackendError, GrammarError) as exc:
             raise GenerationError(str(exc), op.span, self.source) from None
         finally:
             self.filling = None

@@ -177,6 +177,9 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
     if error.code in ("template_error", "evaluation_error"):
         field = "tools" if call.inputs.get("tools") is not None else call.constraint_field
         return OpenAIError(400, "invalid_constraint", error.message, field)
+    if error.code == "context_too_long":  # OpenAI's code for it, and its param
+        return OpenAIError(400, "context_length_exceeded", f"{error.message} (the messages "
+                           "and max_tokens must fit the model's context)", "messages")
     if error.code == "input_error":  # a run option only the model can check (logit_bias ids)
         named = next((key for key in SAMPLING_OPTIONS if error.message.startswith(key + " ")),
                      None)

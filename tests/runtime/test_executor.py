@@ -268,6 +268,20 @@ def test_a_context_longer_than_the_model_takes_fails_before_any_forward(
     assert isinstance(results[1], qrun.GenerationError)
 
 
+def test_a_hole_that_fills_the_context_is_context_too_long_at_the_hole(
+    tiny: TransformersBackend,
+) -> None:
+    # The prompt fits; the hole's max_tokens do not, and the model does not stop: the
+    # request's size again (a server's 422), at the hole, not a failure of the run.
+    no_eos = {t: -100 for t in tiny.eos_token_ids}
+    with pytest.raises(qrun.GenerationError) as info:
+        qrun.Query("Read: {{ doc }}\nAnswer: {{ gen a max_tokens=200 }}").run(
+            model=tiny, doc="word " * 4050, logit_bias=no_eos)
+    assert type(info.value).__name__ == "ContextTooLong"
+    assert "hole 'a' filled the rest of the context" in info.value.message
+    assert (info.value.span.line, info.value.span.column) == (2, 9)
+
+
 def test_generation_stops_at_the_models_maximum(tiny: TransformersBackend) -> None:
     # A hole that would run past the maximum fails at the hole.
     prompt = "word " * 4090

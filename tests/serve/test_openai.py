@@ -609,3 +609,18 @@ def test_what_text_completions_refuse(client: openai.OpenAI, model: str,
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(**given)
     assert caught.value.body["param"] == param  # type: ignore[attr-defined]
+
+
+def test_an_answer_that_fills_the_context_is_openais_context_length_error(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    # The messages leave the tiny model (4,096 positions) a few dozen tokens; max_tokens asks
+    # for more and the model does not stop: a 400 as OpenAI's, not a server error.
+    assert tiny.max_context == 4096
+    long = [{"role": "user", "content": "word " * 4040}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model, messages=long,  # type: ignore[arg-type]
+                                       max_tokens=200, temperature=0,
+                                       logit_bias={str(t): -100 for t in tiny.eos_token_ids})
+    body = caught.value.body  # type: ignore[attr-defined]
+    assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
+    assert "filled the rest of the context" in body["message"]
