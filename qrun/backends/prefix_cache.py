@@ -4,12 +4,16 @@ pay for their shared prefix once, and an identical run costs no forward at all.
 
 Design after genlm's TokenTrie / LLaMPPL's logprob cache and SGLang's radix cache, reduced to
 what a session needs: `lookup` finds the deepest snapshot on a run's token ids and the logits
-after exactly those ids; `insert` records them after a forward."""
+after exactly those ids; `insert` records them after a forward. As in SGLang's radix cache, a
+run shares with an earlier one every token they have in common, not only those before a
+snapshot: where the earlier run's snapshot lies past the point the two part, it is forked and
+cropped to that point (a chat request's instruction and a question in one message are one
+stretch, with no snapshot between them)."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +22,10 @@ import numpy.typing as npt
 
 from qrun.backends.kv_cache import KVCache
 from qrun.options import DEFAULT_CACHE_MB
+
+SEARCH_NODES = 4096
+"""How many nodes a lookup looks at below the point a run parts from the cached tokens, for a
+snapshot to crop (prefix_cache.py PrefixCache._snapshot_below)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -114,10 +122,31 @@ class PrefixCache:
                 for kind in ("kv", "logits"):
                     if (n, kind) in self._lru:
                         self._lru.move_to_end((n, kind))
+            if path and node.depth > max(after, best.depth if best is not None else 0):
+                below = self._snapshot_below(node)
+                if below is not None and below.kv is not None:
+                    self._lru.move_to_end((below, "kv"))
+                    cropped = below.kv.fork()
+                    cropped.crop(node.depth)  # its first positions are these tokens' own
+                    return Hit(cropped, node.depth, logits)
             if logits is None and best is None:
                 return Hit(None, 0, None)
             kv = best.kv.fork() if best is not None and best.kv is not None else None
             return Hit(kv, best.depth if best is not None else 0, logits)
+
+    def _snapshot_below(self, node: _Node) -> _Node | None:
+        """The nearest node under `node` holding a KV snapshot, breadth first, looking at
+        SEARCH_NODES nodes at most (a snapshot lies at the end of each forward, so one is
+        rarely far)."""
+        queue = deque(node.children.values())
+        for _ in range(SEARCH_NODES):
+            if not queue:
+                return None
+            child = queue.popleft()
+            if child.kv is not None:
+                return child
+            queue.extend(child.children.values())
+        return None
 
     def insert(
         self, token_ids: Sequence[int], kv: KVCache | None, logits: npt.NDArray[np.float32] | None

@@ -304,6 +304,19 @@ def test_the_prefix_cache_serves_the_shared_prefix_and_changes_nothing(
     assert cold_second.text == second.text
 
 
+def test_a_prefix_shared_inside_one_input_is_a_cropped_sequence(llama: LlamaCppBackend) -> None:
+    # The earlier run's snapshot lies past the point where the inputs part: its sequence is
+    # copied and cut there (seq_cp, seq_rm), and the answer is a cold run's.
+    query = qrun.Query("User: {{ message }}\nA:{{ gen a max_tokens=4 }}")
+    facts = "Facts about the river town of Emberwick. " * 6
+    llama.clear_cache()
+    query.run(model=llama, message=facts + "Who founded it?")
+    later = query.run(model=llama, message=facts + "How big is it?")
+    assert later.stats.cached_tokens >= len(ids_of(llama, "User: " + facts)) - 1
+    llama.clear_cache()
+    assert query.run(model=llama, message=facts + "How big is it?").text == later.text
+
+
 def test_speculation_checks_guesses_in_the_same_forward(llama: LlamaCppBackend) -> None:
     text = "one two three four five six seven eight nine ten. " * 3
     r = qrun.Query(text + "{{ gen again max_tokens=20 }}").run(model=llama)

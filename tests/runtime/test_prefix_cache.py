@@ -114,3 +114,60 @@ def test_a_document_shared_by_runs_is_computed_once(tiny: TransformersBackend) -
     query.run(model=backend, doc=doc, q="When was it built?")
     later = query.run(model=backend, doc=doc, q="Where is it?")
     assert later.stats.cached_tokens >= len(tiny.encode(f"Doc: {doc}\nQ:"))
+
+
+def test_a_prefix_shared_inside_one_stretch_is_computed_once(tiny: TransformersBackend) -> None:
+    # A chat request's instruction and its question are one message, one stretch: no
+    # snapshot lies between them. The earlier run's snapshot past the point where the two
+    # part is cropped to it (a radix cache's sharing), and the answers are a fresh run's.
+    backend = cached(tiny)
+    query = qrun.Query("User: {{ message }}\nA:{{ gen a max_tokens=3 }}")
+    instruction = "Extract the person described here as JSON with name, age and city. "
+    first = instruction + "Kofi is a 25-year-old baker who lives in Lagos."
+    second = instruction + "Mei is a 31-year-old nurse who lives in Taipei."
+    query.run(model=backend, message=first)
+    later = query.run(model=backend, message=second)
+    fresh = query.run(model=tiny, message=second)
+    shared = 0
+    for a, b in zip(tiny.encode(f"User: {first}"), tiny.encode(f"User: {second}"), strict=False):
+        if a != b:
+            break
+        shared += 1
+    assert shared >= 14
+    assert later.stats.cached_tokens == shared
+    assert later.text == fresh.text
+    assert later.stats.forward_tokens == fresh.stats.forward_tokens - shared
+
+
+class _Snapshot:
+    """A KV cache that only knows its length (what lookup forks and crops)."""
+
+    def __init__(self, positions: int) -> None:
+        self.positions = positions
+
+    def length(self) -> int:
+        return self.positions
+
+    def crop(self, length: int) -> None:
+        assert length <= self.positions
+        self.positions = length
+
+    def fork(self) -> _Snapshot:
+        return _Snapshot(self.positions)
+
+    def storages(self) -> list[tuple[int, int]]:
+        return [(id(self), 8 * self.positions)]
+
+
+def test_lookup_crops_the_nearest_snapshot_past_the_parting_point() -> None:
+    cache = PrefixCache(1 << 20)
+    held = _Snapshot(6)
+    cache.insert([1, 2, 3, 4, 5, 6], held, None)  # type: ignore[arg-type]
+    hit = cache.lookup([1, 2, 3, 9, 9], after=0)
+    assert hit.kv_length == 3 and hit.kv is not None and hit.kv.length() == 3
+    assert held.positions == 6  # the cached snapshot itself is untouched
+    assert cache.lookup([1, 2, 3, 9], after=3).kv is None  # nothing past what is fed
+    assert cache.lookup([7, 8], after=0).kv is None  # nothing in common
+    # An on-path snapshot as deep as the parting point is taken as it is.
+    cache.insert([1, 2, 3], _Snapshot(3), None)  # type: ignore[arg-type]
+    assert cache.lookup([1, 2, 3, 9], after=0).kv_length == 3
