@@ -74,14 +74,18 @@ def _min_p(value: Any) -> str | None:
     return None if is_number(value) and 0 <= value <= 1 else "a number in [0, 1]"
 
 
-LOGIT_BIAS_WANTED = "a mapping of token ids (integers >= 0) to numbers in [-100, 100]"
+MAX_LOGIT_BIAS = 1024
+"""The most tokens a logit_bias names: each is added to the logits at every step (vLLM takes
+any number; a mask is the way to allow or forbid many tokens)."""
+LOGIT_BIAS_WANTED = (f"a mapping of at most {MAX_LOGIT_BIAS} token ids (integers >= 0) to "
+                     "numbers in [-100, 100]")
 
 
 def logit_bias_items(value: Any) -> tuple[tuple[int, float], ...] | None:
     """A logit_bias mapping as sorted (token id, bias) pairs, or None when it is not one: keys
     are token ids as integers or as their decimal strings (JSON's keys, as OpenAI sends them),
     values numbers in [-100, 100] (OpenAI's range)."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, Mapping) or len(value) > MAX_LOGIT_BIAS:
         return None
     items = []
     for key, bias in value.items():

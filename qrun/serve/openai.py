@@ -218,8 +218,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
 
     async def produce() -> AsyncIterator[str]:
         try:
-            if not call.legacy:
-                yield chunk({"role": "assistant", "content": ""})
+            if not call.legacy:  # a call's answer has no content (null), as OpenAI's
+                yield chunk({"role": "assistant", "content": None if kind == "tool" else ""})
             while True:
                 try:
                     event, data = await unless_abandoned(

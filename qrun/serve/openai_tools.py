@@ -75,10 +75,16 @@ def auto_grammar(tools: list[Any]) -> str:
     """
     try:
         lower("tools", tools, CALL_FORMAT)
-        return text_or_call_grammar(read_tools(tools), CALL_FORMAT)
+        grammar = text_or_call_grammar(read_tools(tools), CALL_FORMAT)
     except (LoweringError, ToolsError) as error:
         message = error.message if isinstance(error, LoweringError) else str(error)
         raise OpenAIError(400, "invalid_constraint", f"tools: {message}", "tools") from None
+    try:  # the whole grammar has bounds of its own (a thousand tools pass one by one)
+        lower("grammar", grammar)
+    except LoweringError as error:
+        raise OpenAIError(400, "invalid_constraint", "tools: as tool_choice \"auto\"'s grammar "
+                          f"(text, or a call to one of them): {error.message}", "tools") from None
+    return grammar
 
 
 def answer_of(text: str) -> tuple[str | None, dict[str, Any] | None]:

@@ -183,7 +183,8 @@ def test_a_negative_temperature_is_a_usage_error_before_any_work(
     bad_options: list[dict[str, Any]] = [
         {"temperature": -0.01}, {"top_p": 0}, {"max_tokens": 0}, {"top_k": -1}, {"seed": 1.5},
         {"temperature": float("nan")}, {"frequency_penalty": -3}, {"min_p": -0.1},
-        {"repetition_penalty": 0}, {"logit_bias": {-1: 5}}, {"logit_bias": [1, 2]}]
+        {"repetition_penalty": 0}, {"logit_bias": {-1: 5}}, {"logit_bias": [1, 2]},
+        {"logit_bias": dict.fromkeys(range(1025), 1)}]
     for bad in bad_options:
         with pytest.raises(UsageError, match=next(iter(bad))):
             query.run(model=tiny, **bad)

@@ -327,12 +327,15 @@ def test_a_streamed_tool_call_is_one_delta_the_sdk_reads(
     stream = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice=choice,  # type: ignore[arg-type]
         max_tokens=40, temperature=0, stream=True, logit_bias=call_first(tiny))
-    calls, content, finish = [], "", None
+    calls, content, finish, contents = [], "", None, []
     for chunk in stream:
         for option in chunk.choices:
             calls += option.delta.tool_calls or []
             content += option.delta.content or ""
+            contents.append(option.delta.content)
             finish = option.finish_reason or finish
+    # The role chunk: a call's answer has no content (null) where it is sure to be a call.
+    assert contents[0] == (None if choice == "required" else "")
     (call,) = calls
     assert finish == "tool_calls" and content == "" and call.index == 0
     assert call.function is not None and call.function.name in ("get_weather", "add")
@@ -624,3 +627,17 @@ def test_an_answer_that_fills_the_context_is_openais_context_length_error(
     body = caught.value.body  # type: ignore[attr-defined]
     assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
     assert "filled the rest of the context" in body["message"]
+
+
+def test_auto_over_too_many_tools_names_the_tools_not_a_grammar() -> None:
+    # Each tool passes alone; the grammar of text or a call to any of a thousand does not.
+    from qrun.serve.openai_errors import OpenAIError
+    from qrun.serve.openai_tools import auto_grammar
+
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {}}}
+             for i in range(1000)]
+    with pytest.raises(OpenAIError) as caught:
+        auto_grammar(tools)
+    assert caught.value.param == "tools" and caught.value.code == "invalid_constraint"
+    assert caught.value.message.startswith('tools: as tool_choice "auto"\'s grammar')
+    assert "100,000" in caught.value.message
