@@ -220,6 +220,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
         try:
             if not call.legacy:  # a call's answer has no content (null), as OpenAI's
                 yield chunk({"role": "assistant", "content": None if kind == "tool" else ""})
+            elif call.echo:
+                yield chunk({"content": call.inputs["prompt"]})
             while True:
                 try:
                     event, data = await unless_abandoned(
@@ -264,15 +266,19 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
     tokens."""
     holes = (result.hole_lists["content"] if call.inputs["count"] > 1
              else [result.holes["content"]])
-    choices, completion_tokens = [], 0
+    # The first tokens may only re-produce prompt text that healing took back. Every branch
+    # run counts (best_of's too, as OpenAI's).
+    completion_tokens = sum(len(h.token_ids) - getattr(h, "prefix_tokens", 0) for h in holes)
+    prompt_tokens = holes[0].start
+    if len(holes) > call.n:  # best_of: the n likeliest, by the sum of their log-probabilities
+        holes = sorted(holes, key=_likelihood, reverse=True)[:call.n]
+    choices = []
     for index, hole in enumerate(holes):
-        # The first tokens may only re-produce prompt text that healing took back.
-        completion_tokens += len(hole.token_ids) - getattr(hole, "prefix_tokens", 0)
         choice: dict[str, Any] = {
             "index": index, "logprobs": None,
             "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
         if call.legacy:
-            choice["text"] = hole.text
+            choice["text"] = (call.inputs["prompt"] if call.echo else "") + hole.text
             if call.logprobs is not None:
                 choice["logprobs"] = _legacy_logprobs(
                     token_logprobs(result, hole, call.logprobs))
@@ -291,10 +297,15 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
         else:
             choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         choices.append(choice)
-    prompt_tokens = holes[0].start
     return {**_header(request_id, call.model,
                       "text_completion" if call.legacy else "chat.completion"),
             "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _likelihood(hole: Any) -> float:
+    """The log-probability of a hole's value: its sampled tokens' (a forced token's is NaN: it
+    had no alternative)."""
+    return float(sum(p for p in hole.logprobs if p is not None and p == p))
 
 
 def _header(request_id: str, model: str, kind: str) -> dict[str, Any]:

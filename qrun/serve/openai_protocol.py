@@ -57,15 +57,15 @@ CHAT_KNOWN = frozenset({"model", "messages", *SAMPLING_OPTIONS, "seed", "max_tok
                         "tools", "tool_choice", "logprobs", "top_logprobs",
                         *CONSTRAINT_FIELDS, *IGNORED, *UNSUPPORTED})
 
-LEGACY_UNSUPPORTED = {"echo": "echoed prompts", "suffix": "suffixes", "best_of": "best_of"}
+LEGACY_UNSUPPORTED = {"suffix": "suffixes (text to insert before)"}
 """What /v1/completions adds to UNSUPPORTED, with the value of each that asks for nothing."""
-LEGACY_NEUTRAL = {"echo": False, "suffix": "", "best_of": 1}
+LEGACY_NEUTRAL = {"suffix": ""}
 
 LEGACY_KNOWN = (CHAT_KNOWN - {"messages", "max_completion_tokens", "top_logprobs",
                               "tools", "tool_choice", "functions", "function_call", "audio",
                               "response_format", "parallel_tool_calls", "modalities",
                               "reasoning_effort", "prediction", "web_search_options"}
-                ) | {"prompt"}
+                ) | {"prompt", "echo", "best_of"}
 """The fields /v1/completions reads: a prompt instead of messages, vLLM's constraint fields
 but no response_format (as vLLM's own completions endpoint)."""
 
@@ -82,6 +82,8 @@ class ChatCall:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     logprobs: int | None = None  # how many alternatives each answer token lists, if any
     legacy: bool = False  # POST /v1/completions: a prompt in, text_completion objects out
+    echo: bool = False  # /v1/completions' echo: each choice's text is the prompt, then its own
+    n: int = 1  # the choices answered: the likeliest n of the count run (best_of), else all
 
 
 def neutral(key: str, value: Any) -> bool:
@@ -136,9 +138,10 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
         raise bad(f"n: must be an integer from 1 to {MAX_N}", "n")
     if n > 1 and body.get("stream"):
         raise bad("n: streaming several choices is not supported by qrun serve yet", "n")
+    echo, best_of = (legacy_extras(body, n) if legacy else (False, n))
     given = {"prompt": prompt_of(body.get("prompt"))} if legacy else {
         "messages": messages_of(body.get("messages"), own_format)}
-    inputs: dict[str, Any] = {**given, "count": n,
+    inputs: dict[str, Any] = {**given, "count": best_of,
                               "limit": max_tokens_of(body), "stop": stop_of(body.get("stop")),
                               "schema": None, "pattern": None, "grammar": None,
                               "choices": None, "kind": "text", "tools": None, "calls": None}
@@ -151,7 +154,10 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
                 raise bad(f"{field} and a tool call: give one (tool_choice \"none\" answers "
                           "under the constraint)", field)
             inputs.update(tools)
-    logprobs = legacy_logprobs_of(body, n) if legacy else logprobs_of(body, n)
+    logprobs = legacy_logprobs_of(body, best_of) if legacy else logprobs_of(body, n)
+    if echo and logprobs is not None:
+        raise bad("echo: with logprobs, not supported by qrun serve yet (the prompt's tokens "
+                  "are fed, not sampled: no log-probabilities are kept for them)", "echo")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad("stream: must be true or false", "stream")
@@ -169,7 +175,24 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
     if logprobs is not None:  # the trace keeps each sampled token's alternatives
         sampling = RunOptions(trace=True).over(sampling)
     return ChatCall(model, inputs, sampling, field, stream,
-                    bool(options.get("include_usage")), legacy=legacy, logprobs=logprobs)
+                    bool(options.get("include_usage")), legacy=legacy, logprobs=logprobs,
+                    echo=echo, n=n)
+
+
+def legacy_extras(body: Mapping[str, Any], n: int) -> tuple[bool, int]:
+    """/v1/completions' `echo` (true or false) and `best_of` (n to MAX_N, n by default; not
+    streamed, as OpenAI's)."""
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise bad("echo: must be true or false", "echo")
+    best_of = n if body.get("best_of") is None else body["best_of"]
+    if isinstance(best_of, bool) or not isinstance(best_of, int) \
+            or not n <= best_of <= MAX_N:
+        raise bad(f"best_of: must be an integer from n ({n}) to {MAX_N}", "best_of")
+    if best_of > n and body.get("stream"):
+        raise bad("best_of: not with stream (the best answers are known only at the end)",
+                  "best_of")
+    return bool(echo), best_of
 
 
 def legacy_logprobs_of(body: Mapping[str, Any], n: int) -> int | None:

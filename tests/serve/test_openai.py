@@ -20,7 +20,7 @@ import regex
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.serve import app
-from qrun.serve.openai import CHAT
+from qrun.serve.openai import CHAT, COMPLETE
 from tests.serve.serving import serving
 
 TEMPLATE = "Say hi: {{ gen hi max_tokens=4 }}"
@@ -586,6 +586,33 @@ def test_text_completions_with_a_constraint_a_stream_and_n(
     assert [c.text in (" one", " two") for c in several.choices] == [True, True]
 
 
+def test_echo_and_best_of(client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    prompt = "Colors: red, green,"
+    echoed = client.completions.create(model=model, prompt=prompt, max_tokens=4,
+                                       temperature=0, echo=True)
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    streamed = client.completions.create(model=model, prompt=prompt, max_tokens=4,
+                                         temperature=0, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == echoed.choices[0].text
+    # best_of: five branches run and counted, the likeliest answered; with logprobs the
+    # choice's own sum is the largest of the five (each run alone, seeded as its branch).
+    best = client.completions.create(model=model, prompt=prompt, max_tokens=4, seed=7,
+                                     best_of=5, temperature=1.0)
+    every = client.completions.create(model=model, prompt=prompt, max_tokens=4, seed=7, n=5,
+                                      temperature=1.0)
+    assert len(best.choices) == 1 and best.usage is not None and every.usage is not None
+    assert best.usage.completion_tokens == every.usage.completion_tokens
+    texts = [c.text for c in every.choices]
+    assert best.choices[0].text in texts
+    run = qrun.Query(COMPLETE).run(model=tiny, prompt=prompt, kind="text", limit=4, stop=None,
+                                   count=5, tools=None, calls=None, schema=None, pattern=None,
+                                   grammar=None, choices=None, temperature=1.0, seed=7)
+    sums = [sum(run.hole_lists["content"][k].logprobs) for k in range(5)]
+    assert [h.text for h in run.hole_lists["content"]] == texts
+    assert best.choices[0].text == texts[sums.index(max(sums))]
+
+
 def test_text_completion_logprobs_in_their_columns(client: openai.OpenAI, model: str) -> None:
     answer = client.completions.create(model=model, prompt="Colors: red, green,",
                                        max_tokens=5, seed=4, logprobs=2)
@@ -601,7 +628,9 @@ def test_text_completion_logprobs_in_their_columns(client: openai.OpenAI, model:
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"echo": True}, "echo"), ({"logprobs": 6}, "logprobs"), ({"best_of": 3}, "best_of"),
+    ({"echo": True, "logprobs": 1}, "echo"), ({"logprobs": 6}, "logprobs"),
+    ({"best_of": 17}, "best_of"), ({"best_of": 2, "n": 3}, "best_of"),
+    ({"best_of": 2, "stream": True}, "best_of"), ({"echo": "yes"}, "echo"),
     ({"logprobs": 2, "n": 2}, "logprobs"), ({"logprobs": True}, "logprobs"),
     ({"suffix": "end"}, "suffix"), ({"prompt": [1, 2, 3]}, "prompt"),
     ({"extra_body": {"response_format": {"type": "json_object"}}}, "response_format"),
