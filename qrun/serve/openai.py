@@ -190,7 +190,8 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
 def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) -> Response:
     """Server-sent events in OpenAI's chunk format: the role, the answer's text as the model
     writes it (stop strings held back until they cannot be one), the finish reason, the usage
-    (with stream_options.include_usage), `[DONE]`. A tool call is sent whole, in one
+    (with stream_options.include_usage), `[DONE]`. With n > 1 each choice's text comes whole
+    when the run ends (branches are not told as they are written). A tool call is sent whole, in one
     `tool_calls` delta once it is written (under "auto", an answer that begins with `{` is a
     call: serve/openai_tools.py). A failure once the stream has begun is an `error` event
     (the SDK raises it)."""
@@ -205,12 +206,12 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     base = _header(request_id, call.model,
                    "text_completion" if call.legacy else "chat.completion.chunk")
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> str:
         if call.legacy:
-            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+            choice = {"index": index, "text": delta.get("content") or "", "logprobs": None,
                       "finish_reason": finish}
         else:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _event({**base, "choices": [choice]})
 
     kind = call.inputs["kind"]
@@ -220,7 +221,7 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
         try:
             if not call.legacy:  # a call's answer has no content (null), as OpenAI's
                 yield chunk({"role": "assistant", "content": None if kind == "tool" else ""})
-            elif call.echo:
+            elif call.echo and call.n == 1:  # with n > 1 each choice comes whole, echoed
                 yield chunk({"content": call.inputs["prompt"]})
             while True:
                 try:
@@ -240,10 +241,17 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                     yield _event(openai_error(_as_client_error(error, call)))
                     return
                 answer = completion(data.result(), call, request_id)
-                calls = answer["choices"][0].get("message", {}).get("tool_calls")
-                if calls:
-                    yield chunk({"tool_calls": [{"index": 0, **calls[0]}]})
-                yield chunk({}, answer["choices"][0]["finish_reason"])
+                for index, choice in enumerate(answer["choices"]):
+                    if call.n > 1:  # branches are not told as they are written: whole now
+                        text = choice["text"] if call.legacy else choice["message"]["content"]
+                        if index > 0 and not call.legacy:
+                            yield chunk({"role": "assistant", "content": ""}, index=index)
+                        if text:
+                            yield chunk({"content": text}, index=index)
+                    calls = choice.get("message", {}).get("tool_calls")
+                    if calls:
+                        yield chunk({"tool_calls": [{"index": 0, **calls[0]}]}, index=index)
+                    yield chunk({}, choice["finish_reason"], index)
                 if call.include_usage:
                     yield _event({**base, "choices": [], "usage": answer["usage"]})
                 yield "data: [DONE]\n\n"

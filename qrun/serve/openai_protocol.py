@@ -136,8 +136,6 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
     n = 1 if body.get("n") is None else body["n"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise bad(f"n: must be an integer from 1 to {MAX_N}", "n")
-    if n > 1 and body.get("stream"):
-        raise bad("n: streaming several choices is not supported by qrun serve yet", "n")
     echo, best_of = (legacy_extras(body, n) if legacy else (False, n))
     given = {"prompt": prompt_of(body.get("prompt"))} if legacy else {
         "messages": messages_of(body.get("messages"), own_format)}

@@ -183,7 +183,6 @@ def test_the_async_client(url: str, model: str) -> None:
      "invalid_request_error"),
     ({"n": 0}, openai.BadRequestError, "n", "invalid_request_error"),
     ({"n": 17}, openai.BadRequestError, "n", "invalid_request_error"),
-    ({"n": 2, "stream": True}, openai.BadRequestError, "n", "invalid_request_error"),
     ({"messages": [{"role": "tool", "content": "x"}]}, openai.BadRequestError,
      "messages[0].tool_call_id", "invalid_request_error"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
@@ -584,6 +583,33 @@ def test_text_completions_with_a_constraint_a_stream_and_n(
     several = client.completions.create(model=model, prompt=prompt, max_tokens=4, n=2,
                                         extra_body={"guided_choice": [" one", " two"]})
     assert [c.text in (" one", " two") for c in several.choices] == [True, True]
+
+
+def test_several_choices_streamed_are_the_same_choices(client: openai.OpenAI,
+                                                       model: str) -> None:
+    # Branches are not told as they are written: each choice comes whole at the end, under
+    # its index, as the unstreamed answer's.
+    base: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 5, "n": 3,
+                            "seed": 11, "temperature": 1.0}
+    whole = client.chat.completions.create(**base)
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**base, stream=True):
+        for option in chunk.choices:
+            texts[option.index] = texts.get(option.index, "") + (option.delta.content or "")
+            if option.finish_reason:
+                finishes[option.index] = option.finish_reason
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    legacy = {"model": model, "prompt": "Colors:", "max_tokens": 3, "n": 2, "seed": 2,
+              "echo": True, "temperature": 1.0}
+    plain = client.completions.create(**legacy)
+    parts: dict[int, str] = {}
+    for chunk in client.completions.create(**legacy, stream=True):
+        for option in chunk.choices:
+            parts[option.index] = parts.get(option.index, "") + option.text
+    assert parts == {c.index: c.text for c in plain.choices}
+    assert all(text.startswith("Colors:") for text in parts.values())
 
 
 def test_echo_and_best_of(client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
