@@ -17,8 +17,12 @@ import argparse
 import collections
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import qrun
+
+if TYPE_CHECKING:
+    from qrun.backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ TASKS = (
 )
 
 
-def measure(task: Task, model: qrun.Backend, draws: int) -> dict[str, object]:
+def measure(task: Task, model: Backend, draws: int) -> dict[str, object]:
     scored = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}").run(
         model=model, opts=list(task.strings))
     conditional = scored.holes["s"].option_probs  # type: ignore[attr-defined]
