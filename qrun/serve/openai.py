@@ -191,7 +191,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     """Server-sent events in OpenAI's chunk format: the role, the answer's text as the model
     writes it (stop strings held back until they cannot be one), the finish reason, the usage
     (with stream_options.include_usage), `[DONE]`. With n > 1 each choice's text comes whole
-    when the run ends (branches are not told as they are written). A tool call is sent whole, in one
+    when the run ends (branches are not told as they are written), and the tokens'
+    log-probabilities come whole with the finish reason. A tool call is sent whole, in one
     `tool_calls` delta once it is written (under "auto", an answer that begins with `{` is a
     call: serve/openai_tools.py). A failure once the stream has begun is an `error` event
     (the SDK raises it)."""
@@ -206,12 +207,14 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     base = _header(request_id, call.model,
                    "text_completion" if call.legacy else "chat.completion.chunk")
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, index: int = 0) -> str:
+    def chunk(delta: dict[str, Any], finish: str | None = None, index: int = 0,
+              logprobs: Any = None) -> str:
         if call.legacy:
-            choice = {"index": index, "text": delta.get("content") or "", "logprobs": None,
+            choice = {"index": index, "text": delta.get("content") or "", "logprobs": logprobs,
                       "finish_reason": finish}
         else:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish}
         return _event({**base, "choices": [choice]})
 
     kind = call.inputs["kind"]
@@ -251,7 +254,9 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                     calls = choice.get("message", {}).get("tool_calls")
                     if calls:
                         yield chunk({"tool_calls": [{"index": 0, **calls[0]}]}, index=index)
-                    yield chunk({}, choice["finish_reason"], index)
+                    # The tokens' log-probabilities come from the run's trace, whole at the
+                    # end, with the finish reason (the SDK joins them to the text's).
+                    yield chunk({}, choice["finish_reason"], index, choice["logprobs"])
                 if call.include_usage:
                     yield _event({**base, "choices": [], "usage": answer["usage"]})
                 yield "data: [DONE]\n\n"

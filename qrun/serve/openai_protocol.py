@@ -215,12 +215,12 @@ def logprobs_of(body: Mapping[str, Any], n: int) -> int | None:
 
 def _alternatives(top: Any, key: str, body: Mapping[str, Any], n: int) -> int:
     """`top`, the request's field `key`, checked as a count of alternatives per token, for a
-    request of one choice, not streamed."""
+    request of one choice (the trace keeps the run's own tokens, not its branches')."""
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= TOP_LOGPROBS:
         raise bad(f"{key}: must be an integer from 0 to {TOP_LOGPROBS} (the alternatives "
                   "qrun keeps per token)", key)
-    if n > 1 or body.get("stream"):
-        raise bad("logprobs: with n > 1 or stream, not supported by qrun serve yet",
+    if n > 1:
+        raise bad("logprobs: with n > 1 (or best_of > 1), not supported by qrun serve yet",
                   "logprobs")
     return top
 

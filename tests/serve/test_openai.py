@@ -417,6 +417,26 @@ def test_logprobs_spell_the_answer_with_the_alternatives_asked_for(
                 token.logprob <= token.top_logprobs[-1].logprob + 1e-6)
 
 
+def test_streamed_logprobs_are_the_whole_answers(client: openai.OpenAI, model: str) -> None:
+    base: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 6, "seed": 2,
+                            "logprobs": True, "top_logprobs": 2}
+    whole = client.chat.completions.create(**base).choices[0].logprobs
+    content: list[Any] = []
+    for chunk in client.chat.completions.create(**base, stream=True):
+        for option in chunk.choices:
+            content += option.logprobs.content or [] if option.logprobs else []
+    assert whole is not None and [t.model_dump() for t in content] == [
+        t.model_dump() for t in whole.content or []]
+    legacy = {"model": model, "prompt": "Colors: red,", "max_tokens": 4, "seed": 3,
+              "logprobs": 1}
+    columns = client.completions.create(**legacy).choices[0].logprobs
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**legacy, stream=True)
+                if c.choices and c.choices[0].logprobs]
+    assert columns is not None and len(streamed) == 1
+    assert streamed[0].tokens == columns.tokens
+    assert streamed[0].token_logprobs == columns.token_logprobs
+
+
 def test_a_stream_is_the_same_answer_in_chunks_with_its_usage_last(
         client: openai.OpenAI, model: str) -> None:
     asked: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 12,
