@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import qrun
 
 if TYPE_CHECKING:
-    from qrun.backends.base import Backend
+    from qrun.backends import Backend
 
 
 @dataclass(frozen=True)

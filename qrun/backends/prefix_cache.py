@@ -43,8 +43,9 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """What the cache holds for a run's token ids: the deepest KV snapshot at or past `after`
-    (`kv` forked for the caller, covering `kv_length` positions) and the logits after all ids."""
+    """What the cache holds for a run's token ids: KV of their longest cached prefix past
+    `after` (`kv` forked for the caller, covering `kv_length` positions) and the logits after
+    all ids."""
 
     kv: KVCache | None
     kv_length: int
@@ -65,7 +66,9 @@ class PrefixCache:
             raise ValueError("cache budget must be ≥ 0 bytes")
         self.budget_bytes = budget_bytes
         self._root = _Node(token=-1, depth=0, parent=None)
-        self._lock = threading.Lock()
+        # Reentrant: a fork under it may make room by evicting (llama.cpp's sequences,
+        # backends/llamacpp.py SequencePrefixCache), which takes it again.
+        self._lock = threading.RLock()
         self._lru: OrderedDict[tuple[_Node, str], None] = OrderedDict()
         self._storages: dict[int, list[int]] = {}  # data_ptr -> [nbytes, refcount]
         self._nbytes = 0
@@ -106,8 +109,11 @@ class PrefixCache:
             return True
 
     def lookup(self, token_ids: Sequence[int], after: int) -> Hit:
-        """The deepest KV snapshot on `token_ids` longer than `after` positions, and the
-        logits after all of `token_ids` when cached."""
+        """KV of the longest prefix of `token_ids` longer than `after` positions that the
+        cache holds (the deepest snapshot on their path, or a snapshot past the point where
+        they part from the cached tokens, forked and cropped there), and the logits after all
+        of `token_ids` when cached. Without those logits a crop stops one position short: the
+        caller feeds the last token for them."""
         with self._lock:
             node, path = self._root, []
             for token in token_ids:
@@ -122,13 +128,15 @@ class PrefixCache:
                 for kind in ("kv", "logits"):
                     if (n, kind) in self._lru:
                         self._lru.move_to_end((n, kind))
-            if path and node.depth > max(after, best.depth if best is not None else 0):
+            depth = node.depth if logits is not None or node.depth < len(token_ids) \
+                else node.depth - 1
+            if path and depth > max(after, best.depth if best is not None else 0):
                 below = self._snapshot_below(node)
                 if below is not None and below.kv is not None:
                     self._lru.move_to_end((below, "kv"))
                     cropped = below.kv.fork()
-                    cropped.crop(node.depth)  # its first positions are these tokens' own
-                    return Hit(cropped, node.depth, logits)
+                    cropped.crop(depth)  # its first positions are these tokens' own
+                    return Hit(cropped, depth, logits)
             if logits is None and best is None:
                 return Hit(None, 0, None)
             kv = best.kv.fork() if best is not None and best.kv is not None else None

@@ -15,7 +15,7 @@ from qrun.lang import expr as ex
 from qrun.lang.declared import first_problem, where
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
-from qrun.options import ModelOptions, RunOptions
+from qrun.options import SAMPLING_OPTIONS, ModelOptions, RunOptions
 from qrun.source import Source, Span
 
 
@@ -97,6 +97,10 @@ class ToolCall:
 Constraint = Regex | JsonSchema | Grammar | ToolCall
 
 
+SAMPLING_FIELDS = (*SAMPLING_OPTIONS, "seed", "heal", "keep_stop", "ends_at_text")
+"""GenParams' arguments after its length, stop and constraint, in field order."""
+
+
 @dataclass(frozen=True, slots=True)
 class GenParams:
     """A `gen` hole's arguments as expressions (None = not given, the run default applies).
@@ -138,9 +142,8 @@ class GenParams:
                 yield grammar
             case None:
                 pass
-        for value in (self.temperature, self.top_p, self.top_k, self.min_p,
-                      self.presence_penalty, self.frequency_penalty, self.repetition_penalty,
-                      self.logit_bias, self.seed, self.heal, self.keep_stop, self.ends_at_text):
+        for key in SAMPLING_FIELDS:
+            value = getattr(self, key)
             if value is not None:
                 yield value
 
@@ -668,9 +671,7 @@ def _gen(op: Gen) -> str:
         parts.append(f"[{params.constraint.engine}]")
     if isinstance(params.constraint, ToolCall):
         parts.append("-> {name, arguments}")
-    for key in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "heal",
-                "keep_stop", "ends_at_text"):
+    for key in SAMPLING_FIELDS:
         value = getattr(params, key)
         if value is not None:
             parts.append(f"{key}={ex.format_expr(value)}")

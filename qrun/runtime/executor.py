@@ -370,7 +370,7 @@ class Run:
         self.filling = op.name if top else None
         try:
             yield
-        except ContextFull as exc:  # the hole ran out of room: its max_tokens did not fit
+        except ContextFull as exc:  # the hole's tokens (or a select's options) ran out of room
             raise ContextTooLong(f"{exc}: hole '{op.name}' filled the rest of the context",
                                  op.span, self.source) from None
         except (HoleFailure, BackendError, GrammarError) as exc:

@@ -71,7 +71,10 @@ def generate(
                 if request.drafter is not None and not hole.speculative:
                     _draft(hole, request.drafter, tokens_left)
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
-                history = ((hole.output_tokens(), session.token_ids)
+                # The context before this step: a speculatively healed token is still the
+                # context's last, but these logits are from before it.
+                context = session.token_ids[:-1] if hole.speculative else session.token_ids
+                history = ((hole.output_tokens(), context)
                            if request.sampling.reshapes else ((), ()))
                 token, logprob = sample(logits, mask, request.sampling, request.generator,
                                         *history)

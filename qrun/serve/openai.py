@@ -35,6 +35,7 @@ from qrun.serve.openai_protocol import (
     inputs_from_messages,
     max_tokens_of,
     neutral,
+    option_named,
     sampling_of,
 )
 from qrun.serve.openai_tools import answer_of
@@ -114,7 +115,8 @@ async def chat_completions(service: Service, request: Request, request_id: str, 
             and body["model"].startswith(TEMPLATE_PREFIX):
         return await _run_template(service, request, request_id, body)
     own_format = service.backend.tool_call_format() is not None
-    call = chat_call(body, model_id(service), legacy, own_format)
+    # In a thread: checking tools under tool_choice "auto" compiles their grammar.
+    call = await asyncio.to_thread(chat_call, body, model_id(service), legacy, own_format)
     given = "prompt" if legacy else "messages"
     check_input_sizes({given: call.inputs[given]}, service.limits)
     run = chat.request(call.inputs, options=call.options)
@@ -178,12 +180,12 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
         field = "tools" if call.inputs.get("tools") is not None else call.constraint_field
         return OpenAIError(400, "invalid_constraint", error.message, field)
     if error.code == "context_too_long":  # OpenAI's code for it, and its param
-        return OpenAIError(400, "context_length_exceeded", f"{error.message} (the messages "
-                           "and max_tokens must fit the model's context)", "messages")
+        given = "prompt" if call.legacy else "messages"
+        return OpenAIError(400, "context_length_exceeded", f"{error.message} (the {given} "
+                           "and max_tokens must fit the model's context)", given)
     if error.code == "input_error":  # a run option only the model can check (logit_bias ids)
-        named = next((key for key in SAMPLING_OPTIONS if error.message.startswith(key + " ")),
-                     None)
-        return OpenAIError(400, "invalid_request_error", error.message, named)
+        return OpenAIError(400, "invalid_request_error", error.message,
+                           option_named(error.message))
     return error
 
 
@@ -218,9 +220,13 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
         return _event({**base, "choices": [choice]})
 
     kind = call.inputs["kind"]
-    held: list[str] = []  # the text of a call, held until it is whole
 
     async def produce() -> AsyncIterator[str]:
+        # A call's text is held until it is whole: "tool" is a call; under "auto" the answer's
+        # first piece says which (a call begins with "{", serve/openai_tools.py), once: text
+        # may hold a "{" later on.
+        held: list[str] = []
+        holding, decided = kind == "tool", kind != "auto"
         try:
             if not call.legacy:  # a call's answer has no content (null), as OpenAI's
                 yield chunk({"role": "assistant", "content": None if kind == "tool" else ""})
@@ -234,7 +240,9 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                     yield _event(openai_error(service.failure(exc, request_id)))
                     return
                 if event == "text":
-                    if kind == "tool" or (kind == "auto" and (held or data.startswith("{"))):
+                    if not decided and data:
+                        holding, decided = data.startswith("{"), True
+                    if holding:
                         held.append(data)
                     else:
                         yield chunk({"content": data})
@@ -254,6 +262,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                     calls = choice.get("message", {}).get("tool_calls")
                     if calls:
                         yield chunk({"tool_calls": [{"index": 0, **calls[0]}]}, index=index)
+                    elif held:  # not a call after all: the text, as it would have come
+                        yield chunk({"content": "".join(held)}, index=index)
                     # The tokens' log-probabilities come from the run's trace, whole at the
                     # end, with the finish reason (the SDK joins them to the text's).
                     yield chunk({}, choice["finish_reason"], index, choice["logprobs"])
@@ -290,15 +300,12 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
         choice: dict[str, Any] = {
             "index": index, "logprobs": None,
             "finish_reason": "length" if hole.finish == "max_tokens" else "stop"}
+        if call.logprobs is not None:
+            tokens = token_logprobs(result, hole, call.logprobs)
+            choice["logprobs"] = (_legacy_logprobs(tokens) if call.legacy
+                                  else {"content": tokens, "refusal": None})
         if call.legacy:
             choice["text"] = (call.inputs["prompt"] if call.echo else "") + hole.text
-            if call.logprobs is not None:
-                choice["logprobs"] = _legacy_logprobs(
-                    token_logprobs(result, hole, call.logprobs))
-        elif call.logprobs is not None:
-            choice["logprobs"] = {"content": token_logprobs(result, hole, call.logprobs),
-                                  "refusal": None}
-            choice["message"] = {"role": "assistant", "content": hole.text, "refusal": None}
         elif call.inputs["kind"] in ("tool", "auto"):
             content, value = ((None, hole.value) if call.inputs["kind"] == "tool"
                               else answer_of(hole.text))
@@ -316,7 +323,7 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
 
 
 def _likelihood(hole: Any) -> float:
-    """The log-probability of a hole's value: its sampled tokens' (a forced token's is NaN: it
+    """The log-probability of a hole's value: its sampled tokens' (a forced token has none: it
     had no alternative)."""
     return float(sum(p for p in hole.logprobs if p is not None and p == p))
 

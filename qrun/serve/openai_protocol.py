@@ -319,8 +319,14 @@ def sampling_of(body: Mapping[str, Any], temperature: float | None = DEFAULT_TEM
     try:
         return RunOptions(**given)
     except UsageError as exc:  # a value out of range, said in RunOptions' words
-        named = next((key for key in given if str(exc).startswith(key + " ")), None)
-        raise bad(str(exc), named) from None
+        raise bad(str(exc), option_named(str(exc))) from None
+
+
+def option_named(message: str) -> str | None:
+    """The sampling option a run option's error is about (its messages begin with the
+    option's name: qrun/options.py), as OpenAI's `param`."""
+    return next((key for key in (*SAMPLING_OPTIONS, "seed") if message.startswith(key + " ")),
+                None)
 
 
 TOKEN_OPTIONS: Mapping[str, Any] = {

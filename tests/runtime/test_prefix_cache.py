@@ -168,6 +168,9 @@ def test_lookup_crops_the_nearest_snapshot_past_the_parting_point() -> None:
     assert held.positions == 6  # the cached snapshot itself is untouched
     assert cache.lookup([1, 2, 3, 9], after=3).kv is None  # nothing past what is fed
     assert cache.lookup([7, 8], after=0).kv is None  # nothing in common
+    # A run whose tokens all lie inside a longer one's, with no logits after them: one
+    # position short, so that the caller's forward of the last gives them.
+    assert cache.lookup([1, 2, 3], after=0).kv_length == 2
     # An on-path snapshot as deep as the parting point is taken as it is.
     cache.insert([1, 2, 3], _Snapshot(3), None)  # type: ignore[arg-type]
     assert cache.lookup([1, 2, 3, 9], after=0).kv_length == 3

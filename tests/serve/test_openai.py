@@ -341,6 +341,30 @@ def test_a_streamed_tool_call_is_one_delta_the_sdk_reads(
     assert isinstance(json.loads(call.function.arguments or ""), dict)
 
 
+def test_auto_text_with_a_brace_later_streams_whole_and_logprobs_keep_the_call(
+        client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
+    # The healed "\n" alone is barred, so the first token is text ("\n" and more); then "{"
+    # is the likeliest token: text holding braces, which a stream must not hold back as a call.
+    (newline,) = tiny.encode("\n")
+    base: dict[str, Any] = {"model": model, "tools": TOOLS[1:], "max_tokens": 20,
+                            "messages": [{"role": "user", "content": "Who is Ada, 36?"}],
+                            "temperature": 0,
+                            "logit_bias": {brace(tiny): 100, str(newline): -100}}
+    whole = client.chat.completions.create(**base).choices[0].message
+    assert whole.tool_calls is None and whole.content is not None and "{" in whole.content[1:]
+    streamed = "".join(option.delta.content or ""
+                       for chunk in client.chat.completions.create(**base, stream=True)
+                       for option in chunk.choices)
+    assert streamed == whole.content
+    # logprobs beside a call: both, the call still a call.
+    called = client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+        max_tokens=40, temperature=0, logprobs=True, top_logprobs=1)
+    option = called.choices[0]
+    assert option.finish_reason == "tool_calls" and option.message.tool_calls
+    assert option.logprobs is not None and option.logprobs.content
+
+
 def test_a_conversation_with_calls_and_their_results(
         client: openai.OpenAI, model: str, tiny: TransformersBackend) -> None:
     conversation: list[Any] = [
