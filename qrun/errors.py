@@ -156,6 +156,11 @@ class ContextTooLong(GenerationError):
     failure of the run (qrun serve answers it 422)."""
 
 
+class ValueCutOff(GenerationError):
+    """A constrained hole's max_tokens ran out before its value matched the constraint: no
+    valid value fits the budget the template (or the request) gave it."""
+
+
 class EvaluationError(PositionedError):
     """An expression failed at run time (e.g. a key missing from an input dict, or the run's
     evaluation budget ran out); a run-time failure (exit 1)."""

@@ -25,6 +25,7 @@ from qrun.errors import (
     LimitError,
     TemplateCompileError,
     UsageError,
+    ValueCutOff,
 )
 from qrun.lang import ir
 from qrun.lang.declared import first_problem, where
@@ -373,7 +374,10 @@ class Run:
         except ContextFull as exc:  # the hole's tokens (or a select's options) ran out of room
             raise ContextTooLong(f"{exc}: hole '{op.name}' filled the rest of the context",
                                  op.span, self.source) from None
-        except (HoleFailure, BackendError, GrammarError) as exc:
+        except HoleFailure as exc:
+            failure = ValueCutOff if exc.cut_off else GenerationError
+            raise failure(str(exc), op.span, self.source) from None
+        except (BackendError, GrammarError) as exc:
             raise GenerationError(str(exc), op.span, self.source) from None
         finally:
             self.filling = None

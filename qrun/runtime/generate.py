@@ -232,8 +232,8 @@ def _mask(session: Session, hole: Hole, tokens_left: int) -> npt.NDArray[np.bool
     session.stats.mask_s += time.perf_counter() - started
     if empty:
         raise HoleFailure(
-            f"no token can continue hole '{request.name}' legally within {tokens_left} token(s)"
-        )
+            f"no token can continue hole '{request.name}' legally within {tokens_left} token(s)",
+            cut_off=True)
     return mask
 
 

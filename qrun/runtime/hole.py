@@ -26,7 +26,12 @@ from qrun.runtime.stretch import text_head
 
 class HoleFailure(Exception):
     """A hole cannot be completed legally; the executor turns it into a GenerationError
-    carrying the hole's span."""
+    carrying the hole's span (a ValueCutOff where `cut_off`: its max_tokens ran out before
+    its value matched the constraint)."""
+
+    def __init__(self, message: str, cut_off: bool = False) -> None:
+        super().__init__(message)
+        self.cut_off = cut_off
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +278,7 @@ class Hole:
         # A stop or a boundary ends a value only where it is a full match (checked there).
         if cursor is not None and finish not in ("stop", "boundary") and not cursor.can_end():
             raise HoleFailure(f"hole '{self.request.name}' {incomplete} ({finish}); value so "
-                              f"far: {self.value()!r}")
+                              f"far: {self.value()!r}", cut_off=finish == "max_tokens")
         record = self.record
         record.finish = finish
         record.value = record.text = self.value()

@@ -183,6 +183,9 @@ def _as_client_error(error: ApiError, call: ChatCall) -> ApiError:
         given = "prompt" if call.legacy else "messages"
         return OpenAIError(400, "context_length_exceeded", f"{error.message} (the {given} "
                            "and max_tokens must fit the model's context)", given)
+    if error.code == "value_cut_off":  # the request's max_tokens: a 400 the SDK does not retry
+        return OpenAIError(400, "value_cut_off", f"{error.message}: the answer did not complete "
+                           "its constraint within max_tokens; give more", "max_tokens")
     if error.code == "input_error":  # a run option only the model can check (logit_bias ids)
         return OpenAIError(400, "invalid_request_error", error.message,
                            option_named(error.message))

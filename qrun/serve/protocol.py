@@ -27,6 +27,7 @@ from qrun.errors import (
     RunCancelled,
     TemplateError,
     UsageError,
+    ValueCutOff,
     render_at,
 )
 from qrun.jsonio import (
@@ -109,6 +110,8 @@ def api_error(exc: BaseException, names: Mapping[str, str] | None = None) -> Api
         return ApiError(422, "input_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, ContextTooLong):  # the request's size: a 4xx, as input_too_large
         return ApiError(422, "context_too_long", message_of(exc), position_of(exc, names))
+    if isinstance(exc, ValueCutOff):  # the template's max_tokens (or a request's): its author's
+        return ApiError(500, "value_cut_off", message_of(exc), position_of(exc, names))
     if isinstance(exc, GenerationError):
         return ApiError(500, "generation_error", message_of(exc), position_of(exc, names))
     if isinstance(exc, HostFunctionError):  # its text is for the server's log only

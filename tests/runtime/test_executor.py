@@ -392,3 +392,14 @@ def test_a_set_in_a_for_body_is_local_to_its_round_as_in_jinja(tiny: Transformer
                 "{% if i == 1 %}{% set last = i %}{% endif %}{% endfor %}{{ xs }}"
                 "{% set n = 0 %}{% while n < 2 %}{% set n = n + 1 %}{% endwhile %} n={{ n }}")
     assert run(tiny, template).text == "([0])([1])([2])[] n=2"
+
+
+@pytest.mark.parametrize("hole", ['{{ gen x regex="[0-9]{30}" max_tokens=3 }}',
+                                  '{{ gen x json={"type": "string", "minLength": 40} '
+                                  'max_tokens=3 }}'])
+def test_a_value_max_tokens_cannot_hold_is_cut_off(tiny: TransformersBackend, hole: str) -> None:
+    # A GenerationError of its own kind (a server's value_cut_off), at the hole.
+    with pytest.raises(qrun.GenerationError) as info:
+        run(tiny, "Say: " + hole)
+    assert type(info.value).__name__ == "ValueCutOff"
+    assert (info.value.span.line, info.value.span.column) == (1, 6)

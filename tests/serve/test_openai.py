@@ -740,3 +740,15 @@ def test_auto_over_too_many_tools_names_the_tools_not_a_grammar() -> None:
     assert caught.value.param == "tools" and caught.value.code == "invalid_constraint"
     assert caught.value.message.startswith('tools: as tool_choice "auto"\'s grammar')
     assert "100,000" in caught.value.message
+
+
+def test_an_answer_cut_off_by_max_tokens_is_a_400_naming_it(client: openai.OpenAI,
+                                                            model: str) -> None:
+    # No valid value fits two tokens: the client's max_tokens, so a 400 the SDK does not retry
+    # (was a 500 generation_error, which it retried twice).
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model, messages=MESSAGES,  # type: ignore[arg-type]
+                                       max_tokens=2, extra_body={"guided_regex": "[0-9]{30}"})
+    body = caught.value.body  # type: ignore[attr-defined]
+    assert body["code"] == "value_cut_off" and body["param"] == "max_tokens"
+    assert "within max_tokens" in body["message"]
