@@ -28,7 +28,7 @@ from qrun.api import HostFunctions, Query
 from qrun.errors import UsageError
 from qrun.options import ModelOptions
 from qrun.serve.catalog import served
-from qrun.serve.openai import CHAT, COMPLETE, chat_completions, list_models
+from qrun.serve.openai import COMPLETE, chat_completions, chat_template, list_models
 from qrun.serve.openai_errors import openai_error
 from qrun.serve.openapi import openapi
 from qrun.serve.protocol import (
@@ -96,7 +96,7 @@ def app(
         raise UsageError("no template to serve")
     backend = _backend(model, queries)
     service = Service(queries, backend, limits, api_key or None)
-    chat, complete = Query(CHAT), Query(COMPLETE)
+    chat, complete = Query(chat_template(backend.tool_call_format())), Query(COMPLETE)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -44,6 +44,7 @@ from qrun.serve.service import Service, log
 from qrun.serve.streams import ended, outcome_of, submit, unless_abandoned
 
 if TYPE_CHECKING:  # the runtime is reached through Query, never imported here
+    from qrun.backends.chat_template import ToolCallFormat
     from qrun.runtime.request import RunRequest
     from qrun.runtime.result import Result
 
@@ -54,12 +55,13 @@ ANSWER = """\
 {%- elif kind == "choice" -%}{{ select content options=choices }}
 {%- elif kind == "tool" -%}{{ gen content tools=calls max_tokens=limit }}
 {%- elif kind == "auto" and stop -%}{{ gen content grammar=grammar stop=stop max_tokens=limit }}
-{%- elif kind == "auto" -%}{{ gen content grammar=grammar max_tokens=limit }}
+{%- elif kind == "auto" and grammar -%}{{ gen content grammar=grammar max_tokens=limit }}
+{%- elif kind == "auto" -%}{{ gen content max_tokens=limit }}OWN_AUTO
 {%- elif stop -%}{{ gen content stop=stop max_tokens=limit }}
 {%- else -%}{{ gen content max_tokens=limit }}
 {%- endif -%}"""
 
-CHAT = """\
+_CHAT = """\
 {%- if tools and messages[0].role != "system" -%}{% system tools=tools %}{% endsystem %}
 {%- endif -%}
 {%- for m in messages -%}
@@ -67,7 +69,7 @@ CHAT = """\
 {% system tools=tools %}{{ m.content }}{% endsystem %}
 {%- elif m.role == "system" -%}{% system %}{{ m.content }}{% endsystem %}
 {%- elif m.role == "user" -%}{% user %}{{ m.content }}{% enduser %}
-{%- else -%}{% assistant %}{{ m.content }}{% endassistant %}
+{%- else -%}{% assistant %}{{ m.content }}OWN_CALLS{% endassistant %}
 {%- endif -%}
 {%- endfor -%}
 {% assistant %}
@@ -82,10 +84,42 @@ schema does not know (OpenAPI's `int32`, `double`, `password`...) are annotation
 Schema says (`formats="known"`, docs/language.md §7.4): schemas arrive from pydantic and
 OpenAPI generators."""
 
+def chat_template(call_format: ToolCallFormat | None) -> str:
+    """CHAT for a model that writes tool calls in `call_format`, its own (prefix and suffix
+    around the call's JSON, backends/chat_template.py), or None. With a format of its own,
+    whose prefix may be control tokens that request text must never spell, the prefix and
+    suffix are the template's own text: an earlier call in the conversation is written
+    between them, and under tool_choice "auto" the answer is text that ends where the model
+    begins the prefix (a hole ends where the model writes the text that follows it,
+    docs/language.md §14.5), then, only if it did, the call's JSON under the tools' call
+    schema in the model's keys (`call_schema`) and the suffix. Without one, an earlier call
+    is the JSON object in the message's text, and "auto" a grammar (serve/openai_tools.py)."""
+    if call_format is None:
+        return _CHAT.replace("OWN_AUTO", "").replace("OWN_CALLS", "")
+    prefix, suffix = raw(call_format.prefix), raw(call_format.suffix)
+    answer = (prefix + '{% if holes.content.finish == "boundary" %}'
+              '{{ gen call json=call_schema formats="known" max_tokens=limit }}'
+              + suffix + "{% endif %}")
+    calls = "{% for c in m.calls or [] %}" + prefix + "{{ c }}" + suffix + "{% endfor %}"
+    return _CHAT.replace("OWN_AUTO", answer).replace("OWN_CALLS", calls)
+
+
+def raw(text: str) -> str:
+    """`text` as template text read as written (a model's call prefix: `<tool_call>` and a
+    newline), in a raw block."""
+    if "{% endraw %}" in text or "{%endraw%}" in text:
+        raise ValueError(f"a tool-call format holding a raw block's end: {text!r}")
+    return "{% raw %}" + text + "{% endraw %}"
+
+
+CHAT = chat_template(None)
+"""CHAT for a model without a tool-call format of its own (SmolLM2's, the tiny test model's)."""
+
+
 COMPLETE = """\
 {{ prompt }}
-{%- if count == 1 -%}""" + ANSWER + """
-{%- else -%}{% fork i in range(count) %}""" + ANSWER + """{% endfork %}
+{%- if count == 1 -%}""" + ANSWER.replace("OWN_AUTO", "") + """
+{%- else -%}{% fork i in range(count) %}""" + ANSWER.replace("OWN_AUTO", "") + """{% endfork %}
 {%- endif -%}"""
 """The template of `POST /v1/completions` (OpenAI's legacy text completions): the prompt as
 text, never control tokens, then the answer as CHAT's."""
@@ -114,9 +148,10 @@ async def chat_completions(service: Service, request: Request, request_id: str, 
     if not legacy and isinstance(body, dict) and isinstance(body.get("model"), str) \
             and body["model"].startswith(TEMPLATE_PREFIX):
         return await _run_template(service, request, request_id, body)
-    own_format = service.backend.tool_call_format() is not None
+    call_format = service.backend.tool_call_format()
+    own_keys = call_format.keys if call_format is not None else None
     # In a thread: checking tools under tool_choice "auto" compiles their grammar.
-    call = await asyncio.to_thread(chat_call, body, model_id(service), legacy, own_format)
+    call = await asyncio.to_thread(chat_call, body, model_id(service), legacy, own_keys)
     given = "prompt" if legacy else "messages"
     check_input_sizes({given: call.inputs[given]}, service.limits)
     run = chat.request(call.inputs, options=call.options)
@@ -207,7 +242,8 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     def push(kind: str, data: Any) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
-    ticket = submit(service, run.streaming(None, None, lambda name, text: push("text", text)))
+    ticket = submit(service, run.streaming(None, None,
+                                           lambda name, text: push(name, text)))
     ticket.future.add_done_callback(lambda future: push("end", future))
     base = _header(request_id, call.model,
                    "text_completion" if call.legacy else "chat.completion.chunk")
@@ -227,9 +263,10 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     async def produce() -> AsyncIterator[str]:
         # A call's text is held until it is whole: "tool" is a call; under "auto" the answer's
         # first piece says which (a call begins with "{", serve/openai_tools.py), once: text
-        # may hold a "{" later on.
+        # may hold a "{" later on; a model with a call format of its own writes the call as a
+        # hole of its own ("call", chat_template).
         held: list[str] = []
-        holding, decided = kind == "tool", kind != "auto"
+        holding, decided = kind == "tool", kind != "auto" or call.own_keys is not None
         try:
             if not call.legacy:  # a call's answer has no content (null), as OpenAI's
                 yield chunk({"role": "assistant", "content": None if kind == "tool" else ""})
@@ -242,7 +279,10 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
                 except RunCancelled as exc:
                     yield _event(openai_error(service.failure(exc, request_id)))
                     return
-                if event == "text":
+                if event == "call":  # a call in the model's own format: whole, at the end
+                    held.append(data)
+                    continue
+                if event == "content":
                     if not decided and data:
                         holding, decided = data.startswith("{"), True
                     if holding:
@@ -311,6 +351,7 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
             choice["text"] = (call.inputs["prompt"] if call.echo else "") + hole.text
         elif call.inputs["kind"] in ("tool", "auto"):
             content, value = ((None, hole.value) if call.inputs["kind"] == "tool"
+                              else _own_answer(result, call.own_keys) if call.own_keys
                               else answer_of(hole.text))
             choice["message"] = {"role": "assistant", "content": content, "refusal": None}
             if value is not None:
@@ -323,6 +364,17 @@ def completion(result: Result, call: ChatCall, request_id: str) -> dict[str, Any
     return {**_header(request_id, call.model,
                       "text_completion" if call.legacy else "chat.completion"),
             "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _own_answer(result: Result, keys: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """An answer under "auto" on a model with a call format of its own (chat_template): the
+    text, then the call where the model began one (its object in the model's keys)."""
+    written = result.holes["content"].text
+    text = written if written.strip() else None  # the blank the model wrote before the call
+    made = result.holes.get("call")
+    if made is None:
+        return text, None
+    return text, {"name": made.value[keys.name], "arguments": made.value[keys.arguments]}
 
 
 def _likelihood(hole: Any) -> float:

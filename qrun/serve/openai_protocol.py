@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qrun.constraint.tools import DEFAULT_KEYS, CallKeys
 from qrun.errors import UsageError
 from qrun.options import SAMPLING_OPTIONS, RunOptions
 from qrun.serve.openai_errors import bad
-from qrun.serve.openai_tools import OWN_FORMAT, assistant_calls, call_names, tool_result, tools_of
+from qrun.serve.openai_tools import assistant_calls, call_names, tool_result, tools_of
 from qrun.serve.protocol import ApiError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
@@ -84,6 +85,7 @@ class ChatCall:
     legacy: bool = False  # POST /v1/completions: a prompt in, text_completion objects out
     echo: bool = False  # /v1/completions' echo: each choice's text is the prompt, then its own
     n: int = 1  # the choices answered: the likeliest n of the count run (best_of), else all
+    own_keys: CallKeys | None = None  # the model's call keys, where its format is its own
 
 
 def neutral(key: str, value: Any) -> bool:
@@ -106,11 +108,12 @@ def inputs_from_messages(messages: Any) -> Any:
                   "object (or give `inputs`)", "messages") from None
 
 
-def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = False
+def chat_call(body: Any, served: str, legacy: bool = False, own_keys: CallKeys | None = None
               ) -> ChatCall:
     """A chat request's body (with `legacy`, a completion request's), checked (400 with
-    OpenAI's `param` where a field is wrong, 404 for another model). `own_format`: the served
-    model writes tool calls in a format of its own (serve/openai_tools.py)."""
+    OpenAI's `param` where a field is wrong, 404 for another model). `own_keys`: the served
+    model writes tool calls in a format of its own, its call object with these keys
+    (serve/openai_tools.py)."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
     if legacy:
@@ -138,20 +141,29 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
         raise bad(f"n: must be an integer from 1 to {MAX_N}", "n")
     echo, best_of = (legacy_extras(body, n) if legacy else (False, n))
     given = {"prompt": prompt_of(body.get("prompt"))} if legacy else {
-        "messages": messages_of(body.get("messages"), own_format)}
+        "messages": messages_of(body.get("messages"), own_keys)}
     inputs: dict[str, Any] = {**given, "count": best_of,
                               "limit": max_tokens_of(body), "stop": stop_of(body.get("stop")),
                               "schema": None, "pattern": None, "grammar": None,
-                              "choices": None, "kind": "text", "tools": None, "calls": None}
+                              "choices": None, "kind": "text", "tools": None, "calls": None,
+                              "call_schema": None}
     field, constraint = constraint_of(body)
     inputs.update(constraint)
     if not legacy:
-        tools = tools_of(body, own_format)
+        tools = tools_of(body, own_keys)
         if tools is not None:
             if field is not None and tools.get("kind") in ("tool", "auto"):
                 raise bad(f"{field} and a tool call: give one (tool_choice \"none\" answers "
                           "under the constraint)", field)
             inputs.update(tools)
+        if own_keys is not None and inputs["kind"] == "auto":
+            # The answer is two holes, text then maybe a call (serve/openai.py chat_template).
+            for key, asked in (("n", n > 1), ("stop", inputs["stop"]),
+                               ("logprobs", body.get("logprobs"))):
+                if asked:
+                    raise bad(f"{key}: with tool_choice \"auto\" on a model whose tool calls "
+                              "have a format of their own, not supported by qrun serve yet",
+                              key)
     logprobs = legacy_logprobs_of(body, best_of) if legacy else logprobs_of(body, n)
     if echo and logprobs is not None:
         raise bad("echo: with logprobs, not supported by qrun serve yet (the prompt's tokens "
@@ -174,7 +186,7 @@ def chat_call(body: Any, served: str, legacy: bool = False, own_format: bool = F
         sampling = RunOptions(trace=True).over(sampling)
     return ChatCall(model, inputs, sampling, field, stream,
                     bool(options.get("include_usage")), legacy=legacy, logprobs=logprobs,
-                    echo=echo, n=n)
+                    echo=echo, n=n, own_keys=own_keys)
 
 
 def legacy_extras(body: Mapping[str, Any], n: int) -> tuple[bool, int]:
@@ -235,10 +247,12 @@ def prompt_of(prompt: Any) -> str:
     return prompt
 
 
-def messages_of(given: Any, own_format: bool = False) -> list[dict[str, str]]:
-    """The conversation as CHAT renders it, each message a chat role and its text: an
-    assistant message's `tool_calls` follow its text as the model writes calls, and a `tool`
-    message (a call's result) is a user turn (serve/openai_tools.py)."""
+def messages_of(given: Any, own_keys: CallKeys | None = None) -> list[dict[str, Any]]:
+    """The conversation as CHAT renders it, each message a chat role, its text and its calls:
+    an assistant message's `tool_calls` follow its text as the model writes calls (in the
+    text, one JSON object a line; where the model has a format of its own, `own_keys`, as
+    `calls`, which CHAT writes between the format's prefix and suffix), and a `tool` message (a
+    call's result) is a user turn (serve/openai_tools.py)."""
     if not isinstance(given, list) or not given:
         raise bad("messages: required, a non-empty list", "messages")
     messages = []
@@ -252,17 +266,17 @@ def messages_of(given: Any, own_format: bool = False) -> list[dict[str, str]]:
             raise bad(f"{where}.role: must be one of {', '.join(ROLES)} (got "
                       f"{json.dumps(role)[:40]})", f"{where}.role")
         calls = role == "assistant" and message.get("tool_calls") not in (None, [])
-        if (calls or role == "tool") and own_format:
-            raise bad(f"{where}: " + OWN_FORMAT.format(what="earlier calls and their results"),
-                      where)
         content = message.get("content")
         text = "" if content is None and calls else content_of(content, f"{where}.content")
+        made: list[str] = []
         if calls:
-            text = "\n".join(part for part in (text, assistant_calls(message, where)) if part)
+            made = assistant_calls(message, where, own_keys or DEFAULT_KEYS)
             names.update(call_names(message))
+            if own_keys is None:
+                text, made = "\n".join(part for part in (text, *made) if part), []
         elif role == "tool":
             text = tool_result(message, text, names, where)
-        messages.append({"role": ROLES[role], "content": text})
+        messages.append({"role": ROLES[role], "content": text, "calls": made})
     return messages
 
 

@@ -2,12 +2,12 @@
 read into CHAT's inputs, the conversation's earlier calls and their results as the text the model
 reads, and an answer under `tool_choice: "auto"` told apart into text or a call.
 
-Every call is written under a constraint (a `tools=` hole, or for "auto" a grammar whose call
-branch is the same call schema, qrun/constraint/tools.py), so a returned call always parses and
-names a tool with valid arguments. "auto" and the conversation's calls need the default call
-format, the JSON object alone (docs/language.md §7.7): a model whose chat template writes calls
-its own way (Qwen's `<tool_call>`) puts control tokens around them, which a request's text must
-never spell, so there they are a 400 for now."""
+Every call is written under a constraint (a `tools=` hole; for "auto" a grammar whose call
+branch is the same call schema, or, where the model writes calls in a format of its own, a
+`json=` hole under it after the format's prefix: qrun/constraint/tools.py, serve/openai.py
+chat_template), so a returned call always parses and names a tool with valid arguments. A
+format's prefix and suffix (Qwen's `<tool_call>`, control tokens a request's text must never
+spell) are CHAT's own text, never the request's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from qrun.constraint import JsonFormat, LoweringError, lower
-from qrun.constraint.tools import ToolsError, read_tools, text_or_call_grammar
+from qrun.constraint.tools import (
+    DEFAULT_KEYS,
+    CallKeys,
+    ToolsError,
+    call_schema,
+    read_tools,
+    text_or_call_grammar,
+)
 from qrun.serve.openai_errors import OpenAIError, bad
 
 CALL_FORMAT = JsonFormat(closed=True, formats="known")
@@ -24,17 +31,15 @@ CALL_FORMAT = JsonFormat(closed=True, formats="known")
 `tools=` hole) and known formats asserted, unknown ones annotations (as response_format's
 schemas: they come from the same generators)."""
 
-OWN_FORMAT = ("this model's chat template writes tool calls in a format of its own, around the "
-              "JSON; qrun serve writes {what} only for models whose calls are the JSON object "
-              "alone so far (docs/serve.md §2.7)")
-
-
-def tools_of(body: Mapping[str, Any], own_format: bool) -> dict[str, Any] | None:
+def tools_of(body: Mapping[str, Any], own_keys: CallKeys | None) -> dict[str, Any] | None:
     """CHAT's inputs for `tools` and `tool_choice`: the tools rendered in the system turn in
     the model's own format (docs/language.md §7.7); with `required` or a named function the
     answer is one call (a `tools=` hole: a tool's name and arguments valid under its
     parameters); `none` answers text; `auto` (the default with tools) lets the model choose
-    between text and a call (a `grammar=` hole, text_or_call_grammar)."""
+    between text and a call: a `grammar=` hole (text_or_call_grammar), or where the model
+    writes calls in a format of its own (`own_keys`: its call object's keys), text that ends
+    where the model begins the format's prefix, then the call under `call_schema`
+    (serve/openai.py chat_template)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools in (None, []):
         if choice not in (None, "none"):
@@ -58,9 +63,9 @@ def tools_of(body: Mapping[str, Any], own_format: bool) -> dict[str, Any] | None
         return {"tools": tools, "calls": [t for t in tools if t["function"]["name"] == name],
                 "kind": "tool"}
     if choice in (None, "auto"):
-        if own_format:
-            raise bad("tool_choice: \"auto\": " + OWN_FORMAT.format(what="it") + "; give "
-                      "\"required\", a named function or \"none\"", "tool_choice")
+        if own_keys is not None:
+            return {"tools": tools, "call_schema": own_call_schema(tools, own_keys),
+                    "kind": "auto"}
         return {"tools": tools, "grammar": auto_grammar(tools), "kind": "auto"}
     raise bad("tool_choice: must be \"auto\", \"none\", \"required\" or a named function",
               "tool_choice")
@@ -87,6 +92,22 @@ def auto_grammar(tools: list[Any]) -> str:
     return grammar
 
 
+def own_call_schema(tools: list[Any], keys: CallKeys) -> dict[str, Any]:
+    """The schema of one call to one of `tools` with the model's own keys (a `json=` hole
+    writes it, closed as a `tools=` hole's), after the tools are checked as a `tools=` hole
+    checks them.
+
+    Raises:
+        OpenAIError: 400 `invalid_constraint`, param `tools`.
+    """
+    try:
+        lower("tools", tools, CALL_FORMAT, keys=keys)
+        return call_schema(read_tools(tools), keys)
+    except (LoweringError, ToolsError) as error:
+        message = error.message if isinstance(error, LoweringError) else str(error)
+        raise OpenAIError(400, "invalid_constraint", f"tools: {message}", "tools") from None
+
+
 def answer_of(text: str) -> tuple[str | None, dict[str, Any] | None]:
     """An answer under "auto" as (content, call): a call where it begins with `{` (its
     grammar lets text begin with anything else), as the `tools=` value
@@ -97,10 +118,11 @@ def answer_of(text: str) -> tuple[str | None, dict[str, Any] | None]:
     return None, {"name": value["name"], "arguments": value["arguments"]}
 
 
-def assistant_calls(message: Mapping[str, Any], where: str) -> str:
-    """An assistant message's `tool_calls` as the model wrote them (one JSON object per line,
-    the default call format), each checked: a function call with a name and arguments that are
-    a JSON object in a string (as OpenAI sends them back)."""
+def assistant_calls(message: Mapping[str, Any], where: str,
+                    keys: CallKeys = DEFAULT_KEYS) -> list[str]:
+    """An assistant message's `tool_calls` as the model wrote them, each the JSON object with
+    the model's keys (`keys`), each checked: a function call with a name and arguments that
+    are a JSON object in a string (as OpenAI sends them back)."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list) or not calls:
         raise bad(f"{where}.tool_calls: must be a non-empty list", f"{where}.tool_calls")
@@ -119,9 +141,10 @@ def assistant_calls(message: Mapping[str, Any], where: str) -> str:
         if not isinstance(arguments, dict):
             raise bad(f"{at}.function.arguments: must be a JSON object in a string",
                       f"{at}.function.arguments")
-        lines.append(json.dumps({"name": function["name"], "arguments": arguments},
+        pairs = [(keys.name, function["name"]), (keys.arguments, arguments)]
+        lines.append(json.dumps(dict(pairs if keys.name_first else pairs[::-1]),
                                 ensure_ascii=False))
-    return "\n".join(lines)
+    return lines
 
 
 def call_names(message: Mapping[str, Any]) -> dict[str, str]:

@@ -7,6 +7,7 @@ errors are the SDK's exception classes with OpenAI's fields)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,7 @@ import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.serve import app
 from qrun.serve.openai import CHAT, COMPLETE
+from tests.chat_templates import QWEN
 from tests.serve.serving import serving
 
 TEMPLATE = "Say hi: {{ gen hi max_tokens=4 }}"
@@ -386,22 +388,76 @@ def test_a_conversation_with_calls_and_their_results(
     assert answer.choices[0].message.content == run["content"]
 
 
-def test_a_model_with_its_own_call_format_refuses_what_it_cannot_render() -> None:
-    # Its calls are written around control tokens a request's text must never spell.
-    from qrun.serve.openai_errors import OpenAIError
+@pytest.fixture(scope="module")
+def qwen_url(tiny: TransformersBackend) -> Iterator[str]:
+    """The tiny model with Qwen's chat template: tool calls between `<tool_call>` lines."""
+    tokenizer = copy.deepcopy(tiny.tokenizer)
+    tokenizer.chat_template = QWEN
+    qwen = TransformersBackend(tiny.model, tokenizer, "tiny-qwen")
+    with serving(app({"hi": qrun.Query(TEMPLATE)}, model=qwen)) as served:
+        yield served
+
+
+def test_a_model_with_its_own_call_format_chooses_and_reads_its_calls(
+        qwen_url: str, tiny: TransformersBackend) -> None:
+    # Qwen's format: the answer is text that ends where the model writes "<tool_call>" (the
+    # template's own text: a control token on Qwen itself), then the call's JSON under the
+    # tools' schema. "<" steered up: a call; left alone: text.
+    qwen = openai.OpenAI(base_url=f"{qwen_url}/v1", api_key="none", max_retries=0)
+    base: dict[str, Any] = {"model": "tiny-qwen", "tools": TOOLS, "max_tokens": 40,
+                            "messages": [{"role": "user", "content": "2 + 3?"}],
+                            "temperature": 0}
+    (opening,) = tiny.encode("<")
+    called = qwen.chat.completions.create(**base, logit_bias={str(opening): 100})
+    option = called.choices[0]
+    (made,) = option.message.tool_calls or []
+    assert option.finish_reason == "tool_calls" and option.message.content is None
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    jsonschema.validate(json.loads(made.function.arguments),  # type: ignore[union-attr]
+                        parameters[made.function.name])  # type: ignore[union-attr]
+    streamed = [c for chunk in qwen.chat.completions.create(
+        **base, logit_bias={str(opening): 100}, stream=True) for c in chunk.choices]
+    calls = [t for c in streamed for t in c.delta.tool_calls or []]
+    assert [(t.function.name, t.function.arguments) for t in calls if t.function] == [
+        (made.function.name, made.function.arguments)]  # type: ignore[union-attr]
+    assert "".join(c.delta.content or "" for c in streamed).strip() == ""
+    text = qwen.chat.completions.create(**base, logit_bias={str(opening): -100})
+    assert not text.choices[0].message.tool_calls and text.choices[0].message.content
+    # The call and its result in the conversation: the call between the format's lines.
+    answered = qwen.chat.completions.create(
+        model="tiny-qwen", tools=TOOLS, tool_choice="none", max_tokens=3, temperature=0,
+        messages=[{"role": "user", "content": "2 + 3?"}, option.message.model_dump(),
+                  {"role": "tool", "tool_call_id": made.id, "content": "5"}])
+    assert answered.choices[0].message.content is not None
+    for refused, param in (({"n": 2}, "n"), ({"stop": "x"}, "stop"),
+                           ({"logprobs": True}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            qwen.chat.completions.create(**base, **refused)
+        assert caught.value.body["param"] == param  # type: ignore[attr-defined]
+
+
+def test_an_earlier_call_is_written_in_the_models_own_format(tiny: TransformersBackend) -> None:
+    from qrun.serve.openai import chat_template
     from qrun.serve.openai_protocol import chat_call
 
-    tools = {"tools": TOOLS}
-    with pytest.raises(OpenAIError) as auto:
-        chat_call({"model": "m", "messages": MESSAGES, **tools}, "m", own_format=True)
-    assert auto.value.param == "tool_choice" and "format of its own" in auto.value.message
-    assert chat_call({"model": "m", "messages": MESSAGES, "tool_choice": "required", **tools},
-                     "m", own_format=True).inputs["kind"] == "tool"
-    with pytest.raises(OpenAIError) as result:
-        chat_call({"model": "m", "messages": [*MESSAGES, {"role": "tool", "content": "1",
-                                                          "tool_call_id": "c"}]},
-                  "m", own_format=True)
-    assert result.value.param == "messages[2]"
+    tokenizer = copy.deepcopy(tiny.tokenizer)
+    tokenizer.chat_template = QWEN
+    qwen = TransformersBackend(tiny.model, tokenizer, "tiny-qwen")
+    call_format = qwen.tool_call_format()
+    assert call_format is not None and call_format.prefix == "<tool_call>\n"
+    made = {"id": "c1", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    request = chat_call({"model": "m", "tools": TOOLS, "tool_choice": "none", "max_tokens": 1,
+                         "messages": [{"role": "user", "content": "2 + 3?"},
+                                      {"role": "assistant", "content": None,
+                                       "tool_calls": [made]},
+                                      {"role": "tool", "tool_call_id": "c1", "content": "5"}]},
+                        "m", own_keys=call_format.keys)
+    run = qrun.Query(chat_template(call_format)).run(model=qwen, options=request.options,
+                                                     **request.inputs)
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}'
+            '\n</tool_call><|im_end|>') in run.text
+    assert "<|im_start|>user\nResult of add: 5<|im_end|>" in run.text
 
 
 def test_tool_choice_none_answers_text_with_the_tools_in_the_prompt(
