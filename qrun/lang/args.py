@@ -31,11 +31,7 @@ from qrun.options import (
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
-            "tools", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-            "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "heal",
-            "ends_at_text", "n")
-# The sampling arguments a gen hole shares with the run options.
-SAMPLING_ARGS = SAMPLING_OPTIONS
+            "tools", *SAMPLING_OPTIONS, "seed", "heal", "ends_at_text", "n")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 # The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).

@@ -15,7 +15,7 @@ from dataclasses import replace
 from qrun.errors import TemplateErrors
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.args import SAMPLING_ARGS, ArgChecker, pattern_name, prefix
+from qrun.lang.args import ArgChecker, pattern_name, prefix
 from qrun.lang.build import MAX_ERRORS
 from qrun.lang.builtins import FUNCTIONS
 from qrun.lang.flow import Context, Flow, guards
@@ -417,8 +417,7 @@ class _Compiler(NameResolver):
 
         params = ir.GenParams(
             max_tokens=get("max_tokens"), stop=get("stop"), constraint=self.args.constraint(args),
-            **{key: get(key) for key in SAMPLING_ARGS}, seed=get("seed"), heal=get("heal"),
-            keep_stop=get("keep_stop"), ends_at_text=get("ends_at_text"))
+            **{key: get(key) for key in ir.SAMPLING_FIELDS})
         return ir.Gen(node.name, params, in_loop, node.span)
 
     def select(self, node: ast.Select, args: dict[str, ast.HoleArg], in_loop: bool

@@ -71,11 +71,12 @@ def generate(
                 if request.drafter is not None and not hole.speculative:
                     _draft(hole, request.drafter, tokens_left)
                 logits = session.logits_before_last() if hole.speculative else session.next_logits()
-                # The context before this step: a speculatively healed token is still the
-                # context's last, but these logits are from before it.
-                context = session.token_ids[:-1] if hole.speculative else session.token_ids
-                history = ((hole.output_tokens(), context)
-                           if request.sampling.reshapes else ((), ()))
+                history: tuple[Sequence[int], Sequence[int]] = ((), ())
+                if request.sampling.reshapes:
+                    # The context before this step: a speculatively healed token is still
+                    # the context's last, but these logits are from before it.
+                    history = (hole.output_tokens(), session.token_ids[:-1]
+                               if hole.speculative else session.token_ids)
                 token, logprob = sample(logits, mask, request.sampling, request.generator,
                                         *history)
                 recorder = session.recorder

@@ -93,21 +93,15 @@ def sample(
     The caller guarantees the mask allows at least one token.
     """
     values = logits if mask is None else np.where(mask, logits, -np.inf)
-    best = int(np.argmax(values))  # the first index on ties
-    top = float(values[best])
-    log_norm = log_normalizer(values, top)
+    log_norm = log_normalizer(values)
+    chosen = values  # what the choice reads: the logits reshaped where params reshape them
     if params.reshapes:
-        shaped = reshape(logits, params, output, context)
+        chosen = reshape(logits, params, output, context)
         if mask is not None:
-            shaped = np.where(mask, shaped, -np.inf)
-        best = int(np.argmax(shaped))
-        if params.greedy:
-            return best, float(values[best]) - log_norm
-        token = _draw(shaped, float(shaped[best]), params, generator or new_generator())
-        return token, float(values[token]) - log_norm
-    if params.greedy:
-        return best, top - log_norm
-    token = _draw(values, top, params, generator or new_generator())
+            chosen = np.where(mask, chosen, -np.inf)
+    best = int(np.argmax(chosen))  # the first index on ties
+    token = best if params.greedy else _draw(chosen, float(chosen[best]), params,
+                                             generator or new_generator())
     return token, float(values[token]) - log_norm
 
 

@@ -242,8 +242,7 @@ def _stream(service: Service, run: RunRequest, call: ChatCall, request_id: str) 
     def push(kind: str, data: Any) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
-    ticket = submit(service, run.streaming(None, None,
-                                           lambda name, text: push(name, text)))
+    ticket = submit(service, run.streaming(None, None, push))  # told each hole's text by name
     ticket.future.add_done_callback(lambda future: push("end", future))
     base = _header(request_id, call.model,
                    "text_completion" if call.legacy else "chat.completion.chunk")

@@ -19,7 +19,7 @@ from qrun.constraint import JsonFormat, LoweringError, lower
 from qrun.constraint.tools import (
     DEFAULT_KEYS,
     CallKeys,
-    ToolsError,
+    Tool,
     call_schema,
     read_tools,
     text_or_call_grammar,
@@ -30,6 +30,7 @@ CALL_FORMAT = JsonFormat(closed=True, formats="known")
 """How a call's arguments are read: closed (a tool takes no keyword it does not name, as a
 `tools=` hole) and known formats asserted, unknown ones annotations (as response_format's
 schemas: they come from the same generators)."""
+
 
 def tools_of(body: Mapping[str, Any], own_keys: CallKeys | None) -> dict[str, Any] | None:
     """CHAT's inputs for `tools` and `tool_choice`: the tools rendered in the system turn in
@@ -78,12 +79,7 @@ def auto_grammar(tools: list[Any]) -> str:
     Raises:
         OpenAIError: 400 `invalid_constraint`, param `tools`.
     """
-    try:
-        lower("tools", tools, CALL_FORMAT)
-        grammar = text_or_call_grammar(read_tools(tools), CALL_FORMAT)
-    except (LoweringError, ToolsError) as error:
-        message = error.message if isinstance(error, LoweringError) else str(error)
-        raise OpenAIError(400, "invalid_constraint", f"tools: {message}", "tools") from None
+    grammar = text_or_call_grammar(checked_tools(tools, DEFAULT_KEYS), CALL_FORMAT)
     try:  # the whole grammar has bounds of its own (a thousand tools pass one by one)
         lower("grammar", grammar)
     except LoweringError as error:
@@ -100,12 +96,21 @@ def own_call_schema(tools: list[Any], keys: CallKeys) -> dict[str, Any]:
     Raises:
         OpenAIError: 400 `invalid_constraint`, param `tools`.
     """
+    return call_schema(checked_tools(tools, keys), keys)
+
+
+def checked_tools(tools: list[Any], keys: CallKeys) -> tuple[Tool, ...]:
+    """`tools` read, after they are checked as a `tools=` hole writing calls with `keys`
+    checks them (constraint/spec.py: a refusal names the tool and points into the list).
+
+    Raises:
+        OpenAIError: 400 `invalid_constraint`, param `tools`.
+    """
     try:
         lower("tools", tools, CALL_FORMAT, keys=keys)
-        return call_schema(read_tools(tools), keys)
-    except (LoweringError, ToolsError) as error:
-        message = error.message if isinstance(error, LoweringError) else str(error)
-        raise OpenAIError(400, "invalid_constraint", f"tools: {message}", "tools") from None
+    except LoweringError as error:
+        raise OpenAIError(400, "invalid_constraint", f"tools: {error.message}", "tools") from None
+    return read_tools(tools)  # lowering read them already: they read
 
 
 def answer_of(text: str) -> tuple[str | None, dict[str, Any] | None]:
