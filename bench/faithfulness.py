@@ -1,25 +1,31 @@
-"""How far masked sampling is from the model's own conditional distribution (issue #40), on
-languages small enough to enumerate:
+"""How far masked sampling is from the model's own conditional distribution, and how close
+sampler="exact" and sampler="smc" come (issue #40), on languages small enough to enumerate:
 
-    python -m bench.faithfulness [--draws 300] [--backend llamacpp] [--model smollm2]
+    python -m bench.faithfulness [--draws 300] [--backend llamacpp] [--particles 4 16 64]
 
-For each task, the conditional p(x) ∝ P_model(x | prompt) over the task's strings comes from a
-`select` over them (each string scored whole in context, docs/language.md §14.7: its canonical
-tokenization only, where the issue's reference sums every tokenization), and masked sampling's
-distribution from `--draws` seeded runs of a `regex=` hole over the same language at temperature
-1 (run_many, a seed per item). Printed per task: both distributions, their total-variation
-distance, the greedy masked value and the likeliest string. A first step of the issue's
-bench: particles (N = 4, 16, 64) and genlm-control are not measured yet."""
+For each task the reference is the conditional p(x) ∝ P_model(x | prompt) over the task's
+strings, every tokenization of each string summed (_reference; the arithmetic is checked
+against plain forwards of the HF model in tests/runtime/test_exact.py). Then, over seeded runs
+at temperature 1 (run_many, a seed per item): masked sampling (a `regex=` hole),
+`sampler="exact"` at its default bounds, a `select` over the strings (canonical tokenizations),
+and `sampler="smc"` at each particle count (fewer runs where a sample costs more). Printed per
+task: the total-variation distance to the reference of each method's draws (for particles
+also of the mean of the runs' value_probs, the distribution each run's value is drawn from,
+less noisy than its draws), of exact's own value_probs, seconds per sample, the greedy masked
+value and the likeliest string. genlm-control is not run here."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import json
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import qrun
+from qrun.runtime import exact
+from qrun.runtime import select as select_module
 
 if TYPE_CHECKING:
     from qrun.backends import Backend
@@ -48,26 +54,83 @@ TASKS = (
          r"(Blue|Grey|Green|Red)", ("Blue", "Grey", "Green", "Red")),
     # The control: one token per value, one decision: masking is exact (the distance is the
     # draws' noise).
+    # A likely first word that can only go on one way: " Paris" then, forced, " Hilton".
+    Task("city", CHAT.replace("QUESTION", "Name one city in France. The name only."),
+         r"(Paris Hilton|Lyon|Marseille|Toulouse)",
+         ("Paris Hilton", "Lyon", "Marseille", "Toulouse")),
     Task("yes-no", CHAT.replace("QUESTION", "Is the sky blue? Answer Yes or No."),
          r"(Yes|No)", ("Yes", "No")),
 )
 
 
-def measure(task: Task, model: Backend, draws: int) -> dict[str, object]:
-    scored = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}").run(
-        model=model, opts=list(task.strings))
-    conditional = scored.holes["s"].option_probs  # type: ignore[attr-defined]
-    query = qrun.Query(task.prompt + "{{ gen s regex=pattern }}{% endassistant %}")
-    runs = query.run_many([{"pattern": task.pattern}] * draws, model=model, temperature=1.0,
-                          seed=1)
-    counts = collections.Counter(run["s"] for run in runs)  # type: ignore[index]
-    masked = {s: counts[s] / draws for s in task.strings}
-    greedy = query.run(model=model, pattern=task.pattern)["s"]
-    return {"task": task.name, "draws": draws,
-            "tv": round(0.5 * sum(abs(masked[s] - conditional[s]) for s in task.strings), 3),
-            "conditional": {s: round(conditional[s], 3) for s in task.strings},
-            "masked": masked, "greedy_masked": greedy,
-            "likeliest": max(conditional, key=conditional.__getitem__)}
+def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
+            ) -> dict[str, object]:
+    reference, reference_s = _reference(task, model)
+    exact_query = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
+                             "{% endassistant %}")
+    at_bound = exact_query.run(model=model, pattern=task.pattern).holes["s"]
+    row: dict[str, object] = {
+        "task": task.name, "reference": _rounded(reference), "reference_s": round(reference_s, 2),
+        "exact_probs_tv": _tv(at_bound.value_probs, reference),  # type: ignore[attr-defined]
+    }
+    select = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}")
+    methods: dict[str, tuple[qrun.Query, dict[str, object], int]] = {
+        "masked": (qrun.Query(task.prompt + "{{ gen s regex=pattern }}{% endassistant %}"),
+                   {"pattern": task.pattern}, draws),
+        "exact": (exact_query, {"pattern": task.pattern}, draws),
+        "select": (select, {"opts": list(task.strings)}, draws),
+    }
+    for n in particles:
+        hole = f"{{{{ gen s regex=pattern sampler='smc' particles={n} }}}}{{% endassistant %}}"
+        # Fewer draws where a sample costs more: the mean of the runs' value_probs (the
+        # distribution each run's value is drawn from) has less noise than its draws.
+        methods[f"smc{n}"] = (qrun.Query(task.prompt + hole), {"pattern": task.pattern},
+                              max(30, draws * 4 // max(n, 4)))
+    for name, (query, inputs, count) in methods.items():
+        started = time.perf_counter()
+        results = query.run_many([inputs] * count, model=model, temperature=1.0, seed=1)
+        seconds = time.perf_counter() - started
+        counts = collections.Counter(run["s"] for run in results)  # type: ignore[index]
+        drawn = {s: counts[s] / count for s in task.strings}
+        entry: dict[str, object] = {"draws": count, "tv": _tv(drawn, reference),
+                                    "s_per_sample": round(seconds / count, 4)}
+        if name.startswith("smc"):
+            probs = [run.holes["s"].value_probs for run in results]  # type: ignore[union-attr]
+            mean = {s: sum((p or {}).get(s, 0.0) for p in probs) / count for s in task.strings}
+            entry["tv_of_mean_probs"] = _tv(mean, reference)
+        row[name] = entry
+    row["greedy_masked"] = methods["masked"][0].run(model=model, pattern=task.pattern)["s"]
+    row["likeliest"] = max(reference, key=reference.__getitem__)
+    return row
+
+
+def _reference(task: Task, model: Backend) -> tuple[dict[str, float], float]:
+    """The conditional over every tokenization of every string, and the seconds it took: a
+    `sampler="exact"` hole whose tree bound is past the task's whole token tree, scored in
+    trees of at most 24 nodes. On llama.cpp a row's log-probabilities move with the size of
+    the batch it is computed in (measured: -7.844 against -7.878 for one token of "The cat
+    sleeps." in 256-node trees and alone; the six sentences' distribution 0.086 apart), and
+    small trees give the numbers a decode of one row gives, which sampling reads."""
+    limits = exact.TREE_LIMIT, select_module.TREE_NODES
+    exact.TREE_LIMIT, select_module.TREE_NODES = 100_000, 24
+    try:
+        started = time.perf_counter()
+        whole = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
+                           "{% endassistant %}").run(model=model, pattern=task.pattern)
+        seconds = time.perf_counter() - started
+    finally:
+        exact.TREE_LIMIT, select_module.TREE_NODES = limits
+    reference = whole.holes["s"].value_probs  # type: ignore[attr-defined]
+    assert set(reference) == set(task.strings), (reference, task.strings)
+    return reference, seconds
+
+
+def _tv(p: dict[str, float], q: dict[str, float]) -> float:
+    return round(0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in {*p, *q}), 4)
+
+
+def _rounded(p: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in p.items()}
 
 
 def main() -> None:
@@ -75,10 +138,14 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=300)
     parser.add_argument("--backend", default="llamacpp")
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--particles", type=int, nargs="*", default=[4, 16, 64])
+    parser.add_argument("--tasks", nargs="*", default=[task.name for task in TASKS])
     args = parser.parse_args()
     model = qrun.load_model(args.model, backend=args.backend)
     for task in TASKS:
-        print(json.dumps(measure(task, model, args.draws)), flush=True)
+        if task.name in args.tasks:
+            print(json.dumps(measure(task, model, args.draws, tuple(args.particles))),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,22 @@ def _flag(value: Any) -> str | None:
     return None if isinstance(value, bool) else "true or false"
 
 
+SAMPLERS = ("mask", "exact", "smc")
+"""How a constrained `gen` hole draws its value: token by token under the mask (the default);
+whole from the model's conditional over its constraint's small language (runtime/exact.py);
+or by particles, sequential Monte Carlo towards that conditional (runtime/particles.py)."""
+MAX_PARTICLES = 64
+"""The most particles of one hole: each is a row of every forward and, on llama.cpp, a
+sequence of the context's 256."""
+DEFAULT_PARTICLES = 16
+# The options that would change what sampler="exact" or "smc" aims at, the model's own
+# conditional (docs/language.md §14.8), each with the value that changes nothing: a run or a
+# hole may not give them other values with either.
+RESHAPING_OPTIONS: Mapping[str, object] = {
+    "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0, "logit_bias": {}}
+
+
 CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "temperature": _temperature,
     "top_p": _top_p,
@@ -115,6 +131,9 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "trace": _flag,
     "speculate": _flag,
     "limits": lambda v: None if isinstance(v, Limits) else "a qrun.Limits",
+    "sampler": lambda v: None if v in SAMPLERS else '"mask", "exact" or "smc"',
+    "particles": lambda v: None if is_int(v) and 1 <= v <= MAX_PARTICLES else
+    f"an integer from 1 to {MAX_PARTICLES}",
 }
 """Per option: a check returning what the value must be (for the error message), or None when
 the value is fine. Hole arguments of the same names are checked with the same functions."""
@@ -137,6 +156,9 @@ class RunOptions:
     sampled token, the mask size and the likeliest alternatives in the run's trace
     (`Result.trace()`; the tokens themselves are always recorded). `limits` bounds the work
     of evaluating the template (qrun.Limits: steps, output characters, integer size).
+    `sampler` ("mask", "exact", "smc") and `particles` are the sampler of every constrained
+    hole that does not choose one and gives no argument the sampler refuses (`particles`
+    alone means "smc"; docs/language.md §14.8).
 
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option.
@@ -155,6 +177,8 @@ class RunOptions:
     trace: bool | None = None
     limits: Limits | None = None
     speculate: bool | None = None
+    sampler: str | None = None
+    particles: int | None = None
 
     def __post_init__(self) -> None:
         for name, check in CHECKS.items():
@@ -162,6 +186,13 @@ class RunOptions:
             wanted = None if value is None else check(value)
             if wanted is not None:
                 raise UsageError(f"{name} must be {wanted}, got {value!r}")
+        if self.sampler in ("exact", "smc"):
+            given = next((name for name, neutral in RESHAPING_OPTIONS.items()
+                          if getattr(self, name) not in (None, neutral)), None)
+            if given is not None:
+                raise UsageError(f"sampler {self.sampler!r} cannot be used with {given}: it "
+                                 "draws from the model's own distribution "
+                                 "(docs/language.md §14.8)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(self, name)
@@ -216,6 +247,8 @@ class RunOptions:
             trace=bool(self.trace),
             limits=self.limits or Limits(),
             speculate=self.speculate is not False,
+            sampler=self.sampler or ("smc" if self.particles is not None else "mask"),
+            particles=self.particles or DEFAULT_PARTICLES,
         )
 
 
@@ -236,6 +269,8 @@ class Resolved:
     trace: bool
     limits: Limits
     speculate: bool
+    sampler: str  # for the constrained holes that do not choose (runtime/hole_args.py)
+    particles: int
 
 
 def _device(value: Any) -> str | None:

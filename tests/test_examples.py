@@ -38,6 +38,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "agent.tmpl": {"question": "How tall is the Eiffel Tower in feet? One metre is 3.28 feet."},
     "tips.tmpl": {"topic": "keeping houseplants alive"},
     "skeleton.tmpl": {"question": "How can I sleep better?"},
+    "animal.tmpl": {},
 }
 # The host functions an example calls: the Python file `--functions` takes (examples/*.py).
 FUNCTIONS = {"calculator.tmpl": "calculator.py", "agent.tmpl": "agent.py"}
@@ -248,6 +249,10 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         check_agent(r)
     if name == "skeleton.tmpl":
         check_skeleton(r)
+    if name == "animal.tmpl":  # sampler="exact": the whole conditional, the likeliest chosen
+        probs = r.holes["sentence"].value_probs
+        assert probs is not None and len(probs) == 6 and sum(probs.values()) == pytest.approx(1)
+        assert r["sentence"] == max(probs, key=probs.__getitem__)
     if name == "tips.tmpl":  # three branches, joined into the text in their order
         assert isinstance(r["tips"], list) and len(r["tips"]) == 3
         assert len(r.hole_lists["tips"]) == 3

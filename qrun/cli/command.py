@@ -39,7 +39,7 @@ from qrun.jsonio import (
     parse_value,
     split_lines,
 )
-from qrun.options import SAMPLING_OPTIONS, ModelOptions, RunOptions
+from qrun.options import SAMPLERS, SAMPLING_OPTIONS, ModelOptions, RunOptions
 
 if TYPE_CHECKING:
     from qrun.api import Query
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--logit-bias", action="append", metavar="TOKEN=BIAS",
                         help="add BIAS (-100 to 100) to token id TOKEN's logit (repeatable)")
+    parser.add_argument("--sampler", choices=SAMPLERS,
+                        help="how constrained holes that do not choose draw their value: "
+                             "under the mask (default), exact (scored whole) or smc "
+                             "(particles); docs/language.md §14.8")
+    parser.add_argument("--particles", type=int, help="particles per hole with --sampler smc "
+                        "(default 16)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
@@ -365,7 +371,8 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
         raise UsageError(f"--server runs on the server's model and templates: "
                          f"{', '.join(local)} cannot go with it")
     given = {name: getattr(options, name) for name in
-             (*SAMPLING_OPTIONS, "seed", "max_tokens") if getattr(options, name) is not None}
+             (*SAMPLING_OPTIONS, "seed", "max_tokens", "sampler", "particles")
+             if getattr(options, name) is not None}
     if options.speculate is False:
         given["speculate"] = False
     inputs, _ = _inputs(args)
@@ -495,7 +502,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
     """The run options given as flags, checked as RunOptions checks them (the message names
     the flag)."""
     given = {name: getattr(args, name)
-             for name in (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate")}
+             for name in (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate", "sampler",
+                          "particles")}
     if args.logit_bias is not None:
         given["logit_bias"] = dict(_bias(text) for text in args.logit_bias)
     if args.trace:

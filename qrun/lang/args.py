@@ -23,6 +23,8 @@ from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.options import (
     CHECKS,
     MODEL_CHECKS,
+    RESHAPING_OPTIONS,
+    SAMPLERS,
     SAMPLING_OPTIONS,
     ModelOptions,
     RunOptions,
@@ -31,18 +33,45 @@ from qrun.options import (
 from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
-            "tools", *SAMPLING_OPTIONS, "seed", "heal", "ends_at_text", "n")
+            "tools", *SAMPLING_OPTIONS, "seed", "heal", "ends_at_text", "sampler", "particles",
+            "n")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 # The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).
 SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "device",
+                     "frequency_penalty", "repetition_penalty", "sampler", "particles", "seed",
+                     "max_tokens", "device",
                      "dtype", "inputs", "output", "tests")
 
 NameCheck = Callable[[str, Span, str], bool]
 """The compiler's check of a new name (`name`, `span`, what it is): False when it reported one."""
+
+
+# What the two samplers that aim at the model's conditional cannot mean: a value scored whole
+# has no stop string, and reshaped or filtered logits would change the target.
+CONDITIONAL_REFUSES = ("stop", "keep_stop", *RESHAPING_OPTIONS)
+SAMPLER_HINT = ('sampler="exact" and sampler="smc" draw a regex=, json=, grammar= or tools= '
+                "value from the model's own distribution over the constraint's language "
+                "(docs/language.md §14.8)")
+
+
+def sampler_conflict(sampler: str, given: Iterable[str]) -> str | None:
+    """Why a hole with these arguments cannot take `sampler`, or None: the compiler's check
+    of a literal sampler and the runtime's of a computed one."""
+    names = set(given)
+    if sampler == "mask":
+        return 'particles= applies to sampler="smc" only' if "particles" in names else None
+    if not names & set(CONSTRAINT_ARGS):
+        return (f'sampler="{sampler}" needs a constraint (regex=, json=, grammar= or tools=): '
+                "an unconstrained hole already samples the model's own distribution")
+    wrong = [name for name in CONDITIONAL_REFUSES if name in names]
+    if wrong:
+        return f'sampler="{sampler}" cannot be used with {wrong[0]}='
+    if sampler == "exact" and "particles" in names:
+        return 'particles= applies to sampler="smc" only'
+    return None
 
 
 class ArgChecker:
@@ -91,6 +120,15 @@ class ArgChecker:
         keep = args.get("keep_stop")
         if keep is not None:
             self.check_keep_stop(keep, args)
+        sampler = args.get("sampler")
+        # particles= alone asks for particles (runtime/hole_args.py reads it so too)
+        chosen = ("smc" if "particles" in args else None) if sampler is None else \
+            literal(sampler.expr)
+        if chosen in SAMPLERS:
+            wrong = sampler_conflict(chosen, args)
+            if wrong is not None:
+                where = sampler or args["particles"]
+                self.fail(wrong, prefix(where.span, len(where.name)), SAMPLER_HINT)
         return args
 
     def check_keep_stop(self, keep: ast.HoleArg, args: dict[str, ast.HoleArg]) -> None:

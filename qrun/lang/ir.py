@@ -97,7 +97,8 @@ class ToolCall:
 Constraint = Regex | JsonSchema | Grammar | ToolCall
 
 
-SAMPLING_FIELDS = (*SAMPLING_OPTIONS, "seed", "heal", "keep_stop", "ends_at_text")
+SAMPLING_FIELDS = (*SAMPLING_OPTIONS, "seed", "heal", "keep_stop", "ends_at_text", "sampler",
+                   "particles")
 """GenParams' arguments after its length, stop and constraint, in field order."""
 
 
@@ -122,6 +123,10 @@ class GenParams:
     keep_stop: Expr | None = None  # the stop string that ended the value stays in it
     # false: the model beginning the next text does not end the hole (docs/language.md §14.5)
     ends_at_text: Expr | None = None
+    # "mask" (token by token under the mask), "exact" (the model's conditional over a small
+    # language, scored whole: runtime/exact.py) or "smc" (particles: runtime/particles.py)
+    sampler: Expr | None = None
+    particles: Expr | None = None  # how many, with sampler="smc"
 
     def exprs(self) -> Iterator[Expr]:
         """Every argument expression, the constraint's included, in field order."""

@@ -5,13 +5,18 @@ the executor only ever talks to these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from qrun.backends.base import Backend, HoleSampler, StepModel, TreeScorer
+from qrun.runtime.exact import fill_exact
 from qrun.runtime.generate import LocalFiller
-from qrun.runtime.hole import HoleFiller
+from qrun.runtime.hole import GenRequest, HoleFailure, HoleFiller
+from qrun.runtime.particles import fill_particles
 from qrun.runtime.remote import ServerFiller
+from qrun.runtime.result import GenRecord
 from qrun.runtime.select import PromptScoring, Scoring, TreeScoring
+from qrun.runtime.session import Session
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,33 @@ class Engines:
     filler: HoleFiller | None
     scoring: Scoring | None
     heals_in_context: bool
+
+    def fill(self, session: Session, request: GenRequest,
+             on_text: Callable[[str], None] | None) -> GenRecord:
+        """Fill a `gen` hole: under the mask by the filler; with sampler="exact", scored whole
+        as select scores its options (runtime/exact.py); with sampler="smc", by particles
+        (runtime/particles.py).
+
+        Raises:
+            HoleFailure: the hole cannot be filled legally, or not on this backend.
+        """
+        record = None
+        if request.sampler == "exact":
+            if self.scoring is None:
+                raise HoleFailure('sampler="exact" needs a backend that scores token '
+                                  "sequences, and this one cannot")
+            record = fill_exact(session, request, self.scoring)
+        elif request.sampler == "smc":
+            if self.model is None:
+                raise HoleFailure('sampler="smc" needs token-level forwards, and this backend '
+                                  "samples whole holes (a vLLM server): use a local model")
+            record = fill_particles(session, request, self.model)
+        if record is not None:
+            if on_text is not None:
+                on_text(record.text)
+            return record
+        assert self.filler is not None, "the executor checks for a filler first"
+        return self.filler.fill(session, request, on_text)
 
 
 def choose_engines(

@@ -407,7 +407,7 @@ class Run:
             after = call.suffix or after
         with self._filling(op):
             request = self._gen_request(op, after)
-            record = filler.fill(self.session, request, self._show)
+            record = self.engines.fill(self.session, request, self._show)
         if isinstance(op.params.constraint, ir.ToolCall):
             record.value = call_value(record.value, self.constraints.call_keys())
         self.recorder.end_hole(constraint=record.constraint, value=record.value,
@@ -431,7 +431,7 @@ class Run:
         prefix = b""
         # The healed token may stay in the context until the model writes it again where one
         # forward returns two positions' logits, else it is taken back (backends/base.py).
-        in_context = self.engines.heals_in_context
+        in_context = self.engines.heals_in_context and args.sampler == "mask"
         if args.heal:
             prefix = self._heal(keep_last=in_context)
         cursor: Cursor | None = None
@@ -452,7 +452,8 @@ class Run:
         return GenRequest(op.name, args.max_tokens, args.stop, args.sampling, generator, cursor,
                           spec, prefix, healed_in_context=bool(prefix) and in_context,
                           drafter=self.drafter, follow=follow, keep_stop=args.keep_stop,
-                          first_tokens=first)
+                          first_tokens=first,
+                          sampler=args.sampler, particles=args.particles)
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""

@@ -62,6 +62,11 @@ class GenRequest:
     # prefix. A split of the healed text (` ` then `i` then `s` for ` is`) is a tokenization
     # the model never reads, after which it writes garbage (issue #38).
     first_tokens: npt.NDArray[np.bool_] | None = None
+    # "mask": token by token under the mask; "exact": drawn from the model's conditional over
+    # the constraint's language, scored whole (runtime/exact.py); "smc": `particles` particles
+    # (runtime/particles.py).
+    sampler: str = "mask"
+    particles: int = 16
 
 
 _PUNCTUATION = frozenset(string.punctuation.encode())
@@ -195,14 +200,8 @@ class Hole:
             kind = "forced" if forced else "healed" if self.in_prefix() else "sampled"
             session.recorder.chosen(len(session.token_ids) - 1, token, kind, logprob,
                                     mask_size, top)
-        self.record.token_ids.append(token)
-        self.record.logprobs.append(logprob)
-        self.record.forced.append(forced)
         before = len(self.text)
-        self.text += self.vocab.token_bytes[token] or b""
-        self.ends.append(len(self.text))
-        if self.request.cursor is not None:
-            self.request.cursor.advance(token)
+        self.adopt(token, logprob, forced)
         plen = len(self.request.prefix)
         searched, start = max(0, before - plen), 0
         while True:
@@ -214,6 +213,18 @@ class Hole:
             # With a constraint, a stop string ends the hole only where the value before it
             # is a full match; elsewhere it is ordinary text the constraint allowed.
             start = found + 1
+
+    def adopt(self, token: int, logprob: float | None, forced: bool = False) -> None:
+        """Count `token`, the context's last token already, as the hole's next token: its
+        record, its bytes, the cursor (runtime/exact.py appends a whole scored value at once,
+        then adopts its tokens)."""
+        self.record.token_ids.append(token)
+        self.record.logprobs.append(logprob)
+        self.record.forced.append(forced)
+        self.text += self.vocab.token_bytes[token] or b""
+        self.ends.append(len(self.text))
+        if self.request.cursor is not None:
+            self.request.cursor.advance(token)
 
     def end_at_boundary(self, token: int, logprob: float | None, value_bytes: bytes = b"",
                         mask_size: int | None = None,

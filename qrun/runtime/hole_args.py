@@ -13,9 +13,14 @@ from typing import Any
 
 from qrun.errors import EvaluationError, UsageError
 from qrun.lang import ir
-from qrun.lang.args import HOLE_ARG_CHECKS, show_value
+from qrun.lang.args import (
+    CONDITIONAL_REFUSES,
+    HOLE_ARG_CHECKS,
+    sampler_conflict,
+    show_value,
+)
 from qrun.lang.expr import Expr
-from qrun.options import Resolved, logit_bias_items
+from qrun.options import RESHAPING_OPTIONS, Resolved, logit_bias_items
 from qrun.runtime.sampler import SamplingParams
 from qrun.source import Source, Span
 
@@ -32,6 +37,8 @@ class GenArgs:
     ends_at_text: bool
     sampling: SamplingParams
     seed: int | None
+    sampler: str  # "mask", "exact" (runtime/exact.py) or "smc" (runtime/particles.py)
+    particles: int  # with sampler="smc"
 
 
 class HoleArgs:
@@ -67,7 +74,35 @@ class HoleArgs:
                 float(self.value(p.repetition_penalty, "repetition_penalty",
                                  options.repetition_penalty)),
                 self._logit_bias(p.logit_bias, options.logit_bias)),
-            seed=None if seed is None else int(seed))
+            seed=None if seed is None else int(seed),
+            sampler=self._sampler(p),
+            particles=int(self.value(p.particles, "particles", options.particles)))
+
+    def _sampler(self, p: ir.GenParams) -> str:
+        """The hole's sampler: its own (`particles=` alone means "smc"), held to the
+        compiler's check of a literal one (lang/args.py sampler_conflict); else the run's, for
+        a constrained hole that gives no argument it refuses."""
+        given = [name for name in (*CONDITIONAL_REFUSES, "particles")
+                 if getattr(p, name, None) is not None]
+        constraint = ["regex"] if p.constraint is not None else []
+        if p.sampler is None and p.particles is None:
+            run = self._options.sampler
+            return run if constraint and sampler_conflict(run, given + constraint) is None \
+                else "mask"
+        sampler = str(self.value(p.sampler, "sampler", "smc"))
+        wrong: str | None = sampler_conflict(sampler, given + constraint)
+        if wrong is None and sampler != "mask":
+            # The run's (or front matter's) own: a hole's were refused above.
+            reshaping = next((name for name, neutral in RESHAPING_OPTIONS.items()
+                              if getattr(self._options, name) not in (neutral, ())), None)
+            if reshaping is not None:
+                wrong = (f'sampler="{sampler}" cannot be used with the run\'s {reshaping}: it '
+                         "draws from the model's own distribution")
+        if wrong is not None:
+            where = p.sampler or p.particles
+            assert where is not None
+            raise EvaluationError(wrong, where.span, self._source)
+        return sampler
 
     def _logit_bias(self, expr: Expr | None, default: tuple[tuple[int, float], ...]
                     ) -> tuple[tuple[int, float], ...]:

@@ -57,10 +57,25 @@ class GenRecord(HoleRecord):
     healed: str = ""
     prefix_tokens: int = 0
     stop: str | None = None
+    # sampler="exact" (runtime/exact.py): every value of the constraint's language with its
+    # probability under the model's conditional, likeliest first; None otherwise.
+    value_probs: dict[str, float] | None = None
+    # sampler="smc" (runtime/particles.py): each particle's value and normalised weight at the
+    # end; with "exact" or "smc", the log of the (estimated) probability of the constraint's
+    # whole language under the model: how much the constraint cost the model.
+    particles: list[tuple[str, float]] | None = None
+    log_evidence: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,
-                "healed": self.healed, "prefix_tokens": self.prefix_tokens, "stop": self.stop}
+        record = {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,
+                  "healed": self.healed, "prefix_tokens": self.prefix_tokens, "stop": self.stop}
+        if self.value_probs is not None:
+            record["value_probs"] = {k: round(v, 6) for k, v in self.value_probs.items()}
+        if self.particles is not None:
+            record["particles"] = [[value, round(w, 6)] for value, w in self.particles]
+        if self.log_evidence is not None:
+            record["log_evidence"] = round(self.log_evidence, 6)
+        return record
 
 
 @dataclass(slots=True)

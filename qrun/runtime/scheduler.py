@@ -67,6 +67,26 @@ class ForwardScheduler:
             raise request.error
         return request.result
 
+    def submit_many(self, order: tuple[int, ...],
+                    items: Sequence[tuple[Sequence[int], KVCache]]) -> list[Any]:
+        """Several forwards of one worker (particles, runtime/particles.py) as rows of the
+        next batch, in order after `order`; each row's logits after its last token."""
+        requests = [_Request(False, (*order, i), (list(ids), cache, 1))
+                    for i, (ids, cache) in enumerate(items)]
+        with self.cond:
+            alone = self.active <= 1 and not self.pending and not self.running
+            self.pending.extend(requests)
+            if alone:
+                self._lead()
+            else:
+                self._wake()
+                while not all(request.done for request in requests):
+                    self.cond.wait()
+        for request in requests:
+            if request.error is not None:
+                raise request.error
+        return [request.result for request in requests]
+
     def enter(self) -> None:
         with self.cond:
             self.active += 1
@@ -189,6 +209,13 @@ class ScheduledModel:
             False, self._order, list(token_ids), cache, logits_for)
         return result
 
+    def forward_rows(self, items: Sequence[tuple[Sequence[int], KVCache]]
+                     ) -> list[npt.NDArray[np.float32]]:
+        """Each item's tokens fed on top of its cache, as rows of one batch: per item, the
+        logits after its last token, [1, V]."""
+        result: list[npt.NDArray[np.float32]] = self._scheduler.submit_many(self._order, items)
+        return result
+
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
     ) -> tuple[npt.NDArray[np.float32], KVCache]:
@@ -210,3 +237,16 @@ class ScheduledModel:
     def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
         assert self._scheduler.tree_scorer is not None
         return self._scheduler.tree_scorer.keep_path(tree, length, path)
+
+
+
+def forward_rows(model: StepModel, batcher: BatchForward | None,
+                 items: Sequence[tuple[Sequence[int], KVCache]]) -> list[npt.NDArray[np.float32]]:
+    """Each item's tokens fed on top of its own cache, batched where the model can: through
+    its run's scheduler (with the other runs' rows), else the backend's batch forward, else
+    one forward each. Per item, the logits after its last token, [1, V]."""
+    if isinstance(model, ScheduledModel):
+        return model.forward_rows(items)
+    if batcher is not None and len(items) > 1:
+        return batcher.forward_batch(items, 1)
+    return [model.forward(ids, cache, 1) for ids, cache in items]

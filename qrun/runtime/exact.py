@@ -1,0 +1,336 @@
+"""Filling a constrained `gen` hole from the model's own conditional distribution:
+`sampler="exact"` (docs/language.md §14.8, issue #40).
+
+Token masking draws each token from the model's distribution over the tokens the constraint
+still allows, which is not p(x) ∝ P_model(x | context) over the constraint's language: a
+likely first token that leads only to unlikely endings is taken too often. Where the language
+is small, the conditional itself is cheap: every token sequence the mask allows is walked
+(each tokenization of each string, as the masked loop could write it), the sequences are
+scored in one tree forward as `select` scores its options (runtime/select.py), and one is
+drawn by its probability. A sequence the constraint could continue past also pays the model's
+mass of ending there (EOS, or a token that begins the template's next text:
+docs/language.md §14.5), which is how the masked loop ends such a value."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from qrun.constraint import Cursor
+from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
+from qrun.runtime.result import GenRecord
+from qrun.runtime.sampler import log_softmax
+from qrun.runtime.select import Scoring, choose
+from qrun.runtime.session import Session
+
+TREE_LIMIT = 1024
+"""The most token-tree nodes (distinct prefixes of the token sequences the mask allows) an
+exact hole scores: every tokenization of every value, fed once each, in forwards of at most
+runtime/select.py TREE_NODES. Past it, each value is scored in its canonical tokenization
+only. Measured on SmolLM2 (bench/faithfulness.py): `(Blue|Grey|Green|Red)` is 29 token
+sequences in 50 nodes; the six sentences of `(The cat|The dog|A bird) (sleeps|runs)\\.` are
+4,898 sequences in 15,242 nodes, of which the canonical six hold all but a negligible mass."""
+
+VALUES_LIMIT = 256
+"""The most values an exact hole scores in their canonical tokenizations."""
+
+BYTES_LIMIT = 8192
+"""The most byte-trie nodes walked to list the values (each a mask computation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """One token sequence the masked loop could write as the whole value. `end_tokens`: where
+    the constraint could go on, the tokens whose probability is the model's mass of ending
+    here (EOS and the next text's first tokens); empty where the value must end."""
+
+    tokens: tuple[int, ...]
+    text: bytes  # the healed prefix included
+    finish: str  # what the masked loop reports: "match", "max_tokens" or "eos"
+    end_tokens: tuple[int, ...] = ()
+
+
+def fill_exact(session: Session, request: GenRequest, scoring: Scoring) -> GenRecord:
+    """Fill `request`'s hole with a value drawn from the model's conditional over its
+    constraint's language (at temperature T: string probabilities to the power 1/T; at 0 the
+    likeliest string), and return its record, whose `value_probs` is that conditional.
+
+    Raises:
+        HoleFailure: the language has more than EXACT_NODES token-tree nodes, or no value.
+    """
+    cursor = request.cursor
+    assert cursor is not None, "sampler='exact' needs a constraint (lang/args.py checks)"
+    assert not request.healed_in_context, "an exact hole heals by taking the token back"
+    session.settle()
+    session.ensure_start()
+    hole = Hole(session, request)
+    started = time.perf_counter()
+    endings = _endings(session, request, cursor)
+    session.stats.mask_s += time.perf_counter() - started
+    if not endings:
+        raise HoleFailure(f"no value of hole '{request.name}' fits within {request.max_tokens} "
+                          "token(s)", cut_off=True)
+    first = log_softmax(session.next_logits()) if not endings[0].tokens else None
+    rows: list[list[int]] = []
+    for ending in endings:
+        if ending.tokens:
+            rows.append(list(ending.tokens))
+        rows.extend([*ending.tokens, token] for token in ending.end_tokens if ending.tokens)
+    token_logprobs, commit = scoring.score(session, rows) if rows else ([], _nothing)
+    weights: list[float] = []
+    row = 0
+    for ending in endings:
+        if not ending.tokens:  # the empty value: only the mass of ending at once, if any
+            assert first is not None
+            weights.append(_logsumexp([float(first[t]) for t in ending.end_tokens])
+                           if ending.end_tokens else 0.0)
+            continue
+        weight = sum(token_logprobs[row])
+        ends = token_logprobs[row + 1 : row + 1 + len(ending.end_tokens)]
+        row += 1 + len(ending.end_tokens)
+        if ending.end_tokens:
+            weight += _logsumexp([lps[-1] for lps in ends])
+        weights.append(weight)
+    chosen = _choose(endings, weights, request)
+    logprobs: list[float] = []
+    if endings[chosen].tokens:
+        commit(_row_of(endings, chosen))
+        logprobs = token_logprobs[_row_of(endings, chosen)]
+    start = len(session.token_ids) - len(endings[chosen].tokens)
+    for k, (token, logprob) in enumerate(zip(endings[chosen].tokens, logprobs, strict=True)):
+        if session.recorder is not None:
+            session.recorder.chosen(start + k, token, "sampled", logprob)
+        hole.adopt(token, logprob)
+    session.stats.generated_tokens += len(endings[chosen].tokens)
+    record = hole.finish(endings[chosen].finish, "ended before its value matched")
+    record.value_probs = _value_probs(endings, weights, len(request.prefix))
+    record.log_evidence = _logsumexp(weights)
+    return record
+
+
+def _nothing(chosen: int) -> None:
+    raise AssertionError("no row to commit")
+
+
+def _row_of(endings: list[Ending], chosen: int) -> int:
+    """The index among the scored rows of ending `chosen`'s own row (each ending with tokens
+    has its row, then one row per end token)."""
+    return sum(1 + len(e.end_tokens) for e in endings[:chosen] if e.tokens)
+
+
+class _TooLarge(Exception):
+    """A walk passed its bound."""
+
+
+def _endings(session: Session, request: GenRequest, cursor: Cursor) -> list[Ending]:
+    """Every token sequence the masked loop could write where they are few (TREE_LIMIT
+    nodes), else every value in its canonical tokenization (VALUES_LIMIT values).
+
+    Raises:
+        HoleFailure: more values than that.
+    """
+    boundary = follow_of(session, request.follow).tokens
+    try:
+        return list(_walk_tokens(session, request, cursor, boundary))
+    except _TooLarge:
+        pass
+    try:
+        return _canonical(session, request, cursor, _walk_bytes(session, request, cursor),
+                          boundary)
+    except _TooLarge:
+        raise HoleFailure(
+            f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
+            f"more than {BYTES_LIMIT} distinct prefixes of them); its language is too large to "
+            "score whole: leave sampler= out to sample under the mask, or narrow the "
+            "constraint") from None
+
+
+def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: list[int],
+                 text: bytes, left: int, boundary: tuple[int, ...]
+                 ) -> tuple[Ending | None, list[int]]:
+    """What the masked loop can do where `cursor` stands after `path` (`text`), with `left`
+    tokens of budget: end there (the Ending, or None) and which tokens go on. `boundary`: the
+    tokens that begin the template's next text (runtime/hole.py follow_of)."""
+    eos = session.backend.eos_token_ids
+    children: list[int] = []
+    mask = None
+    if cursor.can_continue() and left > 0:
+        mask = cursor.allowed(left)
+        if not path and request.first_tokens is not None:
+            mask = mask & request.first_tokens
+        children = [int(t) for t in np.flatnonzero(mask) if int(t) not in eos]
+    if not cursor.can_end():
+        return None, children
+    if mask is not None and children:  # it could go on: ending costs the model's end mass
+        stops = (*sorted(eos), *(t for t in boundary if not mask[t]))
+        return Ending(tuple(path), text, "eos", stops), children
+    finish = "match" if not cursor.can_continue() else "max_tokens" if left <= 0 else "eos"
+    return Ending(tuple(path), text, finish), children
+
+
+def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
+                 boundary: tuple[int, ...]) -> Iterator[Ending]:
+    """Every token sequence the masked loop could write as the value, depth first; the cursor
+    is moved along and given back where it began.
+
+    Raises:
+        _TooLarge: more than TREE_LIMIT nodes.
+    """
+    vocab = session.backend.vocabulary
+    plen = len(request.prefix)
+    nodes = 0
+    path: list[int] = []
+    ends: list[int] = []  # byte offset where each token of `path` ends
+    stack: list[Iterator[int]] = []
+
+    def expand() -> Ending | None:
+        spent = sum(1 for end in ends if end > plen)  # tokens inside the healed text are free
+        text = b"".join(vocab.token_bytes[t] or b"" for t in path)
+        ending, children = _ending_here(session, request, cursor, path, text,
+                                        request.max_tokens - spent, boundary)
+        stack.append(iter(children))
+        return ending
+
+    try:
+        while True:
+            ending = expand()
+            if ending is not None:
+                yield ending
+            token = None
+            while stack and token is None:
+                token = next(stack[-1], None)
+                if token is None:
+                    stack.pop()
+                    if path:
+                        path.pop()
+                        ends.pop()
+                        cursor.rollback(1)
+            if token is None:
+                return
+            nodes += 1
+            if nodes > TREE_LIMIT:
+                raise _TooLarge
+            cursor.advance(token)
+            path.append(token)
+            ends.append((ends[-1] if ends else 0) + len(vocab.token_bytes[token] or b""))
+    finally:
+        if path:
+            cursor.rollback(len(path))
+
+
+def _walk_bytes(session: Session, request: GenRequest, cursor: Cursor) -> list[bytes]:
+    """Every value of the constraint's language (the healed prefix first), walked a byte at a
+    time through the tokens of one byte; the cursor is given back where it began.
+
+    Raises:
+        _TooLarge: more than VALUES_LIMIT values or BYTES_LIMIT nodes.
+    """
+    byte_tokens = _byte_tokens(session)
+    found: list[bytes] = []
+    path: list[int] = []
+    stack: list[Iterator[int]] = []
+    nodes = 0
+    try:
+        while True:
+            if cursor.can_end():
+                found.append(bytes(path))
+                if len(found) > VALUES_LIMIT:
+                    raise _TooLarge
+            nexts: list[int] = []
+            if cursor.can_continue():
+                mask = cursor.allowed()
+                nexts = [b for b, t in enumerate(byte_tokens) if t >= 0 and mask[t]]
+            stack.append(iter(nexts))
+            byte = None
+            while stack and byte is None:
+                byte = next(stack[-1], None)
+                if byte is None:
+                    stack.pop()
+                    if path:
+                        path.pop()
+                        cursor.rollback(1)
+            if byte is None:
+                return found
+            nodes += 1
+            if nodes > BYTES_LIMIT:
+                raise _TooLarge
+            cursor.advance(byte_tokens[byte])
+            path.append(byte)
+    finally:
+        if path:
+            cursor.rollback(len(path))
+
+
+def _byte_tokens(session: Session) -> list[int]:
+    """Per byte value, a token of that one byte (-1 where the vocabulary has none)."""
+    vocab = session.backend.vocabulary
+    return [next(iter(vocab.ids_of(bytes([b]))), -1) for b in range(256)]
+
+
+def _canonical(session: Session, request: GenRequest, cursor: Cursor,
+               values: list[bytes], boundary: tuple[int, ...]) -> list[Ending]:
+    """Each value (healed prefix first) in its canonical tokenization, where the mask allows
+    it within the hole's max_tokens."""
+    plen = len(request.prefix)
+    vocab = session.backend.vocabulary
+    endings = []
+    for data in values:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # a value is text: bytes that are not UTF-8 are no value
+        tokens = session.backend.encode(text) if text else []
+        spent, offset, consumed = 0, 0, 0
+        for token in tokens:
+            if not cursor.consume(token):
+                break
+            consumed += 1
+            offset += len(vocab.token_bytes[token] or b"")
+            spent += offset > plen
+        if consumed == len(tokens) and spent <= request.max_tokens:
+            ending, _ = _ending_here(session, request, cursor, tokens, data,
+                                     request.max_tokens - spent, boundary)
+            if ending is not None:
+                endings.append(ending)
+        cursor.rollback(consumed)
+    return endings
+
+
+def _choose(endings: list[Ending], weights: list[float], request: GenRequest) -> int:
+    """The chosen ending: a string by its summed probability over its tokenizations (its
+    power 1/T; the likeliest at T = 0), then one of its tokenizations by probability (the
+    likeliest at T = 0)."""
+    by_text: dict[bytes, list[int]] = {}
+    for index, ending in enumerate(endings):
+        by_text.setdefault(ending.text, []).append(index)
+    texts = list(by_text)
+    masses = [_logsumexp([weights[i] for i in by_text[t]]) for t in texts]
+    temperature = request.sampling.temperature
+    text = texts[choose(masses, temperature, request.generator)]
+    spellings = by_text[text]
+    pick = choose([weights[i] for i in spellings], 1.0 if temperature else 0.0,
+                  request.generator)
+    return spellings[pick]
+
+
+def _value_probs(endings: list[Ending], weights: list[float], prefix: int) -> dict[str, float]:
+    """Each value's probability under the model's conditional (temperature 1), summed over
+    its tokenizations, likeliest first."""
+    top = max(weights)
+    mass: dict[str, float] = {}
+    for ending, weight in zip(endings, weights, strict=True):
+        text = ending.text[prefix:].decode("utf-8", errors="replace")
+        mass[text] = mass.get(text, 0.0) + math.exp(weight - top)
+    total = sum(mass.values())
+    return {text: m / total for text, m in sorted(mass.items(), key=lambda kv: -kv[1])}
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))

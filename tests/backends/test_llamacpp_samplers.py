@@ -1,0 +1,56 @@
+"""sampler="exact" and sampler="smc" on the llamacpp backend (tests marked `llamacpp`): values
+in the language, the exact conditional close to the transformers backend's (the same weights,
+other kernels), particles that correct what masking gets wrong on the default model. Skips
+without llama_cpp unless QRUN_REQUIRE_LLAMACPP=1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tiers import require_llama_cpp
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+
+pytestmark = pytest.mark.llamacpp
+
+require_llama_cpp()
+
+from qrun.backends.llamacpp import LlamaCppBackend  # noqa: E402
+
+CITY = ("{% user %}Name one city in France. The name only.{% enduser %}\n{% assistant %}"
+        '{{ gen city regex="(Paris Hilton|Lyon|Marseille|Toulouse)" SAMPLER }}{% endassistant %}')
+VALUES = {"Paris Hilton", "Lyon", "Marseille", "Toulouse"}
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[LlamaCppBackend]:
+    backend = qrun.load_model("smollm2", backend="llamacpp")
+    assert isinstance(backend, LlamaCppBackend)
+    yield backend
+    backend.close()
+
+
+def test_exact_agrees_with_transformers(llama: LlamaCppBackend,
+                                        smollm2: TransformersBackend) -> None:
+    query = qrun.Query(CITY.replace("SAMPLER", 'sampler="exact"'))
+    here = query.run(model=llama).holes["city"].value_probs
+    there = query.run(model=smollm2).holes["city"].value_probs
+    assert here is not None and there is not None and set(here) == VALUES == set(there)
+    assert 0.5 * sum(abs(here[v] - there[v]) for v in VALUES) < 0.1
+    # " Paris" is a likely start that only a forced " Hilton" can follow: the model's
+    # conditional gives the whole value next to nothing.
+    assert here["Paris Hilton"] < 0.01
+
+
+def test_particles_leave_the_dead_end_masking_takes(llama: LlamaCppBackend) -> None:
+    masked = qrun.Query(CITY.replace("SAMPLER", "")).run_many(
+        [{}] * 40, model=llama, temperature=1.0, seed=1)
+    assert sum(r["city"] == "Paris Hilton" for r in masked) >= 8  # type: ignore[index]
+    smc = qrun.Query(CITY.replace("SAMPLER", 'sampler="smc" particles=16')).run_many(
+        [{}] * 20, model=llama, temperature=1.0, seed=1)
+    assert all(r["city"] in VALUES for r in smc)  # type: ignore[index]
+    assert sum(r["city"] == "Paris Hilton" for r in smc) <= 1  # type: ignore[index]
+    record = smc[0].holes["city"]  # type: ignore[union-attr]
+    assert record.particles is not None and len(record.particles) == 16

@@ -1,0 +1,215 @@
+"""sampler="smc" (runtime/particles.py, docs/language.md §14.8): particles towards the model's
+conditional over a constraint's language. The weights' arithmetic is checked against plain
+forwards of the HF model (tests/runtime/test_exact.py sequence_logprob), the estimates against
+sampler="exact", which scores the whole language."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.errors import TemplateError
+from qrun.runtime.particles import Particle, resampled
+from tests.runtime.test_exact import sequence_logprob
+
+PROMPT = "The animal is a"
+
+
+def runs(model: Any, template: str, count: int, **options: Any) -> list[qrun.Result]:
+    return qrun.Query(template).run_many([{}] * count, model=model, **options)  # type: ignore[return-value]
+
+
+def test_one_particle_weighs_the_model_against_the_mask(tiny: TransformersBackend) -> None:
+    # One particle, no resampling: its weight is P_model(x) / q_mask(x) exactly (every value
+    # of this language must end where it does: no EOS step).
+    template = PROMPT + '{{ gen x regex=" (cat|dog|bird)" sampler="smc" particles=1 }}'
+    for seed in (2, 3):
+        result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed)
+        record = result.holes["x"]
+        context = result.token_ids[: record.start]
+        model_lp = sequence_logprob(tiny, context, record.token_ids)
+        masked_lp = sum(record.logprobs)  # type: ignore[arg-type]
+        assert record.particles is not None and len(record.particles) == 1
+        assert record.log_evidence == pytest.approx(model_lp - masked_lp, abs=1e-4)
+        assert model_lp - masked_lp < -1e-3  # the mask did cut something
+
+
+def test_the_weight_is_an_unbiased_estimate_of_the_languages_mass(
+        tiny: TransformersBackend) -> None:
+    language = '" (cat|dog|bird)"'
+    exact = qrun.Query(PROMPT + f"{{{{ gen x regex={language} sampler=\"exact\" }}}}").run(
+        model=tiny).holes["x"].log_evidence
+    assert exact is not None
+    template = PROMPT + f'{{{{ gen x regex={language} sampler="smc" particles=1 }}}}'
+    draws = runs(tiny, template, 300, temperature=1.0, seed=5)
+    mean = sum(math.exp(r.holes["x"].log_evidence) for r in draws) / len(draws)  # type: ignore[arg-type]
+    assert mean == pytest.approx(math.exp(exact), rel=0.15)
+
+
+def test_one_token_per_value_gives_the_exact_distribution(tiny: TransformersBackend) -> None:
+    exact = qrun.Query('Pick: {{ gen x regex="[abc]" sampler="exact" }}').run(model=tiny)
+    probs = exact.holes["x"].value_probs
+    assert probs is not None and set(probs) == {"a", "b", "c"}
+    draws = runs(tiny, 'Pick: {{ gen x regex="[abc]" sampler="smc" particles=4 }}', 400,
+                 temperature=1.0, seed=3)
+    counts = collections.Counter(r["x"] for r in draws)
+    distance = 0.5 * sum(abs(counts[v] / 400 - p) for v, p in probs.items())
+    assert distance < 0.08, (counts, probs)
+
+
+def test_particles_correct_what_masking_gets_wrong(tiny: TransformersBackend) -> None:
+    # Under the mask " a" and " b" are one choice each, then " b" is forced on through five
+    # more tokens the model finds unlikely: masking takes it about half the time, the model's
+    # conditional almost never.
+    language = '" (a|bqzxjv)"'
+    exact = qrun.Query(f'Go: {{{{ gen x regex={language} sampler="exact" }}}}').run(model=tiny)
+    assert (exact.holes["x"].value_probs or {})[" a"] > 0.99
+    masked = runs(tiny, f"Go: {{{{ gen x regex={language} }}}}", 100, temperature=1.0,
+                  seed=1)
+    assert sum(r["x"] == " a" for r in masked) < 80
+    smc = runs(tiny, f'Go: {{{{ gen x regex={language} sampler="smc" particles=16 }}}}', 40,
+               temperature=1.0, seed=1)
+    assert sum(r["x"] == " a" for r in smc) >= 38
+    record = smc[0].holes["x"]
+    assert record.particles is not None and len(record.particles) == 16
+    assert sum(w for _, w in record.particles) == pytest.approx(1.0)
+    # Resampling dropped the particles that went into the long value and copied the others.
+    assert sum(value == " a" for value, _ in record.particles) >= 15
+
+
+def test_the_value_keeps_its_particles_cache(tiny: TransformersBackend) -> None:
+    # The chosen particle's KV (a fork, maybe a copy of a copy) becomes the context's: what
+    # follows is what follows the same text given as fixed text.
+    after = " then{{ gen y max_tokens=6 temperature=0 }}"
+    template = (PROMPT + '{{ gen x regex=" (cat|dog|bird)( and a (cat|dog))?" sampler="smc" '
+                'particles=6 }}' + after)
+    checked = 0
+    for seed in range(1, 6):
+        sampled = qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed)
+        record = sampled.holes["x"]
+        if record.token_ids[record.prefix_tokens :] != tiny.encode(record.text):
+            continue  # a non-canonical spelling: fixed text would read otherwise
+        follow = qrun.Query(PROMPT + sampled["x"] + after).run(model=tiny)
+        assert sampled["y"] == follow["y"], seed
+        checked += 1
+    assert checked >= 2
+
+
+def test_same_seed_same_value_and_greedy_takes_the_heaviest(tiny: TransformersBackend) -> None:
+    template = PROMPT + '{{ gen x regex=" (cat|dog|bird)s?" sampler="smc" particles=8 }}.'
+    first = qrun.Query(template).run(model=tiny, temperature=1.0, seed=11)
+    again = qrun.Query(template).run(model=tiny, temperature=1.0, seed=11)
+    assert first.holes["x"].particles == again.holes["x"].particles
+    assert first.text == again.text
+    greedy = qrun.Query(template).run(model=tiny, seed=11)
+    record = greedy.holes["x"]
+    assert record.particles is not None
+    heaviest = max(range(8), key=lambda i: record.particles[i][1])  # type: ignore[index]
+    assert greedy["x"] == record.particles[heaviest][0]
+    # The context holds the value and the run goes on from it.
+    assert greedy.text == f"{PROMPT}{greedy['x']}."
+
+
+def test_json_grammar_and_a_loop(tiny: TransformersBackend) -> None:
+    schema = {"type": "string", "enum": ["red", "green", "blue"]}
+    template = ('{% for i in range(2) %}Colour: {{ gen c json=schema sampler="smc" '
+                'particles=4 }}\n{% endfor %}Answer: {{ gen a grammar=g sampler="smc" }}')
+    result = qrun.Query(template).run(model=tiny, schema=schema, g='start: "yes" | "no"',
+                                      temperature=1.0, seed=4)
+    assert all(c in ("red", "green", "blue") for c in result["c"])
+    assert result["a"] in ("yes", "no")
+    assert len(result.holes["a"].particles or []) == 16  # the default
+
+
+@pytest.mark.parametrize(("hole", "message"), [
+    ('{{ gen x regex="a|b" sampler="mask" particles=4 }}', 'applies to sampler="smc" only'),
+    ('{{ gen x regex="a|b" sampler="exact" particles=4 }}', 'applies to sampler="smc"'),
+    ('{{ gen x regex="a|b" sampler="smc" particles=65 }}', "particles must be an integer"),
+    ('{{ gen x sampler="smc" }}', "needs a constraint"),
+    ('{{ gen x regex="a|b" sampler="smc" top_k=3 }}', "cannot be used with top_k="),
+])
+def test_what_smc_refuses_at_compile_time(hole: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=message):
+        qrun.Query("Hi " + hole)
+
+
+def test_the_run_and_the_front_matter_choose_for_holes_that_do_not(
+        tiny: TransformersBackend) -> None:
+    template = ('Go: {{ gen a regex=" (cat|dog)" }} {{ gen b regex=" (cat|dog)" stop="." }} '
+                '{{ gen c max_tokens=2 }} {{ gen d regex=" (cat|dog)" sampler="mask" }}'
+                '{{ gen e regex=" (cat|dog)" particles=3 }}')
+    result = qrun.Query(template).run(model=tiny, sampler="smc", particles=5, seed=1,
+                                      temperature=1.0)
+    holes = result.holes
+    assert len(holes["a"].particles or []) == 5  # the run's
+    assert holes["b"].particles is None  # stop= is refused by particles: this hole masks
+    assert holes["c"].particles is None  # no constraint
+    assert holes["d"].particles is None  # its own choice
+    assert len(holes["e"].particles or []) == 3  # particles= alone is sampler="smc"
+    fronted = qrun.Query("---\nsampler: exact\n---\n" + template).run(model=tiny)
+    assert fronted.holes["a"].value_probs is not None and fronted.holes["b"].value_probs is None
+    assert len(fronted.holes["e"].particles or []) == 3
+
+
+def test_a_run_sampler_with_a_reshaping_option_is_refused() -> None:
+    with pytest.raises(qrun.errors.UsageError, match="cannot be used with top_p"):
+        qrun.RunOptions(sampler="smc", top_p=0.5)
+    with pytest.raises(qrun.errors.UsageError, match="particles must be an integer from 1"):
+        qrun.RunOptions(particles=0)
+    assert qrun.RunOptions(particles=8).resolved().sampler == "smc"
+
+
+def test_particles_in_forks_batch_through_the_runs_scheduler(tiny: TransformersBackend) -> None:
+    template = ('{% fork w in ["One", "Two", "Three"] %}{{ w }}:{{ gen x regex=" (cat|dog)s?" '
+                'sampler="smc" particles=4 }}{% endfork %}')
+    first = qrun.Query(template).run(model=tiny, temperature=1.0, seed=9)
+    assert len(first["x"]) == 3
+    assert all(v in (" cat", " dog", " cats", " dogs") for v in first["x"])
+    again = qrun.Query(template).run(model=tiny, temperature=1.0, seed=9)
+    # Branches' rows share batches as their threads come: the logits (and so the weights)
+    # may differ in the last bits from one run to the next (docs/language.md §14.8), not the
+    # particles' values.
+    for one, other in zip(first.hole_lists["x"], again.hole_lists["x"], strict=True):
+        assert [v for v, _ in one.particles or []] == [v for v, _ in other.particles or []]
+        assert [w for _, w in one.particles or []] == pytest.approx(
+            [w for _, w in other.particles or []], rel=1e-3, abs=1e-9)
+
+
+def test_a_holes_sampler_beside_the_runs_reshaping_option_is_refused(
+        tiny: TransformersBackend) -> None:
+    with pytest.raises(qrun.errors.EvaluationError, match="the run's top_k") as caught:
+        qrun.Query('Hi {{ gen x regex="a|b" sampler="smc" }}').run(model=tiny, top_k=5)
+    assert caught.value.span.column == 33  # the sampler= value
+    fronted = "---\nmin_p: 0.1\n---\n" + 'Hi {{ gen x regex="a|b" sampler="exact" }}'
+    with pytest.raises(qrun.errors.EvaluationError, match="the run's min_p"):
+        qrun.Query(fronted).run(model=tiny)
+
+
+class _Cursor:
+    def copy(self) -> _Cursor:
+        return _Cursor()
+
+
+def test_resampling_leaves_finished_particles_and_keeps_the_live_ones_total() -> None:
+    finished = [Particle(_Cursor(), None, log_weight=math.log(0.01), finish="match")  # type: ignore[arg-type]
+                for _ in range(4)]
+    heavy = [Particle(_Cursor(), None, log_weight=0.0) for _ in range(2)]  # type: ignore[arg-type]
+    light = [Particle(_Cursor(), None, log_weight=math.log(1e-4)) for _ in range(10)]  # type: ignore[arg-type]
+    before = [*finished, *heavy, *light]
+    total = sum(math.exp(p.log_weight) for p in heavy + light)
+    after = resampled(before, np.random.default_rng(0))
+    assert after is not before and len(after) == 16
+    # The finished ones are all there, untouched: their weights owe nothing more.
+    assert [p for p in after if p.finish] == finished
+    assert all(p.log_weight == math.log(0.01) for p in finished)
+    live = [p for p in after if not p.finish]
+    assert len(live) == 12 and sum(p in heavy for p in live) >= 1
+    assert sum(math.exp(p.log_weight) for p in live) == pytest.approx(total)
+    # Light ones are dropped for copies of heavy ones.
+    assert not any(p is q for p in live for q in light)
