@@ -410,8 +410,8 @@ class Run:
             record = self.engines.fill(self.session, request, self._show)
         if isinstance(op.params.constraint, ir.ToolCall):
             record.value = call_value(record.value, self.constraints.call_keys())
-        self.recorder.end_hole(constraint=record.constraint, value=record.value,
-                               text=record.text, finish=record.finish, seconds=record.seconds)
+        self.recorder.end_hole(constraint=record.constraint, value=record.value, text=record.text,
+                               finish=record.finish, seconds=record.seconds, **record.drawn_from())
         self._capture(op.name, record, op.in_loop)
         if call is not None:
             self.emit(call.suffix, special=True, op=op)

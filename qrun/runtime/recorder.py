@@ -50,6 +50,11 @@ class HoleEntry:
     finish: str = ""
     seconds: float = 0.0
     options: list[tuple[str, float, float]] | None = None
+    # sampler="exact"/"smc" (docs/language.md §14.8): the distribution the value was drawn
+    # from, each particle's value and weight, the log of P(language)
+    values: dict[str, float] | None = None
+    particles: list[tuple[str, float]] | None = None
+    log_evidence: float | None = None
     # where it ran when not in the run's context: "hidden", "fresh", "branch 2 of fork 3:1"
     # (runtime/contexts.py, runtime/branches.py); its events are then not in the trace
     context: str | None = None
@@ -204,6 +209,11 @@ class Recorder:
             "seconds": hole.seconds, "span": {"line": hole.line, "column": hole.column},
             "first_event": span[0] if span else None, "last_event": span[1] if span else None,
             "options": options, "context": hole.context,
+            **({} if hole.values is None else {
+                "values": [{"text": text, "prob": prob} for text, prob in hole.values.items()],
+                "log_evidence": _finite(hole.log_evidence)}),
+            **({} if hole.particles is None else {
+                "particles": [{"text": text, "weight": w} for text, w in hole.particles]}),
         }
 
     def _text(self, token: int) -> str:

@@ -66,6 +66,12 @@ class GenRecord(HoleRecord):
     particles: list[tuple[str, float]] | None = None
     log_evidence: float | None = None
 
+    def drawn_from(self) -> dict[str, Any]:
+        """What the trace shows of the samplers that aim at the model's conditional (none of
+        it for a hole sampled under the mask): Recorder.end_hole's fields."""
+        return {"values": self.value_probs, "particles": self.particles,
+                "log_evidence": self.log_evidence}
+
     def to_dict(self) -> dict[str, Any]:
         record = {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,
                   "healed": self.healed, "prefix_tokens": self.prefix_tokens, "stop": self.stop}

@@ -64,6 +64,16 @@ class SelectOption(TypedDict):
     prob: float
 
 
+class ValueShare(TypedDict):
+    text: str
+    prob: float
+
+
+class ParticleShare(TypedDict):
+    text: str
+    weight: float
+
+
 class Hole(TypedDict):
     index: int
     name: str
@@ -78,6 +88,9 @@ class Hole(TypedDict):
     last_event: int | None
     options: list[SelectOption] | None
     context: NotRequired[str | None]
+    values: NotRequired[list[ValueShare]]
+    log_evidence: NotRequired[float | None]
+    particles: NotRequired[list[ParticleShare]]
 
 
 class Call(TypedDict):
@@ -242,6 +255,7 @@ def _check_holes(holes: Sequence[object], n_events: int) -> None:
         options = hole.get("options")
         if kind == "gen" and options is not None:
             raise TraceFormatError(f"{path}.options: must be null for a gen hole")
+        _check_drawn(hole, kind, path)
         if kind == "select":
             for j, option in enumerate(_sequence(options, f"{path}.options")):
                 opt_path = f"{path}.options[{j}]"
@@ -249,6 +263,23 @@ def _check_holes(holes: Sequence[object], n_events: int) -> None:
                 _field(opt, "text", str, opt_path)
                 _logprob(opt, "logprob", opt_path)
                 _probability(opt, "prob", opt_path)
+
+
+def _check_drawn(hole: Mapping[str, object], kind: object, path: str) -> None:
+    """A gen hole's `values`, `log_evidence` and `particles` (sampler="exact"/"smc"), when
+    present: absent in traces of masked holes and of traces written before them."""
+    for key, share in (("values", "prob"), ("particles", "weight")):
+        if key not in hole:
+            continue
+        if kind != "gen":
+            raise TraceFormatError(f"{path}.{key}: only a gen hole has {key}")
+        for j, item in enumerate(_sequence(hole[key], f"{path}.{key}")):
+            item_path = f"{path}.{key}[{j}]"
+            entry = _mapping(item, item_path)
+            _field(entry, "text", str, item_path)
+            _probability(entry, share, item_path)
+    if "log_evidence" in hole:
+        _logprob(hole, "log_evidence", path, nullable=True)
 
 
 def _check_options(events: Sequence[object], holes: Sequence[object]) -> None:

@@ -253,6 +253,7 @@ def _hole_row(hole: Hole, events: list[TokenEvent]) -> str:
     name = _text(hole["name"])
     link = f"<a href=\"#hole-{index}\">{name}</a>" if first is not None else name
     options = "" if hole["options"] is None else _options(hole)
+    options += _drawn(hole)
     return (f"<tr id=\"h-{index}\" data-hole=\"{index}\" data-name=\"{_attr(hole['name'])}\">"
             f"<td class=\"num\">{index}</td><td class=\"name\">{link}</td>"
             f"<td>{hole['span']['line']}:{hole['span']['column']}</td>"
@@ -284,6 +285,32 @@ def _calls_section(trace: Trace) -> str:
             "<th>function</th><th>at</th><th>arguments</th><th>result</th>"
             "<th class=\"num\">time</th></tr>"
             f"</thead>\n<tbody>\n{''.join(rows)}</tbody>\n</table>\n</section>\n")
+
+
+def _drawn(hole: Hole) -> str:
+    """A gen hole's value distribution (sampler="exact" or "smc", docs/language.md §14.8) with
+    probability bars, the chosen value ticked; the particles' count and the log-probability of
+    the language under the model. Nothing for a hole sampled under the mask."""
+    values = hole.get("values")
+    if values is None:
+        return ""
+    rows = []
+    for value in values:
+        chosen = ' class="chosen"' if value["text"] == hole["text"] else ""
+        width = max(0.0, min(1.0, value["prob"])) * 100
+        rows.append(
+            f"<tr{chosen} data-text=\"{_attr(value['text'])}\" data-p=\"{_num(value['prob'])}\">"
+            f"<td><code>{_text(_shown_json(value['text']))}</code></td>"
+            f"<td><span class=\"track\"><span class=\"bar\" style=\"width:{width:.1f}%\">"
+            f"</span></span></td><td class=\"num\">{_percent(value['prob'])}</td></tr>")
+    particles = hole.get("particles")
+    evidence = hole.get("log_evidence")
+    notes = [] if particles is None else [f"{len(particles)} particles"]
+    if evidence is not None:
+        notes.append(f"log P(language) {evidence:.3f}")
+    if notes:
+        rows.append(f"<tr><td>{_text(', '.join(notes))}</td></tr>")
+    return f"<table class=\"options\">{''.join(rows)}</table>"
 
 
 def _options(hole: Hole) -> str:

@@ -206,3 +206,28 @@ def test_the_trace_package_imports_no_torch() -> None:
 def test_a_run_names_its_backend_as_the_flag_does(tiny: TransformersBackend) -> None:
     trace = qrun.Query("Hi {{ gen x max_tokens=1 }}").run(model=tiny).trace()
     assert trace["backend"] == "transformers" and trace["model"] == tiny.name
+
+
+def test_a_hole_drawn_from_the_conditional_shows_what_it_was_drawn_from(
+        tiny: TransformersBackend) -> None:
+    template = ('Go:{{ gen a regex=" (cat|dog)" sampler="exact" }} and'
+                '{{ gen b regex=" (cat|dog)" sampler="smc" particles=3 }}{{ select c '
+                'options=[" x", " y"] }}')
+    trace = qrun.Query(template).run(model=tiny, temperature=1.0, seed=2, trace=True).trace()
+    exact, smc, select = trace["holes"]
+    assert {v["text"] for v in exact["values"]} == {" cat", " dog"}
+    assert sum(v["prob"] for v in exact["values"]) == pytest.approx(1.0)
+    assert exact["log_evidence"] < 0 and "particles" not in exact
+    assert len(smc["particles"]) == 3 and smc["values"]
+    assert "values" not in select and "particles" not in select
+    page = render_html(trace)
+    assert "3 particles" in page and "log P(language)" in page
+    # Its checks: a probability past 1, values on a select hole.
+    broken = json.loads(json.dumps(trace))
+    broken["holes"][0]["values"][0]["prob"] = 1.5
+    with pytest.raises(TraceFormatError, match=r"holes\[0\].values\[0\].prob"):
+        validate(broken)
+    broken = json.loads(json.dumps(trace))
+    broken["holes"][2]["values"] = exact["values"]
+    with pytest.raises(TraceFormatError, match=r"holes\[2\].values: only a gen hole"):
+        validate(broken)
