@@ -33,7 +33,8 @@ exact hole scores: every tokenization of every value, fed once each, in forwards
 runtime/select.py TREE_NODES. Past it, each value is scored in its canonical tokenization
 only. Measured on SmolLM2 (bench/faithfulness.py): `(Blue|Grey|Green|Red)` is 29 token
 sequences in 50 nodes; the six sentences of `(The cat|The dog|A bird) (sleeps|runs)\\.` are
-4,898 sequences in 15,242 nodes, of which the canonical six hold all but a negligible mass."""
+4,898 sequences in 15,242 nodes (scoring them all took 40 s on transformers), of which the
+canonical six hold 99.7 % of the mass."""
 
 VALUES_LIMIT = 256
 """The most values an exact hole scores in their canonical tokenizations."""
