@@ -12,18 +12,25 @@ and `sampler="smc"` at each particle count (fewer runs where a sample costs more
 task: the total-variation distance to the reference of each method's draws (for particles
 also of the mean of the runs' value_probs, the distribution each run's value is drawn from,
 less noisy than its draws), of exact's own value_probs, seconds per sample, the greedy masked
-value and the likeliest string. genlm-control is not run here."""
+value and the likeliest string. With QRUN_BENCH_GENLM_PYTHON naming a Python with genlm-control
+installed, its AWRS + SMC (--genlm-particles, default 20; --genlm-runs, default 10) on the
+same tasks, prompts and weights, after qrun's runs (bench/genlm_runner.py)."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import json
+import os
+import re
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import qrun
+from qrun.backends import ensure_converted, locate_model
 from qrun.runtime import exact
 from qrun.runtime import select as select_module
 
@@ -104,7 +111,39 @@ def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
     return row
 
 
-def _reference(task: Task, model: Backend) -> tuple[dict[str, float], float]:
+def genlm_rows(python: str, tasks: list[tuple[Task, dict[str, float], list[int], str]],
+               particles: int, runs: int) -> list[dict[str, object]]:
+    """genlm-control's AWRS + SMC on the tasks (bench/genlm_runner.py in `python`, genlm's own
+    environment), on qrun's HF conversion of the same GGUF and the same context ids; per task
+    its mean posterior's distance from the reference (the transformers backend's, on the same
+    weights in float32 as genlm-control's) and its seconds per sample."""
+    job = {"model": str(ensure_converted(locate_model("smollm2"))), "eos": ["<|im_end|>"],
+           "particles": particles, "runs": runs,
+           "tasks": [{"name": task.name, "prompt_ids": ids,
+                      "pattern": re.escape(healed) + task.pattern,
+                      "strings": list(task.strings)} for task, _, ids, healed in tasks]}
+    runner = Path(__file__).with_name("genlm_runner.py")
+    done = subprocess.run([python, str(runner)], input=json.dumps(job), capture_output=True,
+                          text=True, check=False)
+    rows: list[dict[str, object]] = []
+    answers = {}
+    for line in done.stdout.splitlines():
+        answer = json.loads(line)
+        answers[answer["name"]] = answer
+    for task, reference, _, _ in tasks:
+        answer = answers.get(task.name, {"error": done.stderr[-2000:]})
+        if "error" in answer:
+            rows.append({"task": task.name, "genlm": {"error": answer["error"]}})
+            continue
+        rows.append({"task": task.name, "reference_transformers": _rounded(reference),
+                     f"genlm{particles}": {
+            "runs": runs, "tv_of_mean_probs": _tv(answer["mean_posterior"], reference),
+            "s_per_sample": round(answer["s_per_sample"], 3)}})
+    return rows
+
+
+def _reference(task: Task, model: Backend, tree_nodes: int = 24
+               ) -> tuple[dict[str, float], float]:
     """The conditional over every tokenization of every string, and the seconds it took: a
     `sampler="exact"` hole whose tree bound is past the task's whole token tree, scored in
     trees of at most 24 nodes. On llama.cpp a row's log-probabilities move with the size of
@@ -112,7 +151,7 @@ def _reference(task: Task, model: Backend) -> tuple[dict[str, float], float]:
     sleeps." in 256-node trees and alone; the six sentences' distribution 0.086 apart), and
     small trees give the numbers a decode of one row gives, which sampling reads."""
     limits = exact.TREE_LIMIT, select_module.TREE_NODES
-    exact.TREE_LIMIT, select_module.TREE_NODES = 100_000, 24
+    exact.TREE_LIMIT, select_module.TREE_NODES = 100_000, tree_nodes
     try:
         started = time.perf_counter()
         whole = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
@@ -120,9 +159,16 @@ def _reference(task: Task, model: Backend) -> tuple[dict[str, float], float]:
         seconds = time.perf_counter() - started
     finally:
         exact.TREE_LIMIT, select_module.TREE_NODES = limits
-    reference = whole.holes["s"].value_probs  # type: ignore[attr-defined]
+    record = whole.holes["s"]
+    reference = record.value_probs  # type: ignore[attr-defined]
     assert set(reference) == set(task.strings), (reference, task.strings)
+    CONTEXTS[task.name] = (whole.token_ids[: record.start], record.healed)  # type: ignore[attr-defined]
     return reference, seconds
+
+
+CONTEXTS: dict[str, tuple[list[int], str]] = {}
+"""Per task, the context's token ids before the hole and the healed text, from the reference
+run: what genlm-control is prompted with."""
 
 
 def _tv(p: dict[str, float], q: dict[str, float]) -> float:
@@ -140,12 +186,29 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--particles", type=int, nargs="*", default=[4, 16, 64])
     parser.add_argument("--tasks", nargs="*", default=[task.name for task in TASKS])
+    parser.add_argument("--genlm-particles", type=int, default=20)
+    parser.add_argument("--genlm-runs", type=int, default=10)
     args = parser.parse_args()
     model = qrun.load_model(args.model, backend=args.backend)
+    done = []
     for task in TASKS:
         if task.name in args.tasks:
-            print(json.dumps(measure(task, model, args.draws, tuple(args.particles))),
-                  flush=True)
+            row = measure(task, model, args.draws, tuple(args.particles))
+            print(json.dumps(row), flush=True)
+            done.append((task, row["reference"]))
+    python = os.environ.get("QRUN_BENCH_GENLM_PYTHON")
+    if python:  # after qrun's runs, so the two never share the CPU
+        model.close()  # type: ignore[attr-defined]
+        # genlm-control runs the HF weights in float32: its reference is the transformers
+        # backend's (the same weights; llama.cpp's kernels move the log-probabilities a little).
+        hf = qrun.load_model(args.model, backend="transformers")
+        tasks = []
+        for task, _ in done:
+            reference, _ = _reference(task, hf, tree_nodes=select_module.TREE_NODES)
+            tasks.append((task, reference, *CONTEXTS[task.name]))
+        del hf
+        for row in genlm_rows(python, tasks, args.genlm_particles, args.genlm_runs):
+            print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

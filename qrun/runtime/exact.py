@@ -61,7 +61,8 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring) -> GenRe
     likeliest string), and return its record, whose `value_probs` is that conditional.
 
     Raises:
-        HoleFailure: the language has more than EXACT_NODES token-tree nodes, or no value.
+        HoleFailure: the language has more than VALUES_LIMIT values (or BYTES_LIMIT prefixes
+            of them), or no value fits max_tokens.
     """
     cursor = request.cursor
     assert cursor is not None, "sampler='exact' needs a constraint (lang/args.py checks)"
