@@ -147,8 +147,8 @@ def _endings(session: Session, request: GenRequest, cursor: Cursor) -> list[Endi
         raise HoleFailure(
             f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
             f"more than {BYTES_LIMIT} distinct prefixes of them); its language is too large to "
-            "score whole: leave sampler= out to sample under the mask, or narrow the "
-            "constraint") from None
+            'score whole: sample it under the mask (sampler="mask" on the hole) or by particles '
+            '(sampler="smc"), or narrow the constraint') from None
 
 
 def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: list[int],

@@ -85,7 +85,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     eos = frozenset(session.backend.eos_token_ids)
     boundary = follow_of(session, request.follow).tokens
     token_bytes = session.backend.vocabulary.token_bytes
-    pairs: dict[tuple[int, int], bool] = {}
+    pairs = Known(session.backend)
     while any(p.finish is None for p in particles):
         started = time.perf_counter()
         to_feed = [p for p in particles if p.finish is None
@@ -122,8 +122,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
 
 
 def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozenset[int],
-          boundary: tuple[int, ...], generator: np.random.Generator,
-          pairs: dict[tuple[int, int], bool]) -> bool:
+          boundary: tuple[int, ...], generator: np.random.Generator, pairs: Known) -> bool:
     """One token of `particle`, drawn from its masked distribution (at the hole's
     temperature; 1 at 0, where the heaviest particle is taken at the end); its weight gains
     the mass the mask allowed. Returns whether it goes on (its token needs feeding)."""
@@ -177,14 +176,14 @@ def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozen
 TAIL = 1e-4
 """The share of a step's allowed mass, its least likely tokens, that particles never propose:
 the checks below run on the rest only (at most HEAD tokens)."""
-HEAD = 64
-CONTINUATIONS = 64
+HEAD = 32
+CONTINUATIONS = 32
 """How many tokens that could follow a proposed token are tried for a canonical pair (the
 longest first) before the proposed token is taken for a dead end."""
 
 
 def _proposable(backend: Backend, particle: Particle, left: int, masked: npt.NDArray[np.float64],
-                stops: list[int], known: dict[tuple[int, int], bool]) -> npt.NDArray[np.bool_]:
+                stops: list[int], known: Known) -> npt.NDArray[np.bool_]:
     """Which tokens the particle may propose: of the allowed ones (`masked` > 0), the likeliest
     holding all but TAIL of their mass (at most HEAD), those that form a canonical pair with
     the particle's last token (the tokenizer splits their bytes together as these two tokens)
@@ -194,10 +193,18 @@ def _proposable(backend: Backend, particle: Particle, left: int, masked: npt.NDA
     negligible weight (SmolLM2, "A bird sleeps.": 64 particles' estimate of the language's
     mass 11 nats short of the exact one), while the model's conditional over canonical
     spellings holds nearly all of the mass (docs/language.md §14.8)."""
+    path = tuple(particle.tokens)  # the cursor's state and the logits follow from it
+    if path in known.proposable:  # a copy asks what the particle it was copied from asked
+        keep = np.zeros(len(masked), dtype=np.bool_)
+        keep[known.proposable[path]] = True
+        return keep
     allowed = np.flatnonzero(masked)
+    total = float(masked[allowed].sum())
+    if len(allowed) > HEAD:
+        allowed = allowed[np.argpartition(-masked[allowed], HEAD)[:HEAD]]
     order = allowed[np.argsort(-masked[allowed], kind="stable")]
     cumulative = np.cumsum(masked[order])
-    head = order[: min(HEAD, int(np.searchsorted(cumulative, (1.0 - TAIL) * cumulative[-1])) + 1)]
+    head = order[: int(np.searchsorted(cumulative, (1.0 - TAIL) * total)) + 1]
     keep = np.zeros(len(masked), dtype=np.bool_)
     ends = set(stops)
     previous = particle.tokens[-1] if particle.tokens else None
@@ -205,11 +212,11 @@ def _proposable(backend: Backend, particle: Particle, left: int, masked: npt.NDA
         keep[token] = token in ends or (
             (previous is None or _canonical_pair(backend, previous, token, known))
             and _goes_on(backend, particle.cursor, token, left, known))
+    known.proposable[path] = np.flatnonzero(keep)
     return keep
 
 
-def _goes_on(backend: Backend, cursor: Cursor, token: int, left: int,
-             known: dict[tuple[int, int], bool]) -> bool:
+def _goes_on(backend: Backend, cursor: Cursor, token: int, left: int, known: Known) -> bool:
     """Whether after `token` the value can end, or go on by a token that forms a canonical
     pair with it (of the longest CONTINUATIONS the constraint allows)."""
     cursor.advance(token)
@@ -217,23 +224,34 @@ def _goes_on(backend: Backend, cursor: Cursor, token: int, left: int,
         if cursor.can_end() or left <= 1:
             return cursor.can_end()
         nexts = np.flatnonzero(cursor.allowed(left - 1))
-        token_bytes = backend.vocabulary.token_bytes
-        eos = backend.eos_token_ids
-        longest = sorted((int(t) for t in nexts if int(t) not in eos),
-                         key=lambda t: -len(token_bytes[t] or b""))[:CONTINUATIONS]
-        return any(_canonical_pair(backend, token, t, known) for t in longest)
+        nexts = nexts[~np.isin(nexts, list(backend.eos_token_ids))]
+        if len(nexts) > CONTINUATIONS:
+            lengths = known.lengths[nexts]
+            nexts = nexts[np.argpartition(-lengths, CONTINUATIONS)[:CONTINUATIONS]]
+        longest = nexts[np.argsort(-known.lengths[nexts], kind="stable")]
+        return any(_canonical_pair(backend, token, int(t), known) for t in longest)
     finally:
         cursor.rollback(1)
 
 
-def _canonical_pair(backend: Backend, first: int, second: int,
-                    known: dict[tuple[int, int], bool]) -> bool:
+class Known:
+    """What a hole's particles ask again and again: whether two tokens form a canonical pair
+    (`pairs`), each token's length in bytes (`lengths`), and what a particle that wrote these
+    tokens may propose next (`proposable`: a copy made by resampling asks it again)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.pairs: dict[tuple[int, int], bool] = {}
+        self.proposable: dict[tuple[int, ...], npt.NDArray[np.intp]] = {}
+        self.lengths = np.array([len(data or b"") for data in backend.vocabulary.token_bytes])
+
+
+def _canonical_pair(backend: Backend, first: int, second: int, known: Known) -> bool:
     """Whether the tokenizer reads the two tokens' bytes as these two tokens (bytes that are
     not text alone are let through: a pair inside one character); `known` remembers them for
     the hole (its particles ask the same pairs)."""
-    found = known.get((first, second))
+    found = known.pairs.get((first, second))
     if found is None:
-        found = known[first, second] = _reads_as(backend, first, second)
+        found = known.pairs[first, second] = _reads_as(backend, first, second)
     return found
 
 
