@@ -68,7 +68,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     the language's probability.
 
     Raises:
-        HoleFailure: every particle ran into a dead end (no token allowed).
+        HoleFailure: no particle found a value within the hole's max_tokens.
     """
     cursor = request.cursor
     assert cursor is not None, "sampler='smc' needs a constraint (lang/args.py checks)"
@@ -85,11 +85,11 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     eos = frozenset(session.backend.eos_token_ids)
     boundary = follow_of(session, request.follow).tokens
     token_bytes = session.backend.vocabulary.token_bytes
-    pairs = Known(session.backend)
+    known = Known(session.backend)
     while any(p.finish is None for p in particles):
         started = time.perf_counter()
         to_feed = [p for p in particles if p.finish is None
-                   and _step(p, request, session.backend, eos, boundary, generator, pairs)]
+                   and _step(p, request, session.backend, eos, boundary, generator, known)]
         session.stats.mask_s += time.perf_counter() - started
         if to_feed:
             _feed(session, model, base, to_feed)
@@ -122,10 +122,11 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
 
 
 def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozenset[int],
-          boundary: tuple[int, ...], generator: np.random.Generator, pairs: Known) -> bool:
-    """One token of `particle`, drawn from its masked distribution (at the hole's
-    temperature; 1 at 0, where the heaviest particle is taken at the end); its weight gains
-    the mass the mask allowed. Returns whether it goes on (its token needs feeding)."""
+          boundary: tuple[int, ...], generator: np.random.Generator, known: Known) -> bool:
+    """One token of `particle`, drawn from the model's distribution over the tokens it may
+    propose (at the hole's temperature; 1 at 0, where the heaviest particle is taken at the
+    end); its weight gains their mass. Returns whether it goes on (its token needs
+    feeding)."""
     cursor = particle.cursor
     left = request.max_tokens - _spent(particle, request)
     allowed = cursor.allowed(left).copy()
@@ -140,7 +141,7 @@ def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozen
     scaled = particle.logits.astype(np.float64) / temperature
     shifted = np.exp(scaled - scaled.max())
     masked = np.where(allowed, shifted, 0.0)
-    proposable = _proposable(backend, particle, left, masked, stops, pairs)
+    proposable = _proposable(backend, particle, left, masked, stops, known)
     if proposable.any():  # else no canonical spelling is left: the mask's tokens, all of them
         allowed = proposable
         masked = np.where(allowed, masked, 0.0)

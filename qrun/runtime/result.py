@@ -58,7 +58,8 @@ class GenRecord(HoleRecord):
     prefix_tokens: int = 0
     stop: str | None = None
     # sampler="exact" (runtime/exact.py): every value of the constraint's language with its
-    # probability under the model's conditional, likeliest first; None otherwise.
+    # probability under the model's conditional, likeliest first; sampler="smc": the
+    # particles' estimate of it (runtime/particles.py); None under the mask.
     value_probs: dict[str, float] | None = None
     # sampler="smc" (runtime/particles.py): each particle's value and normalised weight at the
     # end; with "exact" or "smc", the log of the (estimated) probability of the constraint's

@@ -54,25 +54,18 @@ class ForwardScheduler:
         """Wait for this forward's row of a batch. A worker alone runs its forward in its own
         thread (a plain `Query.run` pays no hop); batches of several rows run in the
         scheduler's forward thread."""
-        request = _Request(tree, order, args)
-        with self.cond:
-            self.pending.append(request)
-            if self.active <= 1 and len(self.pending) == 1 and not self.running:
-                self._lead()
-            else:
-                self._wake()
-                while not request.done:
-                    self.cond.wait()
-        if request.error is not None:
-            raise request.error
-        return request.result
+        return self._wait([_Request(tree, order, args)])[0]
 
     def submit_many(self, order: tuple[int, ...],
                     items: Sequence[tuple[Sequence[int], KVCache]]) -> list[Any]:
         """Several forwards of one worker (particles, runtime/particles.py) as rows of the
         next batch, in order after `order`; each row's logits after its last token."""
-        requests = [_Request(False, (*order, i), (list(ids), cache, 1))
-                    for i, (ids, cache) in enumerate(items)]
+        return self._wait([_Request(False, (*order, i), (list(ids), cache, 1))
+                           for i, (ids, cache) in enumerate(items)])
+
+    def _wait(self, requests: list[_Request]) -> list[Any]:
+        """Queue `requests` (one worker's) and wait until they have run: at once in this
+        thread when nothing else is pending or running and no other worker is active."""
         with self.cond:
             alone = self.active <= 1 and not self.pending and not self.running
             self.pending.extend(requests)
@@ -237,7 +230,6 @@ class ScheduledModel:
     def keep_path(self, tree: KVCache, length: int, path: Sequence[int]) -> KVCache:
         assert self._scheduler.tree_scorer is not None
         return self._scheduler.tree_scorer.keep_path(tree, length, path)
-
 
 
 def forward_rows(model: StepModel, batcher: BatchForward | None,
