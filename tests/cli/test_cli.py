@@ -123,7 +123,9 @@ def test_missing_model_is_a_clear_usage_error(
      (["--temperature", "-1"], "--temperature"), (["--vars", "/no/such.json"], "--vars"),
      (["--presence-penalty", "3"], "--presence-penalty: presence_penalty must be a number in"),
      (["--logit-bias", "7"], "expected TOKEN=BIAS"),
-     (["--logit-bias", "7=200"], "--logit-bias: logit_bias must be a mapping")],
+     (["--logit-bias", "7=200"], "--logit-bias: logit_bias must be a mapping"),
+     (["--particles", "0"], "--particles: particles must be an integer from 1 to 64"),
+     (["--sampler", "smc", "--top-k", "4"], "--sampler: sampler 'smc' cannot be used with")],
 )
 def test_bad_arguments(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -254,3 +256,16 @@ def test_logit_bias_and_penalties_as_flags(
                  "--frequency-penalty", "0.5", "--json"]) == 0
     value = json.loads(capsys.readouterr().out)["vars"]["x"]
     assert value.endswith("()" * 5), value
+
+
+def test_sampler_and_particles_as_flags(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template = write(tmp_path, 'Pet: {{ gen x regex=" (cat|dog)" }}')
+    assert main([template, "--model", tiny_folder, "--sampler", "exact", "--json",
+                 "--fields", "holes"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["holes"]["x"]["value_probs"]) == \
+        {" cat", " dog"}
+    assert main([template, "--model", tiny_folder, "--particles", "5", "--seed", "1",
+                 "--json", "--fields", "holes"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["holes"]["x"]["particles"]) == 5

@@ -82,6 +82,24 @@ def test_a_run_answers_what_an_in_process_run_gives(
     assert set(row) == {"text", "vars", "stats", "holes"}
 
 
+def test_a_request_chooses_the_sampler_of_the_constrained_holes(
+        server: tuple[str, Service], tiny: TransformersBackend) -> None:
+    url, _ = server
+    body = {"inputs": {"name": "Ada"}, "fields": ["vars", "holes"],
+            "options": {"sampler": "smc", "particles": 3, "seed": 2, "temperature": 1}}
+    response = post(url, "person", body)
+    assert response.status_code == 200, response.text
+    row = response.json()
+    assert [len(row["holes"][h]["particles"]) for h in ("age", "city")] == [3, 3]
+    local = qrun.Query(PERSON).run({"name": "Ada"}, model=tiny, sampler="smc", particles=3,
+                                   seed=2, temperature=1)
+    assert row["vars"] == local.vars
+    for wrong in ({"sampler": "best"}, {"particles": 65}, {"sampler": "exact", "top_k": 3}):
+        refused = post(url, "person", {"inputs": {"name": "Ada"}, "options": wrong})
+        assert refused.status_code == 400, wrong
+        assert refused.json()["error"]["code"] == "bad_request"
+
+
 @pytest.mark.parametrize(("name", "body", "status", "code"), [
     ("person", {"inputs": {}}, 422, "input_error"),
     ("nobody", {"inputs": {"name": "x"}}, 404, "template_not_found"),
