@@ -294,15 +294,7 @@ def _drawn(hole: Hole) -> str:
     values = hole.get("values")
     if values is None:
         return ""
-    rows = []
-    for value in values:
-        chosen = ' class="chosen"' if value["text"] == hole["text"] else ""
-        width = max(0.0, min(1.0, value["prob"])) * 100
-        rows.append(
-            f"<tr{chosen} data-text=\"{_attr(value['text'])}\" data-p=\"{_num(value['prob'])}\">"
-            f"<td><code>{_text(_shown_json(value['text']))}</code></td>"
-            f"<td><span class=\"track\"><span class=\"bar\" style=\"width:{width:.1f}%\">"
-            f"</span></span></td><td class=\"num\">{_percent(value['prob'])}</td></tr>")
+    rows = [_share_row(hole, value["text"], value["prob"]) for value in values]
     particles = hole.get("particles")
     evidence = hole.get("log_evidence")
     notes = [] if particles is None else [f"{len(particles)} particles"]
@@ -314,17 +306,21 @@ def _drawn(hole: Hole) -> str:
 
 
 def _options(hole: Hole) -> str:
-    rows = []
-    for option in hole["options"] or []:
-        chosen = ' class="chosen"' if option["text"] == hole["text"] else ""
-        width = max(0.0, min(1.0, option["prob"])) * 100
-        rows.append(
-            f"<tr{chosen} data-text=\"{_attr(option['text'])}\" data-p=\"{_num(option['prob'])}\">"
-            f"<td><code>{_text(_shown_json(option['text']))}</code></td>"
-            f"<td><span class=\"track\"><span class=\"bar\" style=\"width:{width:.1f}%\">"
-            f"</span></span></td><td class=\"num\">{_percent(option['prob'])}</td>"
-            f"<td class=\"num lp\">{option['logprob']:.3f}</td></tr>")
+    rows = [_share_row(hole, option["text"], option["prob"],
+                       f"<td class=\"num lp\">{option['logprob']:.3f}</td>")
+            for option in hole["options"] or []]
     return f"<table class=\"options\">{''.join(rows)}</table>"
+
+
+def _share_row(hole: Hole, text: str, prob: float, extra: str = "") -> str:
+    """One row of a hole's options or values: the text, a probability bar and the percentage
+    (the chosen one ticked), then `extra` cells."""
+    chosen = ' class="chosen"' if text == hole["text"] else ""
+    width = max(0.0, min(1.0, prob)) * 100
+    return (f"<tr{chosen} data-text=\"{_attr(text)}\" data-p=\"{_num(prob)}\">"
+            f"<td><code>{_text(_shown_json(text))}</code></td>"
+            f"<td><span class=\"track\"><span class=\"bar\" style=\"width:{width:.1f}%\">"
+            f"</span></span></td><td class=\"num\">{_percent(prob)}</td>{extra}</tr>")
 
 
 def _percent(p: float) -> str:
