@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,12 +137,11 @@ def _endings(session: Session, request: GenRequest, cursor: Cursor) -> list[Endi
     """
     boundary = follow_of(session, request.follow).tokens
     try:
-        return list(_walk_tokens(session, request, cursor, boundary))
+        return _walk_tokens(session, request, cursor, boundary)
     except _TooLarge:
         pass
     try:
-        return _canonical(session, request, cursor, _walk_bytes(session, request, cursor),
-                          boundary)
+        return _canonical(session, request, cursor, _walk_bytes(session, cursor), boundary)
     except _TooLarge:
         raise HoleFailure(
             f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
@@ -175,93 +174,82 @@ def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: li
 
 
 def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
-                 boundary: tuple[int, ...]) -> Iterator[Ending]:
-    """Every token sequence the masked loop could write as the value, depth first; the cursor
-    is moved along and given back where it began.
+                 boundary: tuple[int, ...]) -> list[Ending]:
+    """Every token sequence the masked loop could write as the value.
 
     Raises:
         _TooLarge: more than TREE_LIMIT nodes.
     """
-    vocab = session.backend.vocabulary
+    token_bytes = session.backend.vocabulary.token_bytes
     plen = len(request.prefix)
-    nodes = 0
-    path: list[int] = []
-    ends: list[int] = []  # byte offset where each token of `path` ends
-    stack: list[Iterator[int]] = []
+    endings: list[Ending] = []
 
-    def expand() -> Ending | None:
-        spent = sum(1 for end in ends if end > plen)  # tokens inside the healed text are free
-        text = b"".join(vocab.token_bytes[t] or b"" for t in path)
+    def expand(path: list[int]) -> list[int]:
+        text, spent = b"", 0
+        for token in path:
+            text += token_bytes[token] or b""
+            spent += len(text) > plen  # tokens inside the healed text are free
         ending, children = _ending_here(session, request, cursor, path, text,
                                         request.max_tokens - spent, boundary)
-        stack.append(iter(children))
-        return ending
+        if ending is not None:
+            endings.append(ending)
+        return children
 
-    try:
-        while True:
-            ending = expand()
-            if ending is not None:
-                yield ending
-            token = None
-            while stack and token is None:
-                token = next(stack[-1], None)
-                if token is None:
-                    stack.pop()
-                    if path:
-                        path.pop()
-                        ends.pop()
-                        cursor.rollback(1)
-            if token is None:
-                return
-            nodes += 1
-            if nodes > TREE_LIMIT:
-                raise _TooLarge
-            cursor.advance(token)
-            path.append(token)
-            ends.append((ends[-1] if ends else 0) + len(vocab.token_bytes[token] or b""))
-    finally:
-        if path:
-            cursor.rollback(len(path))
+    _depth_first(cursor, expand, TREE_LIMIT)
+    return endings
 
 
-def _walk_bytes(session: Session, request: GenRequest, cursor: Cursor) -> list[bytes]:
+def _walk_bytes(session: Session, cursor: Cursor) -> list[bytes]:
     """Every value of the constraint's language (the healed prefix first), walked a byte at a
-    time through the tokens of one byte; the cursor is given back where it began.
+    time through the tokens of one byte.
 
     Raises:
         _TooLarge: more than VALUES_LIMIT values or BYTES_LIMIT nodes.
     """
-    byte_tokens = _byte_tokens(session)
+    byte_tokens = [t for t in _byte_tokens(session) if t >= 0]
+    token_bytes = session.backend.vocabulary.token_bytes
     found: list[bytes] = []
+
+    def expand(path: list[int]) -> list[int]:
+        if cursor.can_end():
+            found.append(b"".join(token_bytes[t] or b"" for t in path))
+            if len(found) > VALUES_LIMIT:
+                raise _TooLarge
+        if not cursor.can_continue():
+            return []
+        mask = cursor.allowed()
+        return [t for t in byte_tokens if mask[t]]
+
+    _depth_first(cursor, expand, BYTES_LIMIT)
+    return found
+
+
+def _depth_first(cursor: Cursor, expand: Callable[[list[int]], list[int]], limit: int) -> None:
+    """Walk the tree of token paths from where `cursor` stands, depth first, with the cursor
+    moved along (and given back where it began, also on an error): at each node `expand(path)`
+    runs with the cursor there and gives the tokens to go on with.
+
+    Raises:
+        _TooLarge: more than `limit` nodes below the root.
+    """
     path: list[int] = []
-    stack: list[Iterator[int]] = []
+    stack = [iter(expand(path))]
     nodes = 0
     try:
-        while True:
-            if cursor.can_end():
-                found.append(bytes(path))
-                if len(found) > VALUES_LIMIT:
-                    raise _TooLarge
-            nexts: list[int] = []
-            if cursor.can_continue():
-                mask = cursor.allowed()
-                nexts = [b for b, t in enumerate(byte_tokens) if t >= 0 and mask[t]]
-            stack.append(iter(nexts))
-            byte = None
-            while stack and byte is None:
-                byte = next(stack[-1], None)
-                if byte is None:
-                    stack.pop()
-                    if path:
-                        path.pop()
-                        cursor.rollback(1)
-            if byte is None:
-                return found
+        while stack:
+            token = next(stack[-1], None)
+            if token is None:
+                stack.pop()
+                if path:
+                    path.pop()
+                    cursor.rollback(1)
+                continue
             nodes += 1
-            if nodes > BYTES_LIMIT:
+            if nodes > limit:
                 raise _TooLarge
-            cursor.advance(byte_tokens[byte])
-            path.append(byte)
+            cursor.advance(token)
+            path.append(token)
+            stack.append(iter(expand(path)))
     finally:
         if path:
             cursor.rollback(len(path))
