@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
+import qrun
 from qrun.backends.hf_tokenizer import vocabulary_of
 from qrun.backends.transformers import TransformersBackend
 from qrun.constraint.vocab import Vocabulary
+
+if TYPE_CHECKING:  # llama_cpp is imported only by the llamacpp tier's modules that need it
+    from qrun.backends.llamacpp import LlamaCppBackend
 
 # Every process the tests start (qrun's command line, `vllm serve`, vLLM's engine core) runs one
 # OpenMP thread, unbound: two threads spin-waiting at each other's barriers while other
@@ -148,3 +152,15 @@ def vllm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with vllm_serve(tmp_path_factory.mktemp("vllm-serve")) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[LlamaCppBackend]:
+    """The default model on the llamacpp backend, for a llamacpp-tier module (which calls
+    tiers.require_llama_cpp first), closed when the module is done."""
+    from qrun.backends.llamacpp import LlamaCppBackend
+
+    backend = qrun.load_model("smollm2", backend="llamacpp")
+    assert isinstance(backend, LlamaCppBackend)
+    yield backend
+    backend.close()

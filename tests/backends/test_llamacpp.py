@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +51,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 # Largest |Δ log-probability| over the reference's 20 most likely tokens between two ways of
 # computing the same context (measured here: 0-0.25; a context with one sentence left out: 1.3-4.5).
 TOLERANCE = 0.35
-
-
-@pytest.fixture(scope="module")
-def llama() -> Iterator[LlamaCppBackend]:
-    backend = qrun.load_model("smollm2", backend="llamacpp")
-    assert isinstance(backend, LlamaCppBackend)
-    yield backend
-    backend.close()
 
 
 def ids_of(backend: LlamaCppBackend, text: str) -> list[int]:

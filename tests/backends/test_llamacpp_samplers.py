@@ -5,8 +5,6 @@ without llama_cpp unless QRUN_REQUIRE_LLAMACPP=1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from tiers import require_llama_cpp
 
@@ -22,14 +20,6 @@ from qrun.backends.llamacpp import LlamaCppBackend  # noqa: E402
 CITY = ("{% user %}Name one city in France. The name only.{% enduser %}\n{% assistant %}"
         '{{ gen city regex="(Paris Hilton|Lyon|Marseille|Toulouse)" SAMPLER }}{% endassistant %}')
 VALUES = {"Paris Hilton", "Lyon", "Marseille", "Toulouse"}
-
-
-@pytest.fixture(scope="module")
-def llama() -> Iterator[LlamaCppBackend]:
-    backend = qrun.load_model("smollm2", backend="llamacpp")
-    assert isinstance(backend, LlamaCppBackend)
-    yield backend
-    backend.close()
 
 
 def test_exact_agrees_with_transformers(llama: LlamaCppBackend,

@@ -7,7 +7,6 @@ the model's own one. Skips without llama_cpp unless QRUN_REQUIRE_LLAMACPP=1."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from functools import partial
 
 import jsonschema
@@ -36,14 +35,6 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Fo
                                          "required": ["zone"]}}]
 CHAT = ("{% system tools=tools %}Use a tool.{% endsystem %}{% user %}Weather in Oslo?{% enduser %}"
         "{% assistant %}{{ gen call tools=tools max_tokens=60 }}{% endassistant %}")
-
-
-@pytest.fixture(scope="module")
-def llama() -> Iterator[LlamaCppBackend]:
-    backend = qrun.load_model("smollm2", backend="llamacpp")
-    assert isinstance(backend, LlamaCppBackend)
-    yield backend
-    backend.close()
 
 
 def test_smollm2_has_no_tool_format_on_either_backend(

@@ -45,14 +45,6 @@ from qrun.backends.llamacpp import LlamaCppBackend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def llama() -> Iterator[LlamaCppBackend]:
-    backend = qrun.load_model("smollm2", backend="llamacpp")
-    assert isinstance(backend, LlamaCppBackend)
-    yield backend
-    backend.close()
-
-
-@pytest.fixture(scope="module")
 def server(llama: LlamaCppBackend) -> Iterator[tuple[str, Service]]:
     templates = {"extract": qrun.Query(EXTRACT, functions={"wait": GATE.wait})}
     asgi = app(templates, model=llama, max_running=3, max_queue=2)
