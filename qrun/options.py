@@ -117,6 +117,13 @@ RESHAPING_OPTIONS: Mapping[str, object] = {
     "repetition_penalty": 1.0, "logit_bias": {}}
 
 
+def reshaping(options: RunOptions | Resolved) -> str | None:
+    """The first of RESHAPING_OPTIONS that `options` set to a value that changes something
+    (None and an empty logit_bias, a mapping or resolved pairs, change nothing), or None."""
+    return next((name for name, neutral in RESHAPING_OPTIONS.items()
+                 if getattr(options, name) not in (None, neutral, ())), None)
+
+
 CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "temperature": _temperature,
     "top_p": _top_p,
@@ -187,8 +194,7 @@ class RunOptions:
             if wanted is not None:
                 raise UsageError(f"{name} must be {wanted}, got {value!r}")
         if self.sampler in ("exact", "smc"):
-            given = next((name for name, neutral in RESHAPING_OPTIONS.items()
-                          if getattr(self, name) not in (None, neutral)), None)
+            given = reshaping(self)
             if given is not None:
                 raise UsageError(f"sampler {self.sampler!r} cannot be used with {given}: it "
                                  "draws from the model's own distribution "

@@ -20,7 +20,7 @@ from qrun.lang.args import (
     show_value,
 )
 from qrun.lang.expr import Expr
-from qrun.options import RESHAPING_OPTIONS, Resolved, logit_bias_items
+from qrun.options import Resolved, logit_bias_items, reshaping
 from qrun.runtime.sampler import SamplingParams
 from qrun.source import Source, Span
 
@@ -93,10 +93,9 @@ class HoleArgs:
         wrong: str | None = sampler_conflict(sampler, given + constraint)
         if wrong is None and sampler != "mask":
             # The run's (or front matter's) own: a hole's were refused above.
-            reshaping = next((name for name, neutral in RESHAPING_OPTIONS.items()
-                              if getattr(self._options, name) not in (neutral, ())), None)
-            if reshaping is not None:
-                wrong = (f'sampler="{sampler}" cannot be used with the run\'s {reshaping}: it '
+            option = reshaping(self._options)
+            if option is not None:
+                wrong = (f'sampler="{sampler}" cannot be used with the run\'s {option}: it '
                          "draws from the model's own distribution")
         if wrong is not None:
             where = p.sampler or p.particles
