@@ -277,6 +277,9 @@ class Resolved:
     speculate: bool
     sampler: str  # for the constrained holes that do not choose (runtime/hole_args.py)
     particles: int
+    # Inside a `{% particles %}` block (runtime/particle_block.py): every hole is weighed, so
+    # holes are held to lang/args.py weighing_conflict when they run.
+    in_particles: bool = False
 
 
 def _device(value: Any) -> str | None:

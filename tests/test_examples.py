@@ -39,6 +39,7 @@ INPUTS: dict[str, dict[str, Any]] = {
     "tips.tmpl": {"topic": "keeping houseplants alive"},
     "skeleton.tmpl": {"question": "How can I sleep better?"},
     "animal.tmpl": {},
+    "particles.tmpl": {},
 }
 # The host functions an example calls: the Python file `--functions` takes (examples/*.py).
 FUNCTIONS = {"calculator.tmpl": "calculator.py", "agent.tmpl": "agent.py"}
@@ -253,6 +254,12 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
         probs = r.holes["sentence"].value_probs
         assert probs is not None and len(probs) == 6 and sum(probs.values()) == pytest.approx(1)
         assert r["sentence"] == max(probs, key=probs.__getitem__)
+    if name == "particles.tmpl":  # a particles block: greedy goes on with the heaviest
+        (block,) = r.particle_blocks
+        assert len(block.weights) == 16 and sum(block.weights) == pytest.approx(1)
+        assert block.chosen == max(range(16), key=block.weights.__getitem__)
+        assert block.values[block.chosen] == {"subject": r["subject"], "verb": r["verb"]}
+        assert f"assistant\n{r['subject']} {r['verb']}.<|im_end|>" in r.text
     if name == "tips.tmpl":  # three branches, joined into the text in their order
         assert isinstance(r["tips"], list) and len(r["tips"]) == 3
         assert len(r.hole_lists["tips"]) == 3

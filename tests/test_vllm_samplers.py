@@ -49,3 +49,18 @@ def test_on_a_server(vllm_remote: Any, smollm2: TransformersBackend) -> None:
     with pytest.raises(GenerationError, match="samples whole holes") as caught:
         qrun.Query(CITY.replace("SAMPLER", 'sampler="smc"')).run(model=vllm_remote)
     assert caught.value.span.line == 2
+
+
+BLOCK = ("Animal:{% particles 4 %}{{ gen a regex=\" (cat|dog|bird)\" }} and"
+         "{{ select s options=[\" one\", \" two\"] }}{% endparticles %}")
+
+
+def test_a_particles_block_in_process_and_on_a_server(vllm_engine: Any, vllm_remote: Any
+                                                      ) -> None:
+    result = qrun.Query(BLOCK).run(model=vllm_engine, temperature=1.0, seed=2)
+    (record,) = result.particle_blocks
+    assert len(record.values) == 4 and record.values[record.chosen]["a"] == result["a"]
+    assert result.text == f"Animal:{result['a']} and{result['s']}"
+    # A server samples whole holes: the block's constrained hole cannot be drawn by particles.
+    with pytest.raises(GenerationError, match="samples whole holes"):
+        qrun.Query(BLOCK).run(model=vllm_remote, temperature=1.0, seed=2)

@@ -39,6 +39,7 @@ from qrun.jsonio import (
     parse_value,
     split_lines,
 )
+from qrun.lang.ir_dump import dump_program
 from qrun.options import SAMPLERS, SAMPLING_OPTIONS, ModelOptions, RunOptions
 
 if TYPE_CHECKING:
@@ -265,7 +266,7 @@ def _run(args: argparse.Namespace) -> int:
     for warning in query.warnings:  # on stderr; the exit code stays the run's
         print(warning.render(), file=sys.stderr)
     if args.dump:
-        print(query.program.dump())
+        print(dump_program(query.program))
         return EXIT_OK
     if args.check:
         holes = len(query.program.captures)

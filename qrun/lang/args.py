@@ -74,6 +74,42 @@ def sampler_conflict(sampler: str, given: Iterable[str]) -> str | None:
     return None
 
 
+def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
+                      ) -> tuple[str, str] | None:
+    """Why a hole (`kind` "gen" or "select") with these arguments and this sampler (None:
+    none chosen) cannot run in a `{% particles %}` block, as (the argument at fault, the
+    message), or None. A particle is weighed by the model's probability of its holes' values
+    against the chance it had of drawing them (runtime/particle_block.py): a constrained gen
+    must be drawn by a sampler that knows that chance ("smc", by default with one particle:
+    the block's, or "exact"), and every hole from the model's own distribution at temperature
+    1 (the block's temperature chooses the particle). The compiler's check of the arguments
+    written, and the runtime's of a macro's hole called in a block."""
+    names = set(given)
+    block = "'{% particles %}' block"
+    if "temperature" in names:
+        return "temperature", (f"a {kind} hole in a {block} samples at temperature 1: the "
+                               "run's temperature chooses among the particles (0: the "
+                               "heaviest)")
+    if kind == "select":
+        return None if "normalize" not in names else (
+            "normalize", f"normalize= cannot be used in a {block}: a select there weighs "
+            "each option by its whole probability")
+    if names & set(CONSTRAINT_ARGS):
+        if sampler == "mask":
+            return "sampler", (f'sampler="mask" cannot be used in a {block}: its holes are '
+                               'weighed, which needs sampler="smc" (the default there) or '
+                               '"exact"')
+        refused = [name for name in CONDITIONAL_REFUSES if name in names]
+        return None if not refused else (
+            refused[0], f"{refused[0]}= cannot be used in a {block}: its constrained holes "
+            "draw from the model's own distribution over the constraint's language "
+            '(sampler="smc" or "exact")')
+    reshaped = [name for name in RESHAPING_OPTIONS if name in names]
+    return None if not reshaped else (
+        reshaped[0], f"{reshaped[0]}= cannot be used in a {block}: a free hole there is "
+        "drawn from the model's own distribution")
+
+
 class ArgChecker:
     """Checks the arguments of every hole and the front matter of one compile. Errors go to the
     shared `errors` list; compiled patterns are cached for the duration of the compile."""
@@ -130,6 +166,19 @@ class ArgChecker:
                 where = sampler or args["particles"]
                 self.fail(wrong, prefix(where.span, len(where.name)), SAMPLER_HINT)
         return args
+
+    def check_weighed(self, node: ast.Gen | ast.Select, args: dict[str, ast.HoleArg],
+                      block: Span) -> None:
+        """A hole in a `{% particles %}` block (starting at `block`) takes only what weighing
+        allows (weighing_conflict)."""
+        kind = "gen" if isinstance(node, ast.Gen) else "select"
+        sampler = args.get("sampler")
+        chosen = literal(sampler.expr) if sampler is not None else None
+        wrong = weighing_conflict(kind, args, chosen if isinstance(chosen, str) else None)
+        if wrong is not None:
+            arg = args[wrong[0]]
+            self.fail(wrong[1], prefix(arg.span, len(arg.name)),
+                      f"the particles block starts at {block}")
 
     def check_keep_stop(self, keep: ast.HoleArg, args: dict[str, ast.HoleArg]) -> None:
         """keep_stop needs a stop string, and a value that need not match a constraint."""

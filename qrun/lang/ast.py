@@ -195,6 +195,17 @@ class Fork:
 
 
 @dataclass(frozen=True, slots=True)
+class Particles:
+    """`{% particles count %} body {% endparticles %}`: the body runs as `count` weighted
+    particles from the context before the block, and one of them goes on (docs/language.md
+    §23.5)."""
+
+    count: Expr
+    body: tuple[Node, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Hidden:
     """`{% hidden %} body {% endhidden %}`: the body runs in the context, which is then taken
     back to where the block began."""
@@ -255,7 +266,7 @@ class Fresh:
 
 
 Node = (Text | Interp | Gen | Select | If | For | Set | Role | Break | Continue | Include
-        | While | Try | Macro | Return | Fork | Hidden | Fresh)
+        | While | Try | Macro | Return | Fork | Particles | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +286,7 @@ def children(node: Node) -> Iterator[Node]:
                 yield from arm.body
             yield from orelse or ()
         case (For(body=body) | Role(body=body) | While(body=body) | Macro(body=body)
-              | Fork(body=body) | Hidden(body=body) | Fresh(body=body)):
+              | Fork(body=body) | Particles(body=body) | Hidden(body=body) | Fresh(body=body)):
             yield from body
         case Try(body=body, handler=handler):
             yield from body

@@ -23,15 +23,15 @@ _RAW = re.compile(
     r"\{%(-?)[ \t\r\n]*raw[ \t\r\n]*(-?)%\}([\s\S]*?)\{%(-?)[ \t\r\n]*endraw[ \t\r\n]*(-?)%\}")
 _CLOSERS = {"if": "endif", "for": "endfor", "while": "endwhile", "try": "endtry",
             "macro": "endmacro", "fork": "endfork", "hidden": "endhidden",
-            "fresh": "endfresh", "system": "endsystem", "user": "enduser",
-            "assistant": "endassistant"}
+            "fresh": "endfresh", "particles": "endparticles", "system": "endsystem",
+            "user": "enduser", "assistant": "endassistant"}
 # The block tags that open a block, and the kind of block each opens (a role's is its name).
 _OPENERS = {"if_tag": "if", "for_tag": "for", "while_tag": "while", "try_tag": "try",
             "macro_tag": "macro", "fork_tag": "fork", "hidden_tag": "hidden",
-            "fresh_tag": "fresh"}
+            "fresh_tag": "fresh", "particles_tag": "particles"}
 _ENDERS = {"endif_tag": "if", "endfor_tag": "for", "endwhile_tag": "while", "endtry_tag": "try",
            "endmacro_tag": "macro", "endfork_tag": "fork", "endhidden_tag": "hidden",
-           "endfresh_tag": "fresh"}
+           "endfresh_tag": "fresh", "endparticles_tag": "particles"}
 MAX_BLOCK_DEPTH = 100
 """Blocks nest at most this deep: the compiler and runtime walk the tree recursively."""
 MAX_ERRORS = 50
@@ -60,10 +60,12 @@ def build_ast(tree: Tree[Token], source: Source) -> ast.Template:
 class _Frame:
     """An open block while its end tag is being looked for."""
 
-    kind: str  # "if", "for", "while", "try", "macro", "fork", "hidden", "fresh", or a role
+    kind: str  # "if", "for", "while", "try", "macro", "fork", "particles", "hidden", "fresh",
+    # or a role
     span: Span
     targets: tuple[tuple[str, Span], ...] = ()  # a for loop's (or fork's) variables
-    iterable: ex.Expr | None = None  # a for loop's (or fork's) iterable, a while loop's test
+    # a for loop's (or fork's) iterable, a while loop's test, a particles block's count
+    iterable: ex.Expr | None = None
     args: tuple[ast.HoleArg, ...] = ()  # a role's arguments
     name: str | None = None  # a macro's name, the name `{% except NAME %}` binds
     name_span: Span | None = None
@@ -251,7 +253,7 @@ class _Builder:
             frame.targets = tuple((str(t), self.token_span(t)) for t in targets
                                   if isinstance(t, Token))
             frame.iterable = self.exprs.expr(iterable)
-        elif kind == "while":
+        elif kind in ("while", "particles"):
             frame.iterable = self.exprs.expr(body.children[0])
         elif kind == "macro":
             name, *params = body.children
@@ -359,6 +361,9 @@ class _Builder:
             assert frame.name is not None and frame.name_span is not None
             node = ast.Macro(frame.name, frame.params, tuple(frame.body), frame.span,
                              frame.name_span)
+        elif frame.kind == "particles":
+            assert frame.iterable is not None
+            node = ast.Particles(frame.iterable, tuple(frame.body), frame.span)
         elif frame.kind == "hidden":
             node = ast.Hidden(tuple(frame.body), frame.span)
         elif frame.kind == "fresh":

@@ -154,6 +154,10 @@ class _Compiler(NameResolver):
                     self.fail("'{% return %}' outside a macro", span,
                               "a template ends where its text ends; a macro's value is what "
                               "`{% return %}` gives")
+                elif ctx.particles is not None:
+                    self.fail("'{% return %}' cannot leave a '{% particles %}' block", span,
+                              f"the block starts at {ctx.particles}; each particle runs its "
+                              "whole body")
                 elif ctx.branch is not None:
                     # The call has one value; its branches run apart, each to its end.
                     self.fail("'{% return %}' cannot leave a '{% fork %}' branch", span,
@@ -163,6 +167,8 @@ class _Compiler(NameResolver):
                 return ir.Return(value, span)
             case ast.Fork():
                 return self.fork(node, flow, ctx)
+            case ast.Particles():
+                return self.particles(node, flow, ctx)
             case ast.Hidden(body=body, span=span):
                 return ir.Hidden(self.body(body, flow, ctx), span)
             case ast.Fresh(body=body, span=span):
@@ -292,6 +298,18 @@ class _Compiler(NameResolver):
         self.after_branches(flow, body_flow)
         return ir.Fork(node.targets, node.iterable, body, node.span)
 
+    def particles(self, node: ast.Particles, flow: Flow, ctx: Context) -> ir.Particles:
+        """The body runs whole in each particle (no break, continue or return leaves it), and
+        one particle goes on: after the block, names are bound as after a plain block. Its
+        holes are checked for what weighing needs (lang/args.py weighing_conflict)."""
+        self.expr(node.count, flow, ctx)
+        if ctx.particles is not None:
+            self.fail("a '{% particles %}' block cannot be inside another", node.span,
+                      f"the outer block starts at {ctx.particles}; its particles already "
+                      "weigh every hole inside it")
+        inner = replace(ctx, exits=None, fork=None, particles=node.span)
+        return ir.Particles(node.count, self.body(node.body, flow, inner), node.span)
+
     def after_branches(self, flow: Flow, body_flow: Flow) -> None:
         """After a fork: its captures are lists, bound when the body binds them (an empty
         fork leaves them empty lists); its `set`s stay local to the body."""
@@ -303,7 +321,11 @@ class _Compiler(NameResolver):
     def loop_control(self, node: ast.Break | ast.Continue, flow: Flow, ctx: Context
                      ) -> ir.Break | ir.Continue:
         word = "break" if isinstance(node, ast.Break) else "continue"
-        if ctx.exits is None and ctx.fork is not None:
+        if ctx.exits is None and ctx.particles is not None and ctx.fork is None:
+            self.fail(f"'{{% {word} %}}' cannot leave a '{{% particles %}}' block", node.span,
+                      f"the block starts at {ctx.particles}; each particle runs its whole "
+                      "body")
+        elif ctx.exits is None and ctx.fork is not None:
             self.fail(f"'{{% {word} %}}' cannot leave a '{{% fork %}}' branch", node.span,
                       f"the fork starts at {ctx.fork}; each branch runs its whole body",
                       "an '{% if %}' around the rest of the body skips it")
@@ -401,6 +423,8 @@ class _Compiler(NameResolver):
             if pattern_name(arg) is None:
                 self.expr(arg.expr, flow, ctx)
         args = self.args.hole_args(node)
+        if ctx.particles is not None:
+            self.args.check_weighed(node, args, ctx.particles)
         if isinstance(node, ast.Gen):
             samples = args.get("n")
             if samples is None:

@@ -223,7 +223,7 @@ def walk(node: Expr) -> Iterator[Expr]:
         yield from walk(child)
 
 
-# ---- text: the deterministic form used by Program.dump() and the parser's golden tests ----------
+# ---- text: the deterministic form used by lang/ir_dump.py and the parser's golden tests --------
 
 
 def format_expr(node: Expr) -> str:

@@ -43,7 +43,8 @@ class Context:
     names a test such as `x is defined` guarantees here (`defined`), the flows at the
     innermost loop's break/continue tags (`exits`: None where neither is allowed), and the
     macro being defined (`macro`); the fork tag whose branch this is, when no loop inside the
-    branch is nearer (`fork`), and whatever is nearer (`branch`)."""
+    branch is nearer (`fork`), and whatever is nearer (`branch`); the particles block around
+    (`particles`)."""
 
     locals: frozenset[str] = frozenset()
     in_loop: bool = False
@@ -53,6 +54,7 @@ class Context:
     macro: str | None = None  # the macro whose body this is (where `return` is allowed)
     fork: Span | None = None  # the innermost `{% fork %}` whose body this is (not a loop's)
     branch: Span | None = None  # the innermost `{% fork %}` around, loops inside it included
+    particles: Span | None = None  # the `{% particles %}` block around, loops inside included
 
     def knowing(self, names: frozenset[str]) -> Context:
         return replace(self, defined=self.defined | names) if names - self.defined else self

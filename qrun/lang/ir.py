@@ -1,5 +1,5 @@
 """The IR: what the runtime executes. compile_template(ast) -> Program; execute(Program) runs it.
-Ops are frozen, positioned, and closed under the union `Op`; Program.dump() is deterministic."""
+Ops are frozen, positioned, and closed under the union `Op`; lang/ir_dump.py prints them."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import copy
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any
 
 from qrun.constraint.spec import DFA, LLGUIDANCE, ConstraintSpec
 from qrun.errors import InputError, TemplateWarning
-from qrun.lang import expr as ex
 from qrun.lang.declared import first_problem, where
 from qrun.lang.expr import Expr
 from qrun.lang.inputs import CheckedInputs, plain_inputs
@@ -284,6 +283,18 @@ class Fork:
 
 
 @dataclass(frozen=True, slots=True)
+class Particles:
+    """`{% particles count %}`: `body` runs as `count` particles, branches from the context
+    before the block as a fork's (runtime/particle_block.py), each weighed by how much of the
+    model's probability its holes' constraints kept; one particle, drawn by weight, goes on:
+    its captures, text and context are the run's after the block (docs/language.md §23.5)."""
+
+    count: Expr
+    body: tuple[Op, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Hidden:
     """`{% hidden %}`: `body` runs in the context, then the context is taken back to where the
     block began (the KV cache cropped); its captures stay, its text is not in the result."""
@@ -342,7 +353,7 @@ class Fresh:
 
 
 Op = (EmitText | EmitValue | Gen | Select | If | For | Set | Role | Break | Continue | Include
-      | While | Try | Macro | Return | Fork | Hidden | Fresh)
+      | While | Try | Macro | Return | Fork | Particles | Hidden | Fresh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,11 +463,6 @@ class Program:
                 raise InputError(f"input '{name}'{where(path)}: {message}", span, self.source,
                                  notes=[f"'{name}' is declared as {json.dumps(schema)}"])
 
-    def dump(self) -> str:
-        """One op per line with its source position, nested blocks indented; deterministic
-        (golden tests pin it; `qrun FILE --dump` prints it)."""
-        return dump_program(self)
-
 
 # ---- traversal: the one walk over op trees (compiler, executor and tests use these) -------------
 
@@ -469,7 +475,8 @@ def children(op: Op) -> Iterator[Op]:
                 yield from branch.body
             yield from orelse
         case (For(body=body) | Role(body=body) | Include(body=body) | While(body=body)
-              | Macro(body=body) | Fork(body=body) | Hidden(body=body) | Fresh(body=body)):
+              | Macro(body=body) | Fork(body=body) | Particles(body=body) | Hidden(body=body)
+              | Fresh(body=body)):
             yield from body
         case Try(body=body, handler=handler):
             yield from body
@@ -500,10 +507,10 @@ def holes(ops: Iterable[Op], source: Source, macros: bool = False, forks: bool =
     """Every gen and select hole in `ops` and below, depth first in source order, with the
     Source its spans point into (an included file's inside an Include). A macro's holes run
     only in its calls, with captures of their own: left out unless `macros`. A fork's (and
-    `gen n=`'s) run in branches side by side: left out when not `forks`. The one walk every
-    module that looks for holes uses."""
+    `gen n=`'s, and a particles block's) run in branches side by side: left out when not
+    `forks`. The one walk every module that looks for holes uses."""
     for op in ops:
-        if isinstance(op, Macro) and not macros or isinstance(op, Fork) and not forks:
+        if isinstance(op, Macro) and not macros or isinstance(op, Fork | Particles) and not forks:
             continue
         if isinstance(op, Gen | Select):
             yield op, source
@@ -516,7 +523,8 @@ def exprs(op: Op) -> Iterator[Expr]:
     match op:
         case EmitValue(expr=value) | Set(expr=value) | Return(expr=value):
             yield value
-        case For(iterable=iterable) | While(test=iterable) | Fork(iterable=iterable):
+        case (For(iterable=iterable) | While(test=iterable) | Fork(iterable=iterable)
+              | Particles(count=iterable)):
             yield iterable
         case Macro(params=params):
             yield from (p.default for p in params if p.default is not None)
@@ -532,161 +540,3 @@ def exprs(op: Op) -> Iterator[Expr]:
                 yield tools
         case EmitText() | Break() | Continue() | Include() | Try() | Hidden() | Fresh():
             pass
-
-
-# ---- the dump: one op per line with its source position, in the style of SGLang's print_graph ---
-
-_INDENT = "  "
-
-
-def dump_program(program: Program) -> str:
-    """Header lines (inputs, captures, defaults), then the ops."""
-    declared = " (declared)" if program.inputs_declared else ""
-    lines = [f"inputs: {', '.join(program.inputs) or '-'}{declared}"]
-    if program.optional_inputs:
-        lines.append(f"optional: {', '.join(program.optional_inputs)}")
-    lines.append(f"captures: {', '.join(program.captures) or '-'}")
-    for name, schema in program.input_types.items():  # docs/language.md §4.1, §4.2
-        lines.append(f"type {name}: {json.dumps(schema, ensure_ascii=False)}")
-    if program.output_schema is not None:
-        lines.append(f"output: {json.dumps(program.output_schema, ensure_ascii=False)}")
-    defaults = _defaults(program)
-    if defaults:
-        lines.append(f"defaults: {defaults}")
-    lines.extend(_ops(program.ops, 0))
-    return "\n".join(lines) + "\n"
-
-
-def _defaults(program: Program) -> str:
-    """The front matter's model and run options, model first."""
-    model, options = program.model, program.options
-    values = [("model", model.model),
-              *((name, getattr(options, name)) for name in options.names()),
-              ("device", model.device), ("dtype", model.dtype)]
-    return " ".join(f"{name}={ex.literal_text(value)}" for name, value in values
-                    if value is not None)
-
-
-def _ops(ops: tuple[Op, ...], depth: int) -> list[str]:
-    lines: list[str] = []
-    for op in ops:
-        lines.extend(_op(op, depth))
-    return lines
-
-
-def _line(depth: int, text: str, span: Any) -> str:
-    return f"{_INDENT * depth}{text}  @{span.line}:{span.column}"
-
-
-def _op(op: Op, depth: int) -> list[str]:
-    match op:
-        case EmitText(text=text, span=span):
-            return [_line(depth, f"text {ex.literal_text(text)}", span)]
-        case EmitValue(expr=value, span=span):
-            return [_line(depth, f"value {ex.format_expr(value)}", span)]
-        case Gen():
-            return [_line(depth, _gen(op), op.span)]
-        case Select():
-            return [_line(depth, _select(op), op.span)]
-        case If():
-            return _if(op, depth)
-        case For(targets=targets, iterable=iterable, body=body, span=span):
-            return [_line(depth, f"for {', '.join(targets)} in {ex.format_expr(iterable)}",
-                          span), *_ops(body, depth + 1)]
-        case Break(span=span):
-            return [_line(depth, "break", span)]
-        case Continue(span=span):
-            return [_line(depth, "continue", span)]
-        case Include(name=name, body=body, span=span):
-            # The body's positions are in the included file (named as written).
-            return [_line(depth, f"include {ex.literal_text(name)}", span),
-                    *_ops(body, depth + 1)]
-        case Fork(targets=targets, iterable=iterable, body=body, span=span, samples=samples):
-            head = (f"fork n={ex.format_expr(iterable)}" if samples else
-                    f"fork {', '.join(targets)} in {ex.format_expr(iterable)}")
-            return [_line(depth, head, span), *_ops(body, depth + 1)]
-        case Hidden(body=body, span=span):
-            return [_line(depth, "hidden", span), *_ops(body, depth + 1)]
-        case Fresh(body=body, span=span):
-            return [_line(depth, "fresh", span), *_ops(body, depth + 1)]
-        case Set(name=name, expr=value, span=span):
-            return [_line(depth, f"set {name} = {ex.format_expr(value)}", span)]
-        case Role(role=role, body=body, span=span, tools=tools):
-            head = f"role {role}" + (f" tools={ex.format_expr(tools)}" if tools is not None else "")
-            return [_line(depth, head, span), *_ops(body, depth + 1)]
-        case While(test=test, body=body, span=span):
-            return [_line(depth, f"while {ex.format_expr(test)}", span), *_ops(body, depth + 1)]
-        case Try(body=body, name=name, handler=handler, span=span):
-            bound = f" {name}" if name is not None else ""
-            return [_line(depth, "try", span), *_ops(body, depth + 1),
-                    f"{_INDENT * depth}except{bound}", *_ops(handler, depth + 1)]
-        case Macro(name=name, params=params, body=body, span=span):
-            listed = ", ".join(p.name if p.default is None
-                               else f"{p.name}={ex.format_expr(p.default)}" for p in params)
-            return [_line(depth, f"macro {name}({listed})", span), *_ops(body, depth + 1)]
-        case Return(expr=value, span=span):
-            return [_line(depth, f"return {ex.format_expr(value)}", span)]
-        case _:
-            assert_never(op)
-
-
-def _if(op: If, depth: int) -> list[str]:
-    lines: list[str] = []
-    for number, branch in enumerate(op.branches):
-        word = "if" if number == 0 else "elif"
-        lines.append(_line(depth, f"{word} {ex.format_expr(branch.condition)}", branch.span))
-        lines.extend(_ops(branch.body, depth + 1))
-    if op.orelse:
-        lines.append(f"{_INDENT * depth}else")
-        lines.extend(_ops(op.orelse, depth + 1))
-    return lines
-
-
-def _hole_name(name: str, in_loop: bool) -> str:
-    return f"{name}[]" if in_loop else name
-
-
-def _gen(op: Gen) -> str:
-    params = op.params
-    parts = [f"gen {_hole_name(op.name, op.in_loop)}"]
-    for key in ("max_tokens", "stop"):
-        value = getattr(params, key)
-        if value is not None:
-            parts.append(f"{key}={ex.format_expr(value)}")
-    match params.constraint:
-        case Regex(pattern=pattern, stdlib_name=str(name)):
-            parts.append(f"regex={name}")
-        case Regex(pattern=pattern):
-            parts.append(f"regex={ex.format_expr(pattern)}")
-        case JsonSchema(schema=schema, closed=closed, formats=formats):
-            parts.append(f"json={ex.format_expr(schema)}")
-            if closed is not None:
-                parts.append(f"closed={ex.format_expr(closed)}")
-            if formats is not None:
-                parts.append(f"formats={ex.format_expr(formats)}")
-        case Grammar(grammar=grammar):
-            parts.append(f"grammar={ex.format_expr(grammar)}")
-        case ToolCall(tools=tools, closed=closed, formats=formats):
-            parts.append(f"tools={ex.format_expr(tools)}")
-            if closed is not None:
-                parts.append(f"closed={ex.format_expr(closed)}")
-            if formats is not None:
-                parts.append(f"formats={ex.format_expr(formats)}")
-    if params.constraint is not None:
-        parts.append(f"[{params.constraint.engine}]")
-    if isinstance(params.constraint, ToolCall):
-        parts.append("-> {name, arguments}")
-    for key in SAMPLING_FIELDS:
-        value = getattr(params, key)
-        if value is not None:
-            parts.append(f"{key}={ex.format_expr(value)}")
-    return " ".join(parts)
-
-
-def _select(op: Select) -> str:
-    parts = [f"select {_hole_name(op.name, op.in_loop)} options={ex.format_expr(op.options)}"]
-    if op.temperature is not None:
-        parts.append(f"temperature={ex.format_expr(op.temperature)}")
-    if op.normalize is not None:
-        parts.append(f"normalize={ex.format_expr(op.normalize)}")
-    return " ".join(parts)

@@ -41,9 +41,9 @@ _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<
                         ".", "[", "|", "(", "in", "not", "is", "and", "or", "if", "~"})
 BLOCK_KEYWORDS = ("if", "elif", "else", "endif", "for", "endfor", "while", "endwhile",
                    "break", "continue", "set", "include", "macro", "endmacro", "return", "try",
-                   "except", "endtry", "fork", "endfork", "hidden", "endhidden", "fresh",
-                   "endfresh", "system", "endsystem", "user", "enduser", "assistant",
-                   "endassistant", "raw")
+                   "except", "endtry", "fork", "endfork", "particles", "endparticles",
+                   "hidden", "endhidden", "fresh", "endfresh", "system", "endsystem", "user",
+                   "enduser", "assistant", "endassistant", "raw")
 _FRONT_MATTER_START = re.compile(r"---[ \t]*\r?\n")
 _TEST_BEFORE = re.compile(r"\bis\s+(?:not\s+)?([A-Za-z_]\w*)\s*\Z")  # `x is divisibleby 3`
 _OPENERS = {"VAR_OPEN": "'}}'", "BLOCK_OPEN": "'%}'"}

@@ -144,7 +144,8 @@ def node_exprs(node: ast.Node) -> Iterator[ex.Expr]:
             yield from (arg.expr for arg in args)
         case ast.If(arms=arms):
             yield from (arm.test for arm in arms)
-        case ast.For(iterable=iterable) | ast.Fork(iterable=iterable):
+        case ast.For(iterable=iterable) | ast.Fork(iterable=iterable) | ast.Particles(
+                count=iterable):
             yield iterable
         case ast.Macro(params=params):
             yield from (p.default for p in params if p.default is not None)

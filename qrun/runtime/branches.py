@@ -39,7 +39,7 @@ MAX_CONCURRENT_BRANCHES = 16
 """Branches advanced together (one thread each; more wait for one to finish): a batch of 16
 rows already keeps a CPU or GPU forward busy, and llama.cpp has 256 sequences for all runs."""
 
-_SEED_RANGE = 2**63
+SEED_RANGE = 2**63
 # Counters that describe the run's own context or the whole run, not work a branch adds
 # (branch_tokens: all a branch fed is counted so, its own nested branches included).
 _NOT_ADDED = frozenset({"context_tokens", "seed", "wall_s", "load_s", "branch_tokens"})
@@ -54,15 +54,15 @@ def exec_fork(run: BlockRun, op: ir.Fork) -> None:
     names = frozenset(o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select))
     # One draw from the run's generator per fork: branches of later forks (and of forks in
     # a loop) get other seeds, and the run's seed still replays them all.
-    base = int(run.generator.integers(_SEED_RANGE))
-    branches = [_Branch(index, item) for index, item in enumerate(items)]
+    base = int(run.generator.integers(SEED_RANGE))
+    branches = [Branch(index, item) for index, item in enumerate(items)]
 
     steps, output = run.budget.steps_left, run.budget.output_left
     # A top-level fork's branches each get a copy of the run's budget, and spend this one
     # together: nested forks cannot multiply the run's limits while the branches run.
     shared = None if run.in_branch else SharedBudget(steps, output)
 
-    def one(branch: _Branch, engines: Engines) -> None:
+    def one(branch: Branch, engines: Engines) -> None:
         _run_branch(run, op, branch, len(items), engines, base, names, tail, shared)
 
     if run.in_branch:
@@ -75,7 +75,7 @@ def exec_fork(run: BlockRun, op: ir.Fork) -> None:
             if branch.error is not None:
                 break
     else:
-        _drive(run, branches, one)
+        drive(run, branches, one)
     run.session.append_text(tail)  # the context goes on as before the block
     for branch in branches:
         if branch.error is not None:
@@ -83,16 +83,20 @@ def exec_fork(run: BlockRun, op: ir.Fork) -> None:
     for branch in branches:
         assert branch.child is not None, "every branch ran"
         _merge(run, op, branch.index, branch.child, names)
-        if run.in_branch:
-            continue  # they spent this run's own budget
-        # What each branch spent of the budget it started with is the run's to pay.
-        run.budget.output_left -= output - branch.child.budget.output_left
-        run.budget.output("")  # fails when the branches emitted more than the run may
-        run.budget.step(op.span, steps - branch.child.budget.steps_left)
+        if not run.in_branch:  # else they spent this run's own budget
+            pay(run, op.span, branch.child, steps, output)
+
+
+def pay(run: BlockRun, span: Span, child: BlockRun, steps: int, output: int) -> None:
+    """What a top-level branch (`child`) spent of the budget it started with (`steps`,
+    `output` left) is the run's to pay; the limit's error, if any, is at `span`."""
+    run.budget.output_left -= output - child.budget.output_left
+    run.budget.output("")  # fails when the branches emitted more than the run may
+    run.budget.step(span, steps - child.budget.steps_left)
 
 
 @dataclass(eq=False)
-class _Branch:
+class Branch:
     """One branch: its index and item, and once it has run, its Run (or the error that
     ended it)."""
 
@@ -126,7 +130,7 @@ def share(run: BlockRun, span: Span) -> str:
         return run.session.share()
 
 
-def _run_branch(parent: BlockRun, op: ir.Fork, branch: _Branch, count: int, engines: Engines,
+def _run_branch(parent: BlockRun, op: ir.Fork, branch: Branch, count: int, engines: Engines,
                 base: int, names: frozenset[str], tail: str,
                 shared: SharedBudget | None) -> None:
     """Run one branch to its end in the calling thread; its error is kept, not raised. `tail`
@@ -174,7 +178,7 @@ def add_stats(into: Stats, part: Stats) -> None:
     into.branch_tokens += part.forward_tokens
 
 
-def _drive(run: BlockRun, branches: list[_Branch], one: Callable[[_Branch, Engines], None]
+def drive(run: BlockRun, branches: list[Branch], one: Callable[[Branch, Engines], None]
            ) -> None:
     """Run every branch (`one`) in worker threads, their forwards batched where the backend
     takes batches, until all have ended."""
@@ -204,10 +208,10 @@ class _Workers:
     """Up to MAX_CONCURRENT_BRANCHES threads taking the next branch until none is left; each
     counted by `scheduler` (when given) from before it starts until it ends."""
 
-    def __init__(self, branches: list[_Branch], one: Callable[[_Branch, Engines], None],
+    def __init__(self, branches: list[Branch], one: Callable[[Branch, Engines], None],
                  engines: Callable[[int], Engines], scheduler: ForwardScheduler | None
                  ) -> None:
-        self.queue: Iterator[_Branch] = iter(branches)
+        self.queue: Iterator[Branch] = iter(branches)
         self.one = one
         self.engines = engines
         self.scheduler = scheduler
@@ -229,7 +233,7 @@ class _Workers:
         for thread in self.threads:
             thread.join()
 
-    def take(self) -> _Branch | None:
+    def take(self) -> Branch | None:
         with self.lock:
             return next(self.queue, None)
 

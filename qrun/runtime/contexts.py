@@ -18,6 +18,7 @@ from qrun.lang import ir
 from qrun.lang.builtins import type_name
 from qrun.lang.expr import Expr
 from qrun.limits import Budget
+from qrun.options import Resolved
 from qrun.runtime.calls import CallingRun, CallRunner
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import Recorder
@@ -34,6 +35,7 @@ class BlockRun(CallingRun, Protocol):
     it); what calls use of it too (a branch's macros run in the branch)."""
 
     backend: Backend
+    options: Resolved
     engines: Engines
     session: Session
     stats: Stats
@@ -57,6 +59,8 @@ class BlockRun(CallingRun, Protocol):
     def exec_block(self, ops: Sequence[ir.Op], after: str | None = None) -> None: ...
 
     def evaluate(self, expr: Expr) -> Any: ...
+
+    def show(self, text: str) -> None: ...
 
     def branch(self, session: Session, engines: Engines, stats: Stats, recorder: Recorder,
                generator: np.random.Generator, captures: frozenset[str]) -> BlockRun: ...

@@ -42,6 +42,7 @@ from qrun.runtime.fills import check_gen_fill, check_select_fill, fill_text
 from qrun.runtime.healing import healable_tail
 from qrun.runtime.hole import GenRequest, HoleFailure
 from qrun.runtime.hole_args import HoleArgs, constraint_span, text_after
+from qrun.runtime.particle_block import exec_particles
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.request import RunRequest
 from qrun.runtime.result import GenRecord, HoleRecord, Result, SelectRecord
@@ -320,6 +321,8 @@ class Run:
                 self.calls.returned(self.evaluate(op.expr))
             case ir.Fork():
                 exec_fork(self, op)
+            case ir.Particles():
+                exec_particles(self, op)
             case ir.Hidden():
                 exec_hidden(self, op)
             case ir.Fresh():
@@ -339,7 +342,7 @@ class Run:
         except ContextFull as exc:
             where = op.span if op is not None else self.source.span_at(0)
             raise ContextTooLong(str(exc), where, self.source) from None
-        self._show(text)
+        self.show(text)
 
     def flush_text(self) -> None:
         """Tokenize the text collected since the last hole (Session.flush), before a hole or
@@ -350,7 +353,7 @@ class Run:
             span, source = self.last_text
             raise ContextTooLong(str(exc), span, source) from None
 
-    def _show(self, text: str) -> None:
+    def show(self, text: str) -> None:
         self.pieces.append(text)
         if self.on_text is not None and text and not self.quiet:
             self.on_text(text)
@@ -407,7 +410,7 @@ class Run:
             after = call.suffix or after
         with self._filling(op):
             request = self._gen_request(op, after)
-            record = self.engines.fill(self.session, request, self._show)
+            record = self.engines.fill(self.session, request, self.show)
         if isinstance(op.params.constraint, ir.ToolCall):
             record.value = call_value(record.value, self.constraints.call_keys())
         self.recorder.end_hole(constraint=record.constraint, value=record.value, text=record.text,
@@ -532,7 +535,7 @@ class Run:
             request = SelectRequest(op.name, tuple(options), temperature, normalize,
                                     self.generator, prefix)
             record = select(self.session, request, scoring)
-            self._show(record.text)
+            self.show(record.text)
         probs = record.option_probs
         self.recorder.end_hole(
             constraint="options=" + json.dumps(list(options), ensure_ascii=False),

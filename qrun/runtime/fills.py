@@ -2,8 +2,8 @@
 its value is not generated; the value is checked against the hole's constraint, stop strings,
 max_tokens or options, appended as fixed text (the KV cache is fed with it as with any text,
 never as control tokens), and captured typed. A hole in a loop takes a list, one value per
-iteration (the iterations past its end are generated); a hole in a fork or a macro cannot be
-filled."""
+iteration (the iterations past its end are generated); a hole in a fork, a particles block or a
+macro cannot be filled."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ class Fills:
                 raise UsageError(f"cannot fill '{name}': the template has no hole of that name "
                                  f"outside macros{_hint(name, holes)}")
             if where == "fork":
-                raise UsageError(f"cannot fill hole '{name}': it is inside a fork, whose "
-                                 "branches run side by side (docs/language.md §16.1)")
+                raise UsageError(f"cannot fill hole '{name}': it is inside a fork or a "
+                                 "particles block, whose branches run side by side "
+                                 "(docs/language.md §16.1)")
             if where == "loop" and not isinstance(value, list):
                 raise UsageError(f"hole '{name}' is inside a loop: fill it with a list, one "
                                  "value per iteration")

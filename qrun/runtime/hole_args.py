@@ -18,6 +18,7 @@ from qrun.lang.args import (
     HOLE_ARG_CHECKS,
     sampler_conflict,
     show_value,
+    weighing_conflict,
 )
 from qrun.lang.expr import Expr
 from qrun.options import Resolved, logit_bias_items, reshaping
@@ -54,6 +55,13 @@ class HoleArgs:
 
     def gen(self, p: ir.GenParams) -> GenArgs:
         options = self._options
+        if options.in_particles:
+            given = {name: getattr(p, name) for name in ("temperature", "sampler",
+                                                         *CONDITIONAL_REFUSES)
+                     if getattr(p, name, None) is not None}
+            sampler = self.value(p.sampler, "sampler", None)
+            self._weighed("gen", given, ["regex"] if p.constraint is not None else [],
+                          sampler)
         stop = self.value(p.stop, "stop", ())
         seed = self.value(p.seed, "seed", None)
         return GenArgs(
@@ -103,6 +111,14 @@ class HoleArgs:
             raise EvaluationError(wrong, where.span, self._source)
         return sampler
 
+    def _weighed(self, kind: str, given: dict[str, Expr], constraint: list[str],
+                 sampler: str | None) -> None:
+        """In a `{% particles %}` block, a hole (a macro's, which the compiler did not see
+        there) takes only what weighing allows (lang/args.py weighing_conflict)."""
+        wrong = weighing_conflict(kind, [*given, *constraint], sampler)
+        if wrong is not None:
+            raise EvaluationError(wrong[1], given[wrong[0]].span, self._source)
+
     def _logit_bias(self, expr: Expr | None, default: tuple[tuple[int, float], ...]
                     ) -> tuple[tuple[int, float], ...]:
         value = self.value(expr, "logit_bias", None)
@@ -122,6 +138,11 @@ class HoleArgs:
 
     def select_scoring(self, op: ir.Select) -> tuple[float, str]:
         """How a select the model fills scores its options: temperature and normalize."""
+        if self._options.in_particles:
+            given = {name: expr for name, expr in (("temperature", op.temperature),
+                                                    ("normalize", op.normalize))
+                     if expr is not None}
+            self._weighed("select", given, [], None)
         temperature = self.value(op.temperature, "temperature", self._options.temperature)
         return float(temperature), str(self.value(op.normalize, "normalize", "sum"))
 

@@ -76,6 +76,22 @@ class CallEntry:
     context: str | None = None  # where it ran when not in the run's context (as a hole's)
 
 
+@dataclass(slots=True)
+class ParticleBlock:
+    """One run of a `{% particles %}` block (runtime/particle_block.py): where it is, each
+    particle's captures (the holes written inside the block, by name), normalised weight and
+    error (a particle whose hole failed weighs 0), which particle went on, and the log of the
+    estimate of the block's evidence (the mean weight)."""
+
+    line: int
+    column: int
+    values: list[dict[str, Any]]
+    weights: list[float]
+    errors: list[str | None]
+    chosen: int
+    log_evidence: float
+
+
 class Recorder:
     """The events and holes of one run. `hole` is the hole being filled (its model tokens get
     its index); `live[p]` is the index of the kept event at context position p."""
@@ -88,6 +104,7 @@ class Recorder:
         self.hole: int | None = None
         self.live: list[int] = []
         self.calls: list[CallEntry] = []
+        self.blocks: list[ParticleBlock] = []
 
     # ---- the context ---------------------------------------------------------------------------
 
@@ -124,6 +141,28 @@ class Recorder:
         """The KV of positions [start, end) came from the prefix cache."""
         for pos in range(start, min(end, len(self.live))):
             self.events[self.live[pos]].cached = True
+
+    def adopt(self, other: Recorder, start: int) -> None:
+        """The context `other` recorded (a fork's recorder, Session.fork: its first `start`
+        events are the shared context's) goes on as this recorder's: its later events and
+        its holes join these, as if they had run here (where it took back shared tokens, a
+        hole healing the last one, they are dropped here too)."""
+        assert len(self.live) == start, "the shared context ends where the fork began"
+        shared = 0
+        while shared < min(start, len(other.live)) and other.live[shared] == shared:
+            shared += 1
+        if shared < start:
+            self.drop(shared, other.events[shared].dropped_by or "heal")
+        offset = len(self.holes)
+        self.holes.extend(other.holes)
+        self.blocks.extend(other.blocks)
+        moved = {}
+        for index, event in enumerate(other.events[start:], start):
+            if event.hole is not None:
+                event.hole += offset
+            moved[index] = len(self.events)
+            self.events.append(event)
+        self.live.extend(moved[index] for index in other.live[shared:])
 
     def _add(self, event: Event) -> None:
         if event.pos != len(self.live):  # a bug in a caller: positions must stay in step
@@ -177,7 +216,9 @@ class Recorder:
                 spans.setdefault(event.hole, [i, i])[1] = i
         return {"events": [self._event(e) for e in self.events],
                 "holes": [self._hole(i, h, spans.get(i)) for i, h in enumerate(self.holes)],
-                "calls": [self._call(c) for c in self.calls]}
+                "calls": [self._call(c) for c in self.calls],
+                **({} if not self.blocks else {
+                    "particle_blocks": [_block(b) for b in self.blocks]})}
 
     def _call(self, call: CallEntry) -> dict[str, Any]:
         return {"name": call.name, "args": _json_safe(call.args),
@@ -219,6 +260,14 @@ class Recorder:
     def _text(self, token: int) -> str:
         data = self.vocab.token_bytes[token] if 0 <= token < self.vocab.size else None
         return (data or b"").decode("utf-8", errors="replace")
+
+
+def _block(block: ParticleBlock) -> dict[str, Any]:
+    return {"span": {"line": block.line, "column": block.column}, "chosen": block.chosen,
+            "log_evidence": _finite(block.log_evidence),
+            "particles": [{"values": _json_safe(values), "weight": weight, "error": error}
+                          for values, weight, error in zip(block.values, block.weights,
+                                                           block.errors, strict=True)]}
 
 
 def _finite(value: float | None) -> float | None:

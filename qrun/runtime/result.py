@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qrun.runtime.stats import Stats
 
 if TYPE_CHECKING:
-    from qrun.runtime.recorder import Recorder
+    from qrun.runtime.recorder import ParticleBlock, Recorder
 
 
 @dataclass(slots=True)
@@ -136,6 +136,13 @@ class Result:
 
     def __contains__(self, name: str) -> bool:
         return name in self.vars
+
+    @property
+    def particle_blocks(self) -> list[ParticleBlock]:
+        """Each `{% particles %}` block the run went through, in order (docs/language.md
+        §23.5): every particle's captures, weight and error, the one that went on, and the
+        log of the estimate of the block's evidence."""
+        return [] if self.recorder is None else list(self.recorder.blocks)
 
     def records(self) -> list[HoleRecord]:
         """Every hole record, in the order the holes ran."""

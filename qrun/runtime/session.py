@@ -459,6 +459,17 @@ class Session:
             recorder.fixed(0, forked.token_ids)
         return forked
 
+    def adopt(self, other: Session) -> None:
+        """Go on from `other`'s context: a fork of this one (Session.fork) that ran on, a
+        particles block's chosen particle (runtime/particle_block.py). Its token ids, KV
+        cache, known logits, collected text and overshoot become this session's; this
+        session's model, counters, recorder and prefix cache stay."""
+        self._drop_ahead()
+        other._drop_ahead()  # drafted tokens past its context (a branch that speculated)
+        self.token_ids, self.fed, self.fixed_tail = other.token_ids, other.fed, other.fixed_tail
+        self._cache, self._known, self.boundaries = other._cache, other._known, other.boundaries
+        self._stretch, self.overshoot = other._stretch, other.overshoot
+
     def extend_fed(self, token_ids: Sequence[int], cache: KVCache,
                    logits: npt.NDArray[np.float32]) -> None:
         """Append tokens that were already fed elsewhere: `cache` holds the whole context with

@@ -105,6 +105,19 @@ class Call(TypedDict):
     context: NotRequired[str | None]
 
 
+class BlockParticle(TypedDict):
+    values: dict[str, JSONValue]
+    weight: float
+    error: str | None
+
+
+class ParticleBlock(TypedDict):
+    span: SourcePos
+    chosen: int
+    log_evidence: float | None
+    particles: list[BlockParticle]
+
+
 class Trace(TypedDict):
     format: str
     version: int
@@ -118,6 +131,7 @@ class Trace(TypedDict):
     events: list[TokenEvent]
     holes: list[Hole]
     calls: NotRequired[list[Call]]
+    particle_blocks: NotRequired[list[ParticleBlock]]
 
 
 class TraceFormatError(ValueError):
@@ -158,7 +172,30 @@ def validate(trace: object) -> Trace:
     _check_options(events, holes)
     if "calls" in top:  # host function calls (docs/trace.md §2.4); absent in older traces
         _check_calls(_sequence(top["calls"], "trace.calls"))
+    if "particle_blocks" in top:  # runs with `{% particles %}` blocks only (docs/trace.md §2.5)
+        _check_blocks(_sequence(top["particle_blocks"], "trace.particle_blocks"))
     return cast(Trace, trace)
+
+
+def _check_blocks(blocks: Sequence[object]) -> None:
+    for i, obj in enumerate(blocks):
+        path = f"particle_blocks[{i}]"
+        block = _mapping(obj, path)
+        span = _mapping(block.get("span"), f"{path}.span")
+        _index(span, "line", f"{path}.span")
+        _index(span, "column", f"{path}.span")
+        if block.get("log_evidence") is not None:
+            _number(block["log_evidence"], f"{path}.log_evidence")
+        particles = _sequence(block.get("particles"), f"{path}.particles")
+        chosen = _index(block, "chosen", path)
+        if not particles or chosen is None or chosen >= len(particles):
+            raise TraceFormatError(f"{path}.chosen: not one of its {len(particles)} particles")
+        for k, item in enumerate(particles):
+            where = f"{path}.particles[{k}]"
+            particle = _mapping(item, where)
+            _json_value(_mapping(particle.get("values"), f"{where}.values"), f"{where}.values")
+            _probability(particle, "weight", where)
+            _field(particle, "error", str, where, nullable=True)
 
 
 def _check_calls(calls: Sequence[object]) -> None:

@@ -52,8 +52,8 @@ def render_html(trace: Mapping[str, Any]) -> str:
         "<meta name=\"generator\" content=\"qrun\">\n",
         f"<title>{_text(title)}</title>\n<style>\n{_asset('page.css')}</style>\n</head>\n",
         "<body>\n", _header(checked), "<main>\n",
-        _text_section(checked), _holes_section(checked), _calls_section(checked),
-        _stats_section(checked),
+        _text_section(checked), _holes_section(checked), _blocks_section(checked),
+        _calls_section(checked), _stats_section(checked),
         "</main>\n<div id=\"tip\" role=\"tooltip\" hidden></div>\n",
         f"<script>{script}</script>\n</body>\n</html>\n",
     ])
@@ -262,6 +262,33 @@ def _hole_row(hole: Hole, events: list[TokenEvent]) -> str:
             f"<td>{_text(hole['finish'])}</td>"
             f"<td class=\"num\">{kept}/{len(own)}</td>"
             f"<td class=\"num\">{hole['seconds']:.3f} s</td></tr>\n")
+
+
+def _blocks_section(trace: Trace) -> str:
+    """Each `{% particles %}` block (docs/trace.md §2.5): its particles' values with their
+    weights as bars, the one that went on ticked, and log P(evidence); none: no section."""
+    blocks = trace.get("particle_blocks") or []
+    parts = []
+    for block in blocks:
+        rows = []
+        for k, particle in enumerate(block["particles"]):
+            chosen = ' class="chosen"' if k == block["chosen"] else ""
+            shown = (_shown_json(particle["values"]) if particle["error"] is None
+                     else particle["error"])
+            width = max(0.0, min(1.0, particle["weight"])) * 100
+            rows.append(f"<tr{chosen}><td class=\"num\">{k + 1}</td>"
+                        f"<td><code class=\"value\">{_text(shown)}</code></td>"
+                        f"<td><span class=\"track\"><span class=\"bar\" style=\"width:"
+                        f"{width:.1f}%\"></span></span></td>"
+                        f"<td class=\"num\">{_percent(particle['weight'])}</td></tr>\n")
+        evidence = block["log_evidence"]
+        note = "" if evidence is None else f", log P(evidence) {evidence:.3f}"
+        parts.append(f"<h3>particles at {block['span']['line']}:{block['span']['column']}: "
+                     f"{len(rows)} particles{_text(note)}</h3>\n<table class=\"options\">"
+                     f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n")
+    if not parts:
+        return ""
+    return f"<section id=\"particles\">\n<h2>Particles</h2>\n{''.join(parts)}</section>\n"
 
 
 def _calls_section(trace: Trace) -> str:

@@ -44,3 +44,26 @@ def test_particles_leave_the_dead_end_masking_takes(llama: LlamaCppBackend) -> N
     assert sum(r["city"] == "Paris Hilton" for r in smc) <= 1  # type: ignore[index]
     record = smc[0].holes["city"]  # type: ignore[union-attr]
     assert record.particles is not None and len(record.particles) == 16
+
+
+SENTENCE = ("{% user %}Write one short sentence about an animal.{% enduser %}{% assistant %}"
+            '{{ gen subject regex="(The cat|The dog|A bird)" }} '
+            '{{ gen verb regex="(sleeps|runs)" }}.{% endassistant %}')
+
+
+def test_a_particles_block_sees_the_later_hole(llama: LlamaCppBackend) -> None:
+    # Under the mask the subject is chosen before the verbs are seen: "A bird" about 40 % of
+    # the time, where the model's conditional over both holes gives it about 3 %
+    # (docs/language.md §23.5).
+    masked = qrun.Query(SENTENCE).run_many([{}] * 40, model=llama, temperature=1.0, seed=1)
+    assert sum(r["subject"] == "A bird" for r in masked) >= 8  # type: ignore[index]
+    block = SENTENCE.replace("{{ gen subject", "{% particles 8 %}{{ gen subject").replace(
+        "}}.{% endassistant %}", "}}.{% endparticles %}{% endassistant %}")
+    results = qrun.Query(block).run_many([{}] * 12, model=llama, temperature=1.0, seed=1)
+    bird = 0.0
+    for result in results:
+        (record,) = result.particle_blocks  # type: ignore[union-attr]
+        bird += sum(w for v, w in zip(record.values, record.weights, strict=True)
+                    if v["subject"] == "A bird") / len(results)
+        assert f"{result['subject']} {result['verb']}." in result.text  # type: ignore[index]
+    assert bird < 0.12

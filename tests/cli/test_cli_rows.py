@@ -11,6 +11,7 @@ from cli_helpers import QA, rows, write
 
 from qrun.api import Query
 from qrun.cli import main
+from qrun.lang.ir_dump import dump_program
 
 LOOP = ('{% for i in range(2) %}{{ select pick options=["yes", "no"] }}{% endfor %}'
         ' {{ gen word regex="[a-z]{2}" }}')
@@ -74,7 +75,7 @@ def test_dump_prints_the_compiled_program_without_a_model(
     code = main([path, "--dump", "--model", str(tmp_path / "absent")])
     out = capsys.readouterr().out
     assert code == 0
-    assert out == Query.from_file(path).program.dump() + "\n"
+    assert out == dump_program(Query.from_file(path).program) + "\n"
     assert "gen answer" in out and "@2:8" in out
 
 

@@ -11,6 +11,7 @@ import pytest
 from qrun.errors import InputError, TemplateError, TemplateErrors
 from qrun.lang import compile_source
 from qrun.lang.declared import MAX_TYPE_DEPTH, NO_DEFAULT, TypeSpellingError, read_compact
+from qrun.lang.ir_dump import dump_program
 
 # The table of docs/language.md §4.1: spelling -> (JSON Schema, optional, default).
 COMPACT: list[tuple[str, dict[str, Any], bool, Any]] = [
@@ -161,8 +162,9 @@ def test_bad_declarations_are_positioned(front: str, line: int, column: int,
 
 
 def test_dump_shows_declared_types() -> None:
-    dump = compile_source("---\ninputs:\n  n: integer = 3\noutput:\n  a: integer\n---\n"
-                          "{{ n }}{{ gen a regex=INT }}").dump()
+    dump = dump_program(compile_source(
+        "---\ninputs:\n  n: integer = 3\noutput:\n  a: integer\n---\n"
+        "{{ n }}{{ gen a regex=INT }}"))
     assert 'type n: {"type": "integer", "default": 3}\n' in dump
     assert 'output: {"type": "object", "properties": {"a": {"type": "integer"}}, ' \
         '"required": ["a"]}\n' in dump

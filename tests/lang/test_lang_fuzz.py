@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from qrun.errors import EvaluationError, TemplateErrors
 from qrun.lang import compile_source, ir
 from qrun.lang.evaluate import LoopInfo, evaluate
+from qrun.lang.ir_dump import dump_program
 
 SEEDS = [
     'Q: {{ question }}\nA: {{ gen answer stop="\\n" max_tokens=32 }}\n',
@@ -71,7 +72,7 @@ def check(text: str) -> None:
             assert 0 <= err.span.start <= err.span.end <= len(text)
             assert err.render().startswith(f"fuzz.tmpl:{err.span.line}:{err.span.column}: ")
         return
-    assert program.dump() == compile_source(text, "fuzz.tmpl").dump()
+    assert dump_program(program) == dump_program(compile_source(text, "fuzz.tmpl"))
     scope: dict[str, Any] = {name: [1, "a"] for name in program.inputs}
     scope["loop"] = LoopInfo(0, 2)
     for op in ir.walk(program.ops):

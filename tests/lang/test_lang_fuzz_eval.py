@@ -23,6 +23,7 @@ from qrun.lang import compile_source, ir
 from qrun.lang.builtins import FUNCTIONS, TESTS
 from qrun.lang.evaluate import evaluate, evaluate_text
 from qrun.lang.inputs import plain_inputs
+from qrun.lang.ir_dump import dump_program
 from qrun.limits import Budget, Limits
 from qrun.options import RunOptions
 
@@ -206,7 +207,7 @@ def test_templates_compile_or_raise_template_errors(body: str, hole: str | None)
                 assert 0 <= each.span.start <= each.span.end <= len(each.source.text)
             str(err).encode("utf-8")
             return
-        assert program.dump() == compile_source(text, "fuzz.tmpl").dump()
+        assert dump_program(program) == dump_program(compile_source(text, "fuzz.tmpl"))
 
 
 @settings(FUZZ, max_examples=100)

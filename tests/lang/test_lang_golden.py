@@ -1,5 +1,5 @@
 """Golden tests: each tests/lang/golden/<case>/template.tmpl compiles to exactly ir.txt (the
-Program.dump()), or fails with exactly error.txt (the rendered TemplateErrors). A case includes
+dump_program), or fails with exactly error.txt (the rendered TemplateErrors). A case includes
 from its own folder.
 Rewrite the expectations with `pytest tests/lang --update-golden`."""
 
@@ -14,6 +14,7 @@ import pytest
 
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_source
+from qrun.lang.ir_dump import dump_program
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "template.tmpl").exists())
@@ -22,7 +23,7 @@ CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "template.tmpl").exists(
 def _actual(case: Path) -> tuple[str, str]:
     text = (case / "template.tmpl").read_text(encoding="utf-8")
     try:
-        return "ir.txt", compile_source(text, "template.tmpl", include_dir=case).dump()
+        return "ir.txt", dump_program(compile_source(text, "template.tmpl", include_dir=case))
     except TemplateErrors as err:
         return "error.txt", str(err) + "\n"
 
@@ -46,9 +47,10 @@ import sys
 from pathlib import Path
 from qrun.errors import TemplateErrors
 from qrun.lang import compile_file
+from qrun.lang.ir_dump import dump_program
 for case in sorted(Path(sys.argv[1]).iterdir()):
     try:
-        print(compile_file(case / "template.tmpl").dump())
+        print(dump_program(compile_file(case / "template.tmpl")))
     except TemplateErrors as err:
         print(err)
 """

@@ -14,6 +14,7 @@ from qrun.api import Query
 from qrun.errors import InputError, TemplateError, TemplateErrors
 from qrun.lang import compile_file, compile_source, ir
 from qrun.lang.include import MAX_INCLUDE_DEPTH, MAX_INCLUDES
+from qrun.lang.ir_dump import dump_program
 
 DOCS = Path(__file__).resolve().parents[2] / "docs/language.md"
 
@@ -196,6 +197,6 @@ def test_an_included_file_cannot_end_the_includers_loop(tmp_path: Path) -> None:
 
 def test_the_dump_shows_the_included_ops_at_their_own_positions(tmp_path: Path) -> None:
     write(tmp_path, {"main.tmpl": 'x\n{% include "p.tmpl" %}', "p.tmpl": "a\n{{ b }}"})
-    dump = compile_file(tmp_path / "main.tmpl").dump()
+    dump = dump_program(compile_file(tmp_path / "main.tmpl"))
     assert dump.splitlines()[2:] == ['text "x\\n"  @1:1', 'include "p.tmpl"  @2:1',
                                      '  text "a\\n"  @1:1', "  value b  @2:1"]

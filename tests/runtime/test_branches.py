@@ -19,6 +19,7 @@ import qrun
 from qrun.backends.prefix_cache import PrefixCache
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import EvaluationError, GenerationError, LimitError, TemplateErrors
+from qrun.lang.ir_dump import dump_program
 from qrun.runtime.result import GenRecord
 
 PREFIX = "".join(f"Fact {i}: the sky over town {i} was grey that morning.\n" for i in range(20))
@@ -296,10 +297,12 @@ def test_branches_on_a_server_backend(tiny: TransformersBackend) -> None:
 
 
 def test_compiled_program_dump() -> None:
-    dump = qrun.Query("{% fork x in xs %}{{ gen a }}{% endfork %}{{ gen b n=2 }}"
-                      "{% hidden %}h{% endhidden %}{% fresh %}f{% endfresh %}").program.dump()
+    dump = dump_program(qrun.Query("{% fork x in xs %}{{ gen a }}{% endfork %}{{ gen b n=2 }}"
+                                   "{% hidden %}h{% endhidden %}{% fresh %}f{% endfresh %}"
+                                   "{% particles 3 %}p{% endparticles %}").program)
     assert "fork x in xs  @1:1" in dump and "fork n=2" in dump
     assert "hidden  @" in dump and "fresh  @" in dump and "gen a[]" in dump
+    assert "particles 3  @" in dump
 
 
 def test_trace_is_valid_with_branches(tiny: TransformersBackend) -> None:
@@ -321,10 +324,10 @@ def docs_examples() -> list[str]:
     return [b for b in blocks if not b.startswith("t.tmpl:")]
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_docs_examples_run(tiny: TransformersBackend, index: int) -> None:
     examples = docs_examples()
-    assert len(examples) == 4
+    assert len(examples) == 5
     values = {"review": "Great screen, but the battery dies by noon.",
               "topic": "city gardens", "message": "Where is my order?"}
     query = qrun.Query(examples[index])

@@ -1,0 +1,203 @@
+"""`{% particles N %}...{% endparticles %}` (docs/language.md §23.5, issue #40): the block's
+body runs as N particles and one of them goes on, so that the holes inside it are drawn
+together from the model's conditional: a later hole's constraint corrects an earlier hole's
+choice, which holes sampled one at a time cannot do.
+
+Each particle is a branch of the run, as a fork's are (runtime/branches.py: the context fed
+once, each particle's KV cache a fork of it, their forwards rows of one batch through the
+run's scheduler), with its own random generator from the run's. Its holes are drawn from the
+model's own distribution at temperature 1: a constrained gen by sampler="smc" with one
+particle (the block's particle: runtime/particles.py) or by the sampler it names ("exact", or
+"smc" with particles of its own), a select from its options' probabilities, a free gen as the
+model writes it; lang/args.py weighing_conflict refuses what would change that. A particle's
+log-weight is the sum over its holes of what each hole's constraint kept of the model's
+probability given what came before: a gen record's `log_evidence` (one particle's own weight,
+or exact's log P(language)), a select's log of its options' total probability, 0 for a free
+gen or a known value. So the particles are weighted towards
+
+    p(x_1 .. x_k) ∝ Π_i P_model(x_i | context, fixed text, x_<i) · 1[x_i ∈ L_i]
+
+(the fixed text between the holes is given, not observed: its own probability is not
+weighed). They are weighed, not resampled between holes: a particle is a template being run
+(a thread's stack, its scope, its captures), which cannot be copied half way; each smc hole
+resamples its own particles. A particle whose hole fails (no value within max_tokens, the
+context full) weighs 0, and the block fails only when every particle has.
+
+The particle that goes on is drawn by weight from the run's generator (the heaviest at the
+run's temperature 0): its captures, `set`s, text and context (its tokens and KV cache) are
+the run's after the block. Every particle's values and weight and the log of the estimate of
+the block's evidence (the mean weight) go into the trace (Recorder.blocks), which
+Result.particle_blocks reads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from qrun.errors import EvaluationError, GenerationError
+from qrun.lang import ir
+from qrun.lang.args import HOLE_ARG_CHECKS
+from qrun.lang.builtins import type_name
+from qrun.limits import SharedBudget
+from qrun.options import reshaping
+from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
+from qrun.runtime.contexts import BlockRun, join_calls, mark_holes
+from qrun.runtime.engines import Engines
+from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
+from qrun.runtime.sampler import draw
+from qrun.runtime.stats import Stats
+
+
+def exec_particles(run: BlockRun, op: ir.Particles) -> None:
+    """Run `op.body` as particles and go on with one of them (see the module)."""
+    count = _count(run, op)
+    if run.options.in_particles:  # a macro's block, called in a block: the compiler saw neither
+        raise EvaluationError("a '{% particles %}' block cannot run inside another: its "
+                              "particles already weigh every hole inside it", op.span,
+                              run.source)
+    option = reshaping(run.options)
+    if option is not None:
+        raise EvaluationError(f"a '{{% particles %}}' block cannot be used with the run's "
+                              f"{option}: its particles draw from the model's own "
+                              "distribution", op.span, run.source)
+    tail = share(run, op.span)
+    start = len(run.session.token_ids)
+    base = int(run.generator.integers(SEED_RANGE))
+    particles = [Branch(index, None) for index in range(count)]
+    steps, output = run.budget.steps_left, run.budget.output_left
+    shared = None if run.in_branch else SharedBudget(steps, output)
+
+    def one(particle: Branch, engines: Engines) -> None:
+        _run_particle(run, op, particle, engines, base, tail, shared)
+
+    if run.in_branch:  # one after the other in this branch's thread (as exec_fork does)
+        for particle in particles:
+            one(particle, run.engines)
+    else:
+        drive(run, particles, one)
+    weights = np.array([_log_weight(p) for p in particles])
+    for particle in particles:  # an error other than a failed hole fails the run
+        if particle.error is not None and not isinstance(particle.error, GenerationError):
+            raise particle.error
+    if not np.isfinite(weights).any():
+        failed = next((p.error for p in particles if p.error is not None), None)
+        if failed is not None:
+            raise failed
+        raise GenerationError("every particle of the block weighs 0: no particle's values "
+                              "fit its holes' constraints", op.span, run.source)
+    chosen = (int(np.argmax(weights)) if run.options.temperature == 0.0
+              else draw(np.exp(weights - weights.max()), run.generator))
+    _go_on(run, op, particles, chosen, start, weights)
+    for particle in particles:
+        if particle.child is not None and not run.in_branch:
+            pay(run, op.span, particle.child, steps, output)
+
+
+def _count(run: BlockRun, op: ir.Particles) -> int:
+    """The block's number of particles, held to what a hole's particles= is held to."""
+    value = run.evaluate(op.count)
+    wanted = HOLE_ARG_CHECKS["particles"](value)
+    if wanted is not None:
+        got = "" if isinstance(value, list | tuple | dict) else f", got {value!r}"
+        raise EvaluationError(f"the number of particles must be {wanted}{got} "
+                              f"({type_name(value)})", op.count.span, run.source)
+    return int(value)
+
+
+def _run_particle(parent: BlockRun, op: ir.Particles, particle: Branch, engines: Engines,
+                  base: int, tail: str, shared: SharedBudget | None) -> None:
+    """Run the block's body as one particle to its end in the calling thread; its error is
+    kept, not raised. `tail` is the shared context's last text (Session.share)."""
+    stats = Stats()
+    recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
+    session = parent.session.fork(engines.model, stats, recorder)
+    session.append_text(tail)
+    child = parent.branch(session, engines, stats, recorder,
+                          np.random.default_rng([base, particle.index]), frozenset())
+    options = parent.options
+    child.options = replace(options, temperature=1.0, in_particles=True,
+                            sampler="exact" if options.sampler == "exact" else "smc",
+                            particles=1)
+    for op_, _ in ir.holes(op.body, parent.source):
+        if op_.in_loop:  # a loop's captures: this particle's own lists from here on
+            name = op_.name
+            child.vars[name] = child.scope[name] = list(parent.vars[name])
+            child.hole_lists[name] = list(parent.hole_lists[name])
+            child.endings[name] = list(parent.endings[name])
+    particle.child = child
+    if shared is not None:
+        child.budget.shared = shared
+    try:
+        child.exec_block(op.body)
+    except BaseException as exc:  # exec_particles decides what it means
+        particle.error = exc
+    finally:
+        session.close()
+
+
+def _log_weight(particle: Branch) -> float:
+    """The particle's log-weight: what its holes' constraints kept of the model's
+    probability (see the module); -inf for one that failed."""
+    if particle.error is not None or particle.child is None:
+        return -math.inf
+    return sum(_hole_weight(hole) for hole in particle.child.recorder.holes)
+
+
+def _hole_weight(hole: HoleEntry) -> float:
+    if hole.finish == "filled":
+        return 0.0  # a known value is given text, as the fixed text is
+    if hole.kind == "select":
+        assert hole.options is not None, "a select the model filled records its options"
+        logprobs = np.array([logprob for _, logprob, _ in hole.options])
+        top = float(logprobs.max())
+        return top + math.log(float(np.exp(logprobs - top).sum()))
+    # The samplers that weigh give log_evidence; lang/args.py weighing_conflict leaves only
+    # free holes without one, whose values the model wrote as it would (weight 1).
+    return hole.log_evidence if hole.log_evidence is not None else 0.0
+
+
+def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int, start: int,
+           weights: np.ndarray) -> None:
+    """The chosen particle's context, captures, `set`s and text become the run's; every
+    particle's holes, host calls and counters join the run's, and the block's record its
+    trace."""
+    winner = particles[chosen].child
+    assert winner is not None, "a particle with a weight ran"
+    run.session.adopt(winner.session)
+    names = {o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select)}
+    for name in names & winner.vars.keys():
+        run.vars[name] = run.scope[name] = winner.vars[name]
+        run.endings[name] = winner.endings[name]
+        if name in winner.hole_lists:
+            run.hole_lists[name] = winner.hole_lists[name]
+        if name in winner.holes:
+            run.holes[name] = winner.holes[name]
+    for name in {o.name for o in ir.walk(op.body) if isinstance(o, ir.Set)}:
+        if name in winner.scope:
+            run.scope[name] = winner.scope[name]
+    for piece in winner.pieces:
+        run.show(piece)
+    top = float(weights.max())
+    shares = np.exp(weights - top) / float(np.exp(weights - top).sum())
+    for particle in particles:
+        if particle.child is None:
+            continue
+        where = f"particle {particle.index + 1} of {len(particles)}"
+        if particle.index == chosen:
+            run.recorder.adopt(particle.child.recorder, start)
+        else:
+            first = len(run.recorder.holes)
+            run.recorder.holes.extend(particle.child.recorder.holes)
+            mark_holes(run.recorder, first, f"{where} (not chosen, weight "
+                                            f"{shares[particle.index]:.3g})")
+        join_calls(run.recorder, particle.child.recorder, where)
+        add_stats(run.stats, particle.child.stats)
+    run.recorder.blocks.append(ParticleBlock(
+        op.span.line, op.span.column,
+        [{name: p.child.vars[name] for name in sorted(names) if name in p.child.vars}
+         if p.child is not None else {} for p in particles],
+        [float(w) for w in shares],
+        [None if p.error is None else str(p.error) for p in particles],
+        chosen, top + math.log(float(np.exp(weights - top).mean()))))

@@ -1,0 +1,227 @@
+"""`{% particles N %}` blocks (runtime/particle_block.py, docs/language.md §23.5): the block's
+holes drawn together by weighted particles. The weights' arithmetic is checked against the
+holes' own records, the distribution against the exact conditional over both holes, built from
+sampler="exact" runs (each hole's language scored whole, tests/runtime/test_exact.py)."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import pytest
+
+import qrun
+from qrun.backends.transformers import TransformersBackend
+from qrun.errors import EvaluationError, GenerationError, TemplateError
+
+# The second hole's language depends on the first's value: after " a" it has 2 values, after
+# " b" 12, so the model's conditional over both holes prefers " b" where the first hole alone
+# (and masking, which sees nothing ahead) prefers " a".
+SECOND = '" (c|d)" if a == " a" else " (c|d|e|f|g|h|i|j|k|l|m|n)"'
+FIRST = 'Go:{{ gen a regex=" (a|b)" heal=false }}'
+BOTH = FIRST + '.{{ gen b regex=(' + SECOND + ') heal=false }}'
+
+
+def block(count: int, body: str, before: str = "Go:", after: str = "") -> str:
+    return f"{before}{{% particles {count} %}}{body}{{% endparticles %}}{after}"
+
+
+def exact_first_choice(model: TransformersBackend) -> dict[str, float]:
+    """p(a) under the model's conditional over both holes: P(a) from the first hole's exact
+    distribution, times the second hole's exact P(language) after it (a given as text)."""
+    first = qrun.Query(FIRST.replace("heal=false", 'heal=false sampler="exact"')).run(
+        model=model).holes["a"]
+    assert first.value_probs is not None
+    second = BOTH.replace(") heal=false }}", ') heal=false sampler="exact" }}')
+    weights = {}
+    for value, prob in first.value_probs.items():
+        evidence = qrun.Query(second).run(model=model, fill={"a": value}).holes["b"].log_evidence
+        assert evidence is not None
+        weights[value] = prob * math.exp(evidence)
+    total = sum(weights.values())
+    return {value: w / total for value, w in weights.items()}
+
+
+def test_a_later_holes_constraint_corrects_the_earlier_choice(tiny: TransformersBackend) -> None:
+    exact = exact_first_choice(tiny)
+    assert 0.1 < exact[" a"] < 0.3  # the conditional prefers " b"
+    body = BOTH.removeprefix("Go:")
+    results = qrun.Query(block(16, body)).run_many([{}] * 20, model=tiny, temperature=1.0,
+                                                   seed=4)
+    estimate: collections.Counter[str] = collections.Counter()
+    for result in results:
+        (record,) = result.particle_blocks
+        assert len(record.values) == 16 and sum(record.weights) == pytest.approx(1.0)
+        for values, weight in zip(record.values, record.weights, strict=True):
+            estimate[values["a"]] += weight / len(results)
+    assert estimate[" a"] == pytest.approx(exact[" a"], abs=0.06), (estimate, exact)
+    assert sum(r["a"] == " b" for r in results) >= 13
+    masked = qrun.Query(BOTH).run_many([{}] * 40, model=tiny, temperature=1.0, seed=4)
+    assert sum(r["a"] == " a" for r in masked) >= 28  # masking takes the first hole's view
+
+
+def test_a_particles_weight_is_the_product_of_its_holes(tiny: TransformersBackend) -> None:
+    body = ('{{ gen a regex=" (cat|dog|bird)" heal=false }} and'
+            '{{ select s options=[" one", " two", " three"] }} then{{ gen f max_tokens=2 }}'
+            '{{ gen e regex=" [xyz]" sampler="exact" }}')
+    for seed in (1, 2, 3):
+        result = qrun.Query(block(1, body)).run(model=tiny, temperature=1.0, seed=seed)
+        (record,) = result.particle_blocks
+        a, e = result.holes["a"], result.holes["e"]
+        assert a.particles is not None and len(a.particles) == 1  # the block's particle
+        assert a.log_evidence is not None and e.log_evidence is not None
+        select = result.holes["s"].option_logprobs  # type: ignore[attr-defined]
+        options = math.log(sum(math.exp(lp) for lp in select.values()))
+        # One particle: the block's estimate is its own weight, and the free hole adds 0.
+        assert record.log_evidence == pytest.approx(a.log_evidence + options + e.log_evidence,
+                                                    abs=1e-6)
+        assert record.weights == [1.0] and record.chosen == 0
+
+
+def test_greedy_takes_the_heaviest_and_a_seed_replays(tiny: TransformersBackend) -> None:
+    template = block(6, BOTH.removeprefix("Go:"))
+    greedy = qrun.Query(template).run(model=tiny, seed=3)
+    (record,) = greedy.particle_blocks
+    heaviest = max(range(6), key=lambda k: record.weights[k])
+    assert record.chosen == heaviest
+    assert {"a": greedy["a"], "b": greedy["b"]} == record.values[heaviest]
+    first = qrun.Query(template).run(model=tiny, temperature=1.0, seed=8)
+    again = qrun.Query(template).run(model=tiny, temperature=1.0, seed=8)
+    assert first.particle_blocks[0].values == again.particle_blocks[0].values
+    # Particles' rows share batches as their threads come: weights agree to the last bits.
+    assert first.particle_blocks[0].weights == pytest.approx(again.particle_blocks[0].weights,
+                                                             rel=1e-3, abs=1e-9)
+    assert first.text == again.text
+
+
+def test_the_chosen_particle_goes_on(tiny: TransformersBackend) -> None:
+    # Its tokens and KV cache become the context's: what follows the block reads as after
+    # the same values given as text; its `set`s and captures are the run's, its text is once
+    # in the result and in the stream.
+    body = BOTH.removeprefix("Go:") + '{% set seen = a ~ "/" ~ b %}'
+    after = ' then{{ gen y max_tokens=5 temperature=0 }} {{ seen }}'
+    shown: list[str] = []
+    result = qrun.Query(block(4, body, after=after)).run(model=tiny, temperature=1.0, seed=2,
+                                                         on_text=shown.append)
+    assert result.text == f"Go:{result['a']}.{result['b']} then{result['y']} " \
+                          f"{result['a']}/{result['b']}"
+    assert "".join(shown) == result.text
+    given = qrun.Query(BOTH + after.replace(" {{ seen }}", "")).run(
+        model=tiny, fill={"a": result["a"], "b": result["b"]})
+    assert given["y"] == result["y"]
+    trace = result.trace()
+    (entry,) = trace["particle_blocks"]
+    assert entry["chosen"] == result.particle_blocks[0].chosen
+    chosen_holes = [h for h in trace["holes"] if h["context"] is None]
+    assert [h["name"] for h in chosen_holes] == ["a", "b", "y"]
+    assert all(h["first_event"] is not None for h in chosen_holes)
+    others = [h for h in trace["holes"] if h["context"] is not None]
+    assert len(others) == 6 and all("not chosen" in h["context"] for h in others)
+    page = result.to_html()
+    assert "<h2>Particles</h2>" in page and "4 particles" in page
+
+
+def test_loops_macros_and_forks_inside_and_around(tiny: TransformersBackend) -> None:
+    template = (
+        '{% macro pick() %}{{ gen m regex=" (x|y)" }}{% return m %}{% endmacro %}'
+        '{% for i in range(2) %}[{% particles 3 %}'
+        '{% for j in range(2) %}{{ gen x regex=" [ab]" }}{% endfor %}'
+        '{% set got = pick() %}{% fork w in ["p", "q"] %}{{ w }}{{ gen f regex=" [cd]" }}'
+        '{% endfork %}{% endparticles %}]{% endfor %}')
+    result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=5)
+    assert len(result["x"]) == 4  # 2 per block run: each particle had its own list
+    # (2 per round of the outer loop, as a fork in a loop gives without a block)
+    assert all(v in (" a", " b") for v in result["x"])
+    assert len(result["f"]) == 4 and all(v in (" c", " d") for v in result["f"])
+    assert len(result.particle_blocks) == 2
+    one = qrun.Query('{% macro pick() %}{{ gen m regex=" (x|y)" }}{% return m %}{% endmacro %}'
+                     '{% particles 1 %}{% set got = pick() %}{% endparticles %}{{ got }}')
+    run = one.run(model=tiny, temperature=1.0, seed=1)
+    # The macro's hole weighs in the block's particle: its one particle's weight.
+    assert run.particle_blocks[0].log_evidence < -1e-3
+    assert run.text in (" x", " y")
+    inside_fork = qrun.Query('{% fork w in ["A", "B"] %}{{ w }}{% particles 3 %}'
+                             '{{ gen x regex=" [ab]" }}{% endparticles %}{% endfork %}')
+    assert len(inside_fork.run(model=tiny, temperature=1.0, seed=1)["x"]) == 2
+
+
+def test_a_particle_that_fails_weighs_nothing(tiny: TransformersBackend) -> None:
+    # After " b" comes a hole whose value cannot fit its max_tokens: those particles fail, the
+    # block goes on with the others; when all fail the block fails with the first one's error.
+    hopeless = '{{ gen y regex=" bqzxjvbqzxjv" max_tokens=2 heal=false }}'
+    body = '{{ gen x regex=" (a|b)" heal=false }}{% if x == " b" %}' + hopeless + "{% endif %}"
+    failed = 0
+    for result in qrun.Query(block(6, body)).run_many([{}] * 6, model=tiny, temperature=1.0,
+                                                      seed=2):
+        assert result["x"] == " a"
+        record = result.particle_blocks[0]
+        failed += sum(error is not None for error in record.errors)
+        assert all(w == 0.0 and "within 2 token" in error
+                   for w, error in zip(record.weights, record.errors, strict=True)
+                   if error is not None)
+    assert failed > 0
+    with pytest.raises(GenerationError, match="within 2 token") as caught:
+        qrun.Query(block(3, hopeless)).run(model=tiny, temperature=1.0, seed=1)
+    assert caught.value.span.column == 21
+
+
+def test_a_hole_in_a_block_cannot_be_filled(tiny: TransformersBackend) -> None:
+    with pytest.raises(qrun.errors.UsageError, match="inside a fork or a particles block"):
+        qrun.Query(block(3, BOTH.removeprefix("Go:"))).run(model=tiny, fill={"a": " b"})
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('{{ gen x regex="a" temperature=0.5 }}', "samples at temperature 1"),
+    ('{{ select x options=["a", "b"] temperature=0 }}', "samples at temperature 1"),
+    ('{{ select x options=["a", "b"] normalize="mean" }}', "normalize= cannot be used"),
+    ('{{ gen x regex="a" sampler="mask" }}', 'sampler="mask" cannot be used'),
+    ('{{ gen x regex="a" stop="b" }}', "stop= cannot be used"),
+    ('{{ gen x top_k=3 }}', "top_k= cannot be used"),
+    ("{% particles 2 %}{% endparticles %}", "cannot be inside another"),
+    ("{% for i in [1] %}{% break %}{% endfor %}{% break %}", "cannot leave a '{% particles"),
+])
+def test_what_a_block_refuses_at_compile_time(body: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=message) as caught:
+        qrun.Query(block(4, body))
+    assert caught.value.errors[0].span.line == 1  # type: ignore[attr-defined]
+
+
+def test_a_return_cannot_leave_a_block() -> None:
+    with pytest.raises(TemplateError, match="'{% return %}' cannot leave a '{% particles"):
+        qrun.Query("{% macro m() %}{% particles 2 %}{% return 1 %}{% endparticles %}"
+                   "{% endmacro %}{{ m() }}")
+
+
+@pytest.mark.parametrize(("count", "message"), [
+    ("0", "particles must be an integer from 1 to 64"),
+    ("n", "particles must be an integer from 1 to 64"),
+])
+def test_the_count_is_checked_where_it_is(tiny: TransformersBackend, count: str,
+                                          message: str) -> None:
+    template = f'Go:{{% particles {count} %}}{{{{ gen x regex=" [ab]" }}}}{{% endparticles %}}'
+    with pytest.raises(EvaluationError, match=message.replace("particles", "number of "
+                                                                "particles")) as caught:
+        qrun.Query(template).run(model=tiny, n="four" if count == "n" else 0)
+    assert caught.value.span.column == 17
+
+
+def test_what_a_block_refuses_when_it_runs(tiny: TransformersBackend) -> None:
+    with pytest.raises(EvaluationError, match="cannot be used with the run's top_k") as caught:
+        qrun.Query(block(3, '{{ gen x regex=" [ab]" }}')).run(model=tiny, top_k=5)
+    assert caught.value.span.column == 4
+    hot = ('{% macro m() %}{{ gen y regex=" [ab]" temperature=0.5 }}{% endmacro %}'
+           '{% particles 2 %}{{ m() }}{% endparticles %}')
+    with pytest.raises(EvaluationError, match="samples at temperature 1") as caught:
+        qrun.Query(hot).run(model=tiny)
+    assert caught.value.span.column == 51  # the value of the macro's temperature=
+    nested = ('{% macro m() %}{% particles 2 %}{{ gen y regex=" [ab]" }}{% endparticles %}'
+              '{% endmacro %}{% particles 2 %}{{ m() }}{% endparticles %}')
+    with pytest.raises(EvaluationError, match="cannot run inside another"):
+        qrun.Query(nested).run(model=tiny)
+
+
+def test_a_variable_may_be_named_particles(tiny: TransformersBackend) -> None:
+    result: Any = qrun.Query('{{ particles }}{{ gen x regex="[ab]" particles=2 }}').run(
+        {"particles": "P"}, model=tiny, seed=1)
+    assert result.text[0] == "P" and result["x"] in ("a", "b")
