@@ -11,14 +11,16 @@ next choices. Ending is one of the choices (EOS, or a token that begins the temp
 text: docs/language.md §14.5), where the constraint lets the value end and go on. When the
 unfinished particles' effective sample size falls below half their number they are resampled
 (systematic resampling): heavy ones copied, light ones dropped, each weighing their mean
-(finished ones stay: resampled says why). A copy forks its KV cache (KVCache.fork: no
-position is fed again); each step's forwards of all live particles are rows of one batch
-(through the run's scheduler, runtime/scheduler.py forward_rows). The value is one particle
+(finished ones stay: resampled says why). A copy shares its KV cache and logits until it
+feeds a token, and particles on the same path are fed as one row (_feed: no position is fed
+twice, no question asked twice); each step's rows are one batch (through the run's
+scheduler, runtime/scheduler.py forward_rows). The value is one particle
 drawn by weight (the heaviest at temperature 0); every particle and the log of the estimate of
 the language's mass under the model go into the record."""
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from dataclasses import dataclass, field
@@ -55,10 +57,10 @@ class Particle:
     finish: str | None = None
 
     def copy(self) -> Particle:
-        return Particle(self.cursor.copy(), self.logits,
-                        self.cache.fork() if self.cache is not None else None,
-                        list(self.tokens), list(self.logprobs), list(self.ends),
-                        self.log_weight, self.finish)
+        """A copy sharing this particle's KV cache until one of them feeds (_feed forks it
+        then)."""
+        return Particle(self.cursor.copy(), self.logits, self.cache, list(self.tokens),
+                        list(self.logprobs), list(self.ends), self.log_weight, self.finish)
 
 
 def fill_particles(session: Session, request: GenRequest, model: StepModel) -> GenRecord:
@@ -88,11 +90,19 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     known = Known(session.backend)
     while any(p.finish is None for p in particles):
         started = time.perf_counter()
-        to_feed = [p for p in particles if p.finish is None
-                   and _step(p, request, session.backend, eos, boundary, generator, known)]
+        at: dict[tuple[int, ...], Choices] = {}  # this step's choices, per path
+        to_feed = []
+        for p in particles:
+            if p.finish is not None:
+                continue
+            path = tuple(p.tokens)
+            if path not in at:
+                at[path] = _choices(p, request, session.backend, eos, boundary, known)
+            if _step(p, at[path], request, session.backend, generator):
+                to_feed.append(p)
         session.stats.mask_s += time.perf_counter() - started
         if to_feed:
-            _feed(session, model, base, to_feed)
+            _feed(session, model, base, to_feed, particles)
         particles = resampled(particles, generator)
     weights = np.array([p.log_weight for p in particles])
     if not np.isfinite(weights).any():
@@ -121,12 +131,28 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     return record
 
 
-def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozenset[int],
-          boundary: tuple[int, ...], generator: np.random.Generator, known: Known) -> bool:
-    """One token of `particle`, drawn from the model's distribution over the tokens it may
-    propose (at the hole's temperature; 1 at 0, where the heaviest particle is taken at the
-    end); its weight gains their mass. Returns whether it goes on (its token needs
-    feeding)."""
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """What a particle may propose next from where it is (a function of its tokens: every
+    particle on the same path has the same cursor state and logits, so a step computes it once
+    per path): the tokens (`tokens`) with the proposal's weights (`weights`, at the hole's
+    temperature), the log of their share of the model's whole mass there (`log_share`: the
+    weight's factor; -inf at a dead end), the tokens that end the value (`stops`), and each
+    token's log-probability for the record (under the proposal at temperature 1)."""
+
+    tokens: npt.NDArray[np.intp]
+    weights: npt.NDArray[np.float64]
+    log_share: float
+    stops: frozenset[int]
+    logprobs: npt.NDArray[np.float64]
+
+
+def _choices(particle: Particle, request: GenRequest, backend: Backend, eos: frozenset[int],
+             boundary: tuple[int, ...], known: Known) -> Choices:
+    """The particle's next choices: the tokens the mask allows, in canonical pairs
+    (_proposable), ending where the constraint may end (EOS, or the next text's first tokens:
+    docs/language.md §14.5), from the model's distribution at the hole's temperature (1 at 0,
+    where the heaviest particle is taken at the end)."""
     cursor = particle.cursor
     left = request.max_tokens - _spent(particle, request)
     allowed = cursor.allowed(left).copy()
@@ -145,23 +171,39 @@ def _step(particle: Particle, request: GenRequest, backend: Backend, eos: frozen
     if proposable.any():  # else no canonical spelling is left: the mask's tokens, all of them
         allowed = proposable
         masked = np.where(allowed, masked, 0.0)
+    tokens = np.flatnonzero(masked)
+    weights = masked[tokens]
     mass = float(masked.sum())
     if mass <= 0.0:
+        return Choices(tokens, weights, -math.inf, frozenset(stops), weights)
+    record = weights
+    if temperature != 1.0:  # records give them at temperature 1 (docs/language.md §15.2)
+        record = np.exp(particle.logits[tokens].astype(np.float64)
+                        - float(particle.logits.max()))
+    return Choices(tokens, weights, math.log(mass / float(shifted.sum())), frozenset(stops),
+                   np.log(record / float(record.sum())))
+
+
+def _step(particle: Particle, choices: Choices, request: GenRequest, backend: Backend,
+          generator: np.random.Generator) -> bool:
+    """One token of `particle`, drawn from its `choices`; its weight gains their share of the
+    model's mass. Returns whether it goes on (its token needs feeding)."""
+    if choices.log_share == -math.inf:
         particle.log_weight = -math.inf  # a dead end: no weight can revive it
         particle.finish = "eos"
         return False
-    token = draw(masked, generator)
-    particle.log_weight += math.log(mass / float(shifted.sum()))
-    if temperature != 1.0:  # records give them at temperature 1 (docs/language.md §15.2)
-        plain = np.where(allowed, np.exp(particle.logits.astype(np.float64)
-                                         - float(particle.logits.max())), 0.0)
-        masked, mass = plain, float(plain.sum())
-    if token in stops:
+    # Drawn over the proposable tokens alone: the same token a draw over the whole vocabulary
+    # gives (sampler.draw: zeros add nothing to the cumulative weights).
+    pick = draw(choices.weights, generator)
+    token = int(choices.tokens[pick])
+    particle.log_weight += choices.log_share
+    if token in choices.stops:
         particle.finish = "eos"
         return False
+    cursor = particle.cursor
     cursor.advance(token)
     particle.tokens.append(token)
-    particle.logprobs.append(math.log(float(masked[token]) / mass))
+    particle.logprobs.append(float(choices.logprobs[pick]))
     previous = particle.ends[-1] if particle.ends else 0
     particle.ends.append(previous + len(backend.vocabulary.token_bytes[token] or b""))
     if cursor.can_continue() and request.max_tokens - _spent(particle, request) > 0:
@@ -271,18 +313,35 @@ def _spent(particle: Particle, request: GenRequest) -> int:
     return sum(1 for end in particle.ends if end > len(request.prefix))
 
 
-def _feed(session: Session, model: StepModel, base: KVCache, particles: list[Particle]
-          ) -> None:
-    """Each particle's last token fed on its own cache, all as rows of one batch."""
+def _feed(session: Session, model: StepModel, base: KVCache, particles: list[Particle],
+          everyone: list[Particle]) -> None:
+    """Each of `particles`' last token fed, as rows of one batch: one row per distinct path,
+    since particles with the same tokens (copies that resampling made, or particles that drew
+    alike) share one KV cache and one set of logits, and the model is asked each question
+    once. A cache no other particle of `everyone` holds goes on in place; one that others hold
+    too is forked (copy on write: the cells written so far are shared, KVCache.fork)."""
+    holders = collections.Counter(id(p.cache) for p in everyone if p.cache is not None)
+    feeding = collections.Counter(id(p.cache) for p in particles if p.cache is not None)
+    groups: dict[tuple[int, int], list[Particle]] = {}
     for particle in particles:
-        if particle.cache is None:
-            particle.cache = base.fork()
+        key = (id(particle.cache) if particle.cache is not None else 0, particle.tokens[-1])
+        groups.setdefault(key, []).append(particle)
+    rows: list[tuple[list[int], KVCache]] = []
+    in_place: set[int] = set()
+    for (source_id, token), members in groups.items():
+        source = members[0].cache
+        if source is not None and holders[source_id] == feeding[source_id] \
+                and source_id not in in_place:  # no one else holds it: the first goes on in it
+            in_place.add(source_id)
+            rows.append(([token], source))
+        else:  # forked before the batch runs: the fork holds what the source holds now
+            rows.append(([token], (source or base).fork()))
     started = time.perf_counter()
-    rows = forward_rows(model, session.backend.batch_forward(),
-                        [([p.tokens[-1]], p.cache) for p in particles if p.cache is not None])
-    session.count_model_call(time.perf_counter() - started, len(particles))
-    for particle, logits in zip(particles, rows, strict=True):
-        particle.logits = logits[-1]
+    logits = forward_rows(model, session.backend.batch_forward(), rows)
+    session.count_model_call(time.perf_counter() - started, len(rows))
+    for members, (_, cache), row in zip(groups.values(), rows, logits, strict=True):
+        for particle in members:
+            particle.cache, particle.logits = cache, row[-1]
 
 
 def resampled(particles: list[Particle], generator: np.random.Generator) -> list[Particle]:

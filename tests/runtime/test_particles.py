@@ -213,3 +213,23 @@ def test_resampling_leaves_finished_particles_and_keeps_the_live_ones_total() ->
     assert sum(math.exp(p.log_weight) for p in live) == pytest.approx(total)
     # Light ones are dropped for copies of heavy ones.
     assert not any(p is q for p in live for q in light)
+
+
+def test_particles_on_one_path_are_fed_as_one_row(tiny: TransformersBackend) -> None:
+    # 16 particles that all begin " b" (one token, then "cf" or "df", one token each): the
+    # step after " b" feeds one row, not 16 (copies share their KV cache until they part).
+    template = 'Pick:{{ gen x regex=" b(c|d)(e|f)" sampler="smc" particles=16 heal=false }}'
+    result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=1)
+    assert tiny.encode(" bcf")[0] == tiny.encode(" bdf")[0] == tiny.encode(" b")[0]
+    prompt = len(tiny.encode("Pick:"))
+    assert result.stats.forward_tokens <= prompt + 2  # 16 + prompt when each fed its own
+    assert len(result.holes["x"].particles or []) == 16
+    # Particles that part after sharing: each value keeps its own particle's cache, as the
+    # same text given as fixed text would read.
+    follow = " then{{ gen y max_tokens=4 temperature=0 }}"
+    long = ('Pick:{{ gen x regex=" (a|b)(c|d)(e|f)" sampler="smc" particles=16 heal=false }}'
+            + follow)
+    for seed in (3, 4, 5):
+        sampled = qrun.Query(long).run(model=tiny, temperature=1.0, seed=seed)
+        given = qrun.Query("Pick:" + sampled["x"] + follow).run(model=tiny)
+        assert sampled["y"] == given["y"], seed
