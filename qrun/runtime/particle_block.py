@@ -72,11 +72,28 @@ def exec_particles(run: BlockRun, op: ir.Particles) -> None:
     def one(particle: Branch, engines: Engines) -> None:
         _run_particle(run, op, particle, engines, base, tail, shared)
 
-    if run.in_branch:  # one after the other in this branch's thread (as exec_fork does)
+    try:
+        if run.in_branch:  # one after the other in this branch's thread (as exec_fork does)
+            for particle in particles:
+                one(particle, run.engines)
+        else:
+            drive(run, particles, one)
+        _choose_and_go_on(run, op, particles, start)
+    finally:  # their KV caches go now, the chosen one's context having been taken over
         for particle in particles:
-            one(particle, run.engines)
-    else:
-        drive(run, particles, one)
+            if particle.child is not None:
+                particle.child.session.close()
+    for particle in particles:  # every particle's work is the run's (closed: counted whole)
+        if particle.child is not None:
+            add_stats(run.stats, particle.child.stats)
+            if not run.in_branch:
+                pay(run, op.span, particle.child, steps, output)
+
+
+def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], start: int
+                      ) -> None:
+    """Weigh the particles, draw the one that goes on and go on with it (_go_on); the first
+    error that is not a failed hole fails the run, and so does every particle failing."""
     weights = np.array([_log_weight(p) for p in particles])
     for particle in particles:  # an error other than a failed hole fails the run
         if particle.error is not None and not isinstance(particle.error, GenerationError):
@@ -90,9 +107,6 @@ def exec_particles(run: BlockRun, op: ir.Particles) -> None:
     chosen = (int(np.argmax(weights)) if run.options.temperature == 0.0
               else draw(np.exp(weights - weights.max()), run.generator))
     _go_on(run, op, particles, chosen, start, weights)
-    for particle in particles:
-        if particle.child is not None and not run.in_branch:
-            pay(run, op.span, particle.child, steps, output)
 
 
 def _count(run: BlockRun, op: ir.Particles) -> int:
@@ -133,8 +147,6 @@ def _run_particle(parent: BlockRun, op: ir.Particles, particle: Branch, engines:
         child.exec_block(op.body)
     except BaseException as exc:  # exec_particles decides what it means
         particle.error = exc
-    finally:
-        session.close()
 
 
 def _log_weight(particle: Branch) -> float:
@@ -161,8 +173,7 @@ def _hole_weight(hole: HoleEntry) -> float:
 def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int, start: int,
            weights: np.ndarray) -> None:
     """The chosen particle's context, captures, `set`s and text become the run's; every
-    particle's holes, host calls and counters join the run's, and the block's record its
-    trace."""
+    particle's holes and host calls join the run's, and the block's record its trace."""
     winner = particles[chosen].child
     assert winner is not None, "a particle with a weight ran"
     run.session.adopt(winner.session)
@@ -193,7 +204,6 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
             mark_holes(run.recorder, first, f"{where} (not chosen, weight "
                                             f"{shares[particle.index]:.3g})")
         join_calls(run.recorder, particle.child.recorder, where)
-        add_stats(run.stats, particle.child.stats)
     run.recorder.blocks.append(ParticleBlock(
         op.span.line, op.span.column,
         [{name: p.child.vars[name] for name in sorted(names) if name in p.child.vars}

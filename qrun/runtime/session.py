@@ -527,6 +527,10 @@ class Session:
         counts = self._cache.take_counts()
         if counts is not None:
             self.count_model_call(0.0, counts[0], counts[1], calls=0)
+        # Let go of it now: a branch's run (runtime/branches.py) sits in reference cycles
+        # that only the garbage collector ends, and a llama.cpp sequence is freed only with
+        # its cache (64 particles of a block held 64 of the 256 until a collection).
+        self._cache = None
 
     def rollback(self, length: int, reason: str = "rollback") -> None:
         """Truncate the context to its first `length` tokens, cropping the KV cache; positions
