@@ -57,10 +57,13 @@ BLOCK = ("Animal:{% particles 4 %}{{ gen a regex=\" (cat|dog|bird)\" }} and"
 
 def test_a_particles_block_in_process_and_on_a_server(vllm_engine: Any, vllm_remote: Any
                                                       ) -> None:
-    result = qrun.Query(BLOCK).run(model=vllm_engine, temperature=1.0, seed=2)
-    (record,) = result.particle_blocks
-    assert len(record.values) == 4 and record.values[record.chosen]["a"] == result["a"]
-    assert result.text == f"Animal:{result['a']} and{result['s']}"
-    # A server samples whole holes: the block's constrained hole cannot be drawn by particles.
+    for model in (vllm_engine, vllm_remote):  # a small language is scored whole on both
+        result = qrun.Query(BLOCK).run(model=model, temperature=1.0, seed=2)
+        (record,) = result.particle_blocks
+        assert len(record.values) == 4 and record.values[record.chosen]["a"] == result["a"]
+        assert result.text == f"Animal:{result['a']} and{result['s']}"
+        assert result.holes["a"].value_probs is not None
+    # A server samples whole holes: a large language's hole cannot be drawn by a particle.
+    large = BLOCK.replace('regex=\" (cat|dog|bird)\"', 'regex=\" [a-z]+\" max_tokens=3')
     with pytest.raises(GenerationError, match="samples whole holes"):
-        qrun.Query(BLOCK).run(model=vllm_remote, temperature=1.0, seed=2)
+        qrun.Query(large).run(model=vllm_remote, temperature=1.0, seed=2)

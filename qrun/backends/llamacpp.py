@@ -416,7 +416,11 @@ class LlamaCppBackend(BackendDefaults):
                 below[parents[i]].extend(below[i])
         leaves = [i for i in range(n) if below[i] == [i]]
         leaf_of = [below[i][0] for i in range(n)]
-        groups = _groups(leaves, parents)
+        # A tree scored in one decode keeps a sequence per leaf until its path is kept; where
+        # sequences run short (the particles of a block scoring trees side by side), smaller
+        # decodes that keep none (keep_path then feeds the path again) instead of running out.
+        room = max(1, (self.free_sequences() - RESERVED_SEQUENCES) // 4)
+        groups = _groups(leaves, parents, min(TREE_LEAVES, room))
         out = np.empty((n, self.vocab_size), dtype=np.float32)
         kept: dict[int, LlamaCache] = {}
         for group in groups:
@@ -453,13 +457,13 @@ def _chain(node: int, parents: Sequence[int]) -> list[int]:
     return chain
 
 
-def _groups(leaves: list[int], parents: Sequence[int]) -> list[list[int]]:
-    """Leaves in runs of at most TREE_LEAVES whose chains fit one batch together."""
+def _groups(leaves: list[int], parents: Sequence[int], most: int) -> list[list[int]]:
+    """Leaves in runs of at most `most` whose chains fit one batch together."""
     groups: list[list[int]] = []
     size = 0
     for leaf in leaves:
         chain = len(_chain(leaf, parents))
-        if not groups or len(groups[-1]) == TREE_LEAVES or size + chain > BATCH_TOKENS:
+        if not groups or len(groups[-1]) == most or size + chain > BATCH_TOKENS:
             groups.append([])
             size = 0
         groups[-1].append(leaf)

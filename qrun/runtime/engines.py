@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qrun.backends.base import Backend, HoleSampler, StepModel, TreeScorer
-from qrun.runtime.exact import fill_exact
+from qrun.runtime.exact import LanguageTooLarge, fill_exact
 from qrun.runtime.generate import LocalFiller
 from qrun.runtime.hole import GenRequest, HoleFailure, HoleFiller
 from qrun.runtime.particles import fill_particles
@@ -41,12 +41,18 @@ class Engines:
             HoleFailure: the hole cannot be filled legally, or not on this backend.
         """
         record = None
-        if request.sampler == "exact":
+        sampler = request.sampler
+        if sampler == "auto":
+            # A `{% particles %}` block's constrained hole that names no sampler
+            # (runtime/particle_block.py): scored whole where its language is small enough,
+            # which weighs the block's particle exactly, else drawn by the particle itself.
+            record, sampler = self._exact_if_small(session, request), "smc"
+        if record is None and sampler == "exact":
             if self.scoring is None:
                 raise HoleFailure('sampler="exact" needs a backend that scores token '
                                   "sequences, and this one cannot")
             record = fill_exact(session, request, self.scoring)
-        elif request.sampler == "smc":
+        elif record is None and sampler == "smc":
             if self.model is None:
                 raise HoleFailure('sampler="smc" needs token-level forwards, and this backend '
                                   "samples whole holes (a vLLM server): use a local model")
@@ -57,6 +63,26 @@ class Engines:
             return record
         assert self.filler is not None, "the executor checks for a filler first"
         return self.filler.fill(session, request, on_text)
+
+
+    def _exact_if_small(self, session: Session, request: GenRequest) -> GenRecord | None:
+        """The hole scored whole (sampler="exact"), every tokenization where they are at most
+        BLOCK_TREE_LIMIT token-tree nodes, else each value's canonical one; None where its
+        language is too large for that (found before any model work) or the backend cannot
+        score."""
+        if self.scoring is None:
+            return None
+        try:
+            return fill_exact(session, request, self.scoring, BLOCK_TREE_LIMIT)
+        except LanguageTooLarge:
+            return None
+
+
+BLOCK_TREE_LIMIT = 64
+"""A particles block's small holes score every tokenization only where they are this few
+token-tree nodes (exact.TREE_LIMIT is 1,024): the block's particles each score their holes,
+and on llama.cpp "(The cat|The dog|A bird)" in all its spellings made 12 runs of 8 particles
+take 68 s where its 3 canonical spellings take 6 (measured, 2 cores)."""
 
 
 def choose_engines(

@@ -55,14 +55,19 @@ class Ending:
     end_tokens: tuple[int, ...] = ()
 
 
-def fill_exact(session: Session, request: GenRequest, scoring: Scoring) -> GenRecord:
+def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
+               tree_limit: int | None = None) -> GenRecord:
     """Fill `request`'s hole with a value drawn from the model's conditional over its
     constraint's language (at temperature T: string probabilities to the power 1/T; at 0 the
     likeliest string), and return its record, whose `value_probs` is that conditional.
 
+    `tree_limit`: the most token-tree nodes walked before every value is scored in its
+    canonical tokenization alone (TREE_LIMIT when None).
+
     Raises:
-        HoleFailure: the language has more than VALUES_LIMIT values (or BYTES_LIMIT prefixes
-            of them), or no value fits max_tokens.
+        LanguageTooLarge: the language has more than VALUES_LIMIT values (or BYTES_LIMIT
+            prefixes of them).
+        HoleFailure: no value fits max_tokens.
     """
     cursor = request.cursor
     assert cursor is not None, "sampler='exact' needs a constraint (lang/args.py checks)"
@@ -71,7 +76,7 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring) -> GenRe
     session.ensure_start()
     hole = Hole(session, request)
     started = time.perf_counter()
-    endings = _endings(session, request, cursor)
+    endings = _endings(session, request, cursor, TREE_LIMIT if tree_limit is None else tree_limit)
     session.stats.mask_s += time.perf_counter() - started
     if not endings:
         raise HoleFailure(f"no value of hole '{request.name}' fits within {request.max_tokens} "
@@ -128,22 +133,28 @@ class _TooLarge(Exception):
     """A walk passed its bound."""
 
 
-def _endings(session: Session, request: GenRequest, cursor: Cursor) -> list[Ending]:
-    """Every token sequence the masked loop could write where they are few (TREE_LIMIT
+class LanguageTooLarge(HoleFailure):
+    """The hole's language has more values than an exact hole scores; raised before any
+    model work (a `{% particles %}` block's hole then takes one particle: runtime/engines.py)."""
+
+
+def _endings(session: Session, request: GenRequest, cursor: Cursor, tree_limit: int
+             ) -> list[Ending]:
+    """Every token sequence the masked loop could write where they are few (`tree_limit`
     nodes), else every value in its canonical tokenization (VALUES_LIMIT values).
 
     Raises:
-        HoleFailure: more values than that.
+        LanguageTooLarge: more values than that.
     """
     boundary = follow_of(session, request.follow).tokens
     try:
-        return _walk_tokens(session, request, cursor, boundary)
+        return _walk_tokens(session, request, cursor, boundary, tree_limit)
     except _TooLarge:
         pass
     try:
         return _canonical(session, request, cursor, _walk_bytes(session, cursor), boundary)
     except _TooLarge:
-        raise HoleFailure(
+        raise LanguageTooLarge(
             f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
             f"more than {BYTES_LIMIT} distinct prefixes of them); its language is too large to "
             'score whole: sample it under the mask (sampler="mask" on the hole) or by particles '
@@ -174,11 +185,11 @@ def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: li
 
 
 def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
-                 boundary: tuple[int, ...]) -> list[Ending]:
+                 boundary: tuple[int, ...], limit: int) -> list[Ending]:
     """Every token sequence the masked loop could write as the value.
 
     Raises:
-        _TooLarge: more than TREE_LIMIT nodes.
+        _TooLarge: more than `limit` nodes.
     """
     token_bytes = session.backend.vocabulary.token_bytes
     plen = len(request.prefix)
@@ -195,7 +206,7 @@ def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
             endings.append(ending)
         return children
 
-    _depth_first(cursor, expand, TREE_LIMIT)
+    _depth_first(cursor, expand, limit)
     return endings
 
 

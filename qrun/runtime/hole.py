@@ -64,7 +64,8 @@ class GenRequest:
     first_tokens: npt.NDArray[np.bool_] | None = None
     # "mask": token by token under the mask; "exact": drawn from the model's conditional over
     # the constraint's language, scored whole (runtime/exact.py); "smc": `particles` particles
-    # (runtime/particles.py).
+    # (runtime/particles.py); "auto", a particles block's: exact where the language is small,
+    # else smc (runtime/engines.py).
     sampler: str = "mask"
     particles: int = 16
 

@@ -38,7 +38,9 @@ class GenArgs:
     ends_at_text: bool
     sampling: SamplingParams
     seed: int | None
-    sampler: str  # "mask", "exact" (runtime/exact.py) or "smc" (runtime/particles.py)
+    # "mask", "exact" (runtime/exact.py), "smc" (runtime/particles.py) or, in a particles
+    # block, "auto" (runtime/engines.py: exact where the language is small, else smc)
+    sampler: str
     particles: int  # with sampler="smc"
 
 

@@ -6,14 +6,16 @@ choice, which holes sampled one at a time cannot do.
 Each particle is a branch of the run, as a fork's are (runtime/branches.py: the context fed
 once, each particle's KV cache a fork of it, their forwards rows of one batch through the
 run's scheduler), with its own random generator from the run's. Its holes are drawn from the
-model's own distribution at temperature 1: a constrained gen by sampler="smc" with one
-particle (the block's particle: runtime/particles.py) or by the sampler it names ("exact", or
-"smc" with particles of its own), a select from its options' probabilities, a free gen as the
-model writes it; lang/args.py weighing_conflict refuses what would change that. A particle's
-log-weight is the sum over its holes of what each hole's constraint kept of the model's
-probability given what came before: a gen record's `log_evidence` (one particle's own weight,
-or exact's log P(language)), a select's log of its options' total probability, 0 for a free
-gen or a known value. So the particles are weighted towards
+model's own distribution at temperature 1: a constrained gen that names no sampler scored
+whole where its language is small (runtime/engines.py, "auto": its weight is then exact),
+else by sampler="smc" with one particle (the block's particle: runtime/particles.py), or by
+the sampler it names ("exact", or "smc" with particles of its own); a select from its
+options' probabilities, a free gen as the model writes it; lang/args.py weighing_conflict
+refuses what would change that. A particle's log-weight is the sum over its holes of what
+each hole's constraint kept of the model's probability given what came before: a gen
+record's `log_evidence` (exact's log P(language), or one particle's own weight), a select's
+log of its options' total probability, 0 for a free gen or a known value. So the particles
+are weighted towards
 
     p(x_1 .. x_k) ∝ Π_i P_model(x_i | context, fixed text, x_<i) · 1[x_i ∈ L_i]
 
@@ -131,8 +133,10 @@ def _run_particle(parent: BlockRun, op: ir.Particles, particle: Branch, engines:
     child = parent.branch(session, engines, stats, recorder,
                           np.random.default_rng([base, particle.index]), frozenset())
     options = parent.options
+    # A constrained hole that names no sampler: "exact" where the run says so, else "auto"
+    # (runtime/engines.py: exact where its language is small, else this particle's own draw).
     child.options = replace(options, temperature=1.0, in_particles=True,
-                            sampler="exact" if options.sampler == "exact" else "smc",
+                            sampler="exact" if options.sampler == "exact" else "auto",
                             particles=1)
     for op_, _ in ir.holes(op.body, parent.source):
         if op_.in_loop:  # a loop's captures: this particle's own lists from here on

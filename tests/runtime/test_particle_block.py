@@ -62,14 +62,18 @@ def test_a_later_holes_constraint_corrects_the_earlier_choice(tiny: Transformers
 
 
 def test_a_particles_weight_is_the_product_of_its_holes(tiny: TransformersBackend) -> None:
+    # A small language is scored whole (sampler="exact": its weight is the language's exact
+    # probability), a large one drawn by the block's particle (sampler="smc", one particle),
+    # a select weighs its options' total, a free hole nothing.
     body = ('{{ gen a regex=" (cat|dog|bird)" heal=false }} and'
             '{{ select s options=[" one", " two", " three"] }} then{{ gen f max_tokens=2 }}'
-            '{{ gen e regex=" [xyz]" sampler="exact" }}')
+            '{{ gen e regex=" [a-z]+" max_tokens=3 }}')
     for seed in (1, 2, 3):
         result = qrun.Query(block(1, body)).run(model=tiny, temperature=1.0, seed=seed)
         (record,) = result.particle_blocks
         a, e = result.holes["a"], result.holes["e"]
-        assert a.particles is not None and len(a.particles) == 1  # the block's particle
+        assert a.value_probs is not None and a.particles is None  # scored whole
+        assert e.particles is not None and len(e.particles) == 1  # the block's particle
         assert a.log_evidence is not None and e.log_evidence is not None
         select = result.holes["s"].option_logprobs  # type: ignore[attr-defined]
         options = math.log(sum(math.exp(lp) for lp in select.values()))
