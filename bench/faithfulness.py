@@ -8,7 +8,9 @@ strings, every tokenization of each string summed (_reference; the arithmetic is
 against plain forwards of the HF model in tests/runtime/test_exact.py). Then, over seeded runs
 at temperature 1 (run_many, a seed per item): masked sampling (a `regex=` hole),
 `sampler="exact"` at its default bounds, a `select` over the strings (canonical tokenizations),
-and `sampler="smc"` at each particle count (fewer runs where a sample costs more). Printed per
+and `sampler="smc"` at each particle count (fewer runs where a sample costs more). Then tasks
+of two holes (BLOCK_TASKS): masked, each hole's own particles, and `{% particles N %}` blocks
+against the conditional over both holes (_block_reference). Printed per
 task: the total-variation distance to the reference of each method's draws (for particles
 also of the mean of the runs' value_probs, the distribution each run's value is drawn from,
 less noisy than its draws), of exact's own value_probs, seconds per sample, the greedy masked
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import subprocess
@@ -28,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 import qrun
 from qrun.backends import ensure_converted, locate_model
@@ -40,12 +45,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Task:
-    """A prompt (template text before the hole), the language as a regex and as its strings."""
+    """A prompt (template text before the hole), the language as a regex and as its strings;
+    `large`: more strings than sampler="exact" scores (its reference is then a select over
+    the strings: their canonical tokenizations only)."""
 
     name: str
     prompt: str
     pattern: str
     strings: tuple[str, ...]
+    large: bool = False
 
 
 CHAT = "{% user %}QUESTION{% enduser %}\n{% assistant %}"
@@ -67,26 +75,128 @@ TASKS = (
          ("Paris Hilton", "Lyon", "Marseille", "Toulouse")),
     Task("yes-no", CHAT.replace("QUESTION", "Is the sky blue? Answer Yes or No."),
          r"(Yes|No)", ("Yes", "No")),
+    # Too large to score whole (600 and 1,440 strings): a four-part sentence whose first
+    # words are chosen before the later parts' constraints are seen, and a time of day whose
+    # hour's first digit decides what may follow.
+    Task("sentence-600", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
+         r"(The|A|One|My) (big|small|old|young|happy|lazy) (cat|dog|bird|fish|horse) "
+         r"(sleeps|runs|eats|sings|barks)\.",
+         tuple(f"{d} {a} {n} {v}." for d in ("The", "A", "One", "My")
+               for a in ("big", "small", "old", "young", "happy", "lazy")
+               for n in ("cat", "dog", "bird", "fish", "horse")
+               for v in ("sleeps", "runs", "eats", "sings", "barks")), large=True),
+    Task("time", CHAT.replace("QUESTION", "At what time does a typical office workday start? "
+                                          "Answer as HH:MM."),
+         r"([01][0-9]|2[0-3]):[0-5][0-9]",
+         tuple(f"{h:02d}:{m:02d}" for h in range(24) for m in range(60)), large=True),
 )
+
+
+@dataclass(frozen=True)
+class BlockTask:
+    """Two holes in a row (docs/language.md §23.5): the first's language, the text between,
+    the second's language as a template expression that may read the first (`a`), the text
+    after."""
+
+    name: str
+    prompt: str
+    first: str
+    between: str
+    second: str
+    after: str
+
+    def template(self, particles: int | None, sampler: str = "") -> str:
+        """The task's template: both holes masked (or drawn by `sampler`), or in a
+        `{% particles %}` block of that many particles."""
+        body = (f'{{{{ gen a regex="{self.first}" {sampler}}}}}{self.between}'
+                f"{{{{ gen b regex=({self.second}) {sampler}}}}}{self.after}")
+        if particles is not None:
+            body = f"{{% particles {particles} %}}{body}{{% endparticles %}}"
+        return self.prompt + body + "{% endassistant %}"
+
+
+BLOCK_TASKS = (
+    # The sentence task's two parts as two holes: the subject is written before the verb's
+    # hole and its constraint come.
+    BlockTask("sentence-2", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
+              "(The cat|The dog|A bird)", " ", '"(sleeps|runs)"', "."),
+    # A likely first value after which the second hole allows only an unlikely ending.
+    BlockTask("city-2", CHAT.replace("QUESTION", "Name one city in France and say one thing "
+                                                 "about it."),
+              "(Paris|Lyon|Marseille)", "", r'" Hilton\\." if a == "Paris" else " is lovely\\."',
+              ""),
+)
+
+
+def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[int, ...]
+                  ) -> dict[str, object]:
+    """Masked sampling, each hole's own 16 particles, and `{% particles N %}` blocks against
+    the model's conditional over both holes (_block_reference)."""
+    reference = _block_reference(task, model)
+    row: dict[str, object] = {"task": task.name, "reference": _rounded(reference)}
+    methods: dict[str, tuple[str, int]] = {
+        "masked": (task.template(None), draws),
+        "smc16 per hole": (task.template(None, "sampler='smc' particles=16 "), max(30, draws // 4)),
+    }
+    for n in particles:
+        methods[f"block{n}"] = (task.template(n), max(30, draws * 4 // max(n, 4)))
+    for name, (template, count) in methods.items():
+        started = time.perf_counter()
+        results = qrun.Query(template).run_many([{}] * count, model=model, temperature=1.0,
+                                                seed=1)
+        seconds = time.perf_counter() - started
+        counts = collections.Counter(f"{r['a']}|{r['b']}" for r in results)  # type: ignore[index]
+        entry: dict[str, object] = {"draws": count, "s_per_sample": round(seconds / count, 4),
+                                    "tv": _tv({k: c / count for k, c in counts.items()},
+                                              reference)}
+        if name.startswith("block"):
+            mean: collections.Counter[str] = collections.Counter()
+            for result in results:
+                (block,) = result.particle_blocks  # type: ignore[union-attr]
+                for values, weight in zip(block.values, block.weights, strict=True):
+                    mean[f"{values['a']}|{values['b']}"] += weight / count
+            entry["tv_of_mean_weights"] = _tv(dict(mean), reference)
+        row[name] = entry
+    return row
+
+
+def _block_reference(task: BlockTask, model: Backend) -> dict[str, float]:
+    """p(a, b) ∝ P(a | prompt) · P(b | prompt, a, between) over both languages: the first
+    hole's exact conditional times, for each value given as text, the second's exact
+    P(language) and conditional (sampler="exact": every tokenization summed)."""
+    exact_both = task.template(None, "sampler='exact' ")
+    first = qrun.Query(exact_both).run(model=model).holes["a"].value_probs  # type: ignore[attr-defined]
+    joint: dict[str, float] = {}
+    for a, p_a in first.items():
+        second = qrun.Query(exact_both).run(model=model, fill={"a": a}).holes["b"]
+        for b, p_b in second.value_probs.items():  # type: ignore[attr-defined]
+            joint[f"{a}|{b}"] = p_a * math.exp(second.log_evidence) * p_b  # type: ignore[attr-defined]
+    total = sum(joint.values())
+    return {k: v / total for k, v in joint.items()}
 
 
 def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
             ) -> dict[str, object]:
-    reference, reference_s = _reference(task, model)
+    select = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}")
+    if task.large:
+        reference, reference_s = _select_reference(task, select, model)
+    else:
+        reference, reference_s = _reference(task, model)
     exact_query = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
                              "{% endassistant %}")
-    at_bound = exact_query.run(model=model, pattern=task.pattern).holes["s"]
-    row: dict[str, object] = {
-        "task": task.name, "reference": _rounded(reference), "reference_s": round(reference_s, 2),
-        "exact_probs_tv": _tv(at_bound.value_probs, reference),  # type: ignore[attr-defined]
-    }
-    select = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}")
+    row: dict[str, object] = {"task": task.name, "strings": len(task.strings),
+                              "reference": _rounded(_top(reference)),
+                              "reference_s": round(reference_s, 2),
+                              "noise_tv": _noise(reference, draws)}
     methods: dict[str, tuple[qrun.Query, dict[str, object], int]] = {
         "masked": (qrun.Query(task.prompt + "{{ gen s regex=pattern }}{% endassistant %}"),
                    {"pattern": task.pattern}, draws),
-        "exact": (exact_query, {"pattern": task.pattern}, draws),
-        "select": (select, {"opts": list(task.strings)}, draws),
     }
+    if not task.large:  # sampler="exact" refuses the large ones (more values than it scores)
+        at_bound = exact_query.run(model=model, pattern=task.pattern).holes["s"]
+        row["exact_probs_tv"] = _tv(at_bound.value_probs, reference)  # type: ignore[attr-defined]
+        methods["exact"] = (exact_query, {"pattern": task.pattern}, draws)
+        methods["select"] = (select, {"opts": list(task.strings)}, draws)
     for n in particles:
         hole = f"{{{{ gen s regex=pattern sampler='smc' particles={n} }}}}{{% endassistant %}}"
         # Fewer draws where a sample costs more: the mean of the runs' value_probs (the
@@ -171,6 +281,36 @@ CONTEXTS: dict[str, tuple[list[int], str]] = {}
 run: what genlm-control is prompted with."""
 
 
+def _select_reference(task: Task, select: qrun.Query, model: Backend
+                      ) -> tuple[dict[str, float], float]:
+    """A large task's reference: a select over its strings (each in its canonical
+    tokenization; on the small tasks that spelling holds all but 0.3 % of a string's mass),
+    scored in trees of at most 24 nodes (see _reference)."""
+    nodes = select_module.TREE_NODES
+    select_module.TREE_NODES = 24
+    try:
+        started = time.perf_counter()
+        record = select.run(model=model, opts=list(task.strings)).holes["s"]
+        seconds = time.perf_counter() - started
+    finally:
+        select_module.TREE_NODES = nodes
+    return record.option_probs, seconds  # type: ignore[attr-defined]
+
+
+def _noise(reference: dict[str, float], draws: int) -> float:
+    """The mean distance of `draws` draws from the reference itself (20 trials): below it a
+    method's draws cannot be told from the reference."""
+    generator = np.random.default_rng(0)
+    keys = list(reference)
+    probs = np.array([reference[k] for k in keys])
+    trials = [generator.multinomial(draws, probs / probs.sum()) / draws for _ in range(20)]
+    return round(float(np.mean([0.5 * np.abs(t - probs).sum() for t in trials])), 4)
+
+
+def _top(p: dict[str, float], count: int = 10) -> dict[str, float]:
+    return dict(sorted(p.items(), key=lambda kv: -kv[1])[:count])
+
+
 def _tv(p: dict[str, float], q: dict[str, float]) -> float:
     return round(0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in {*p, *q}), 4)
 
@@ -185,7 +325,8 @@ def main() -> None:
     parser.add_argument("--backend", default="llamacpp")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--particles", type=int, nargs="*", default=[4, 16, 64])
-    parser.add_argument("--tasks", nargs="*", default=[task.name for task in TASKS])
+    parser.add_argument("--tasks", nargs="*",
+                        default=[task.name for task in (*TASKS, *BLOCK_TASKS)])
     parser.add_argument("--genlm-particles", type=int, default=20)
     parser.add_argument("--genlm-runs", type=int, default=10)
     args = parser.parse_args()
@@ -195,7 +336,12 @@ def main() -> None:
         if task.name in args.tasks:
             row = measure(task, model, args.draws, tuple(args.particles))
             print(json.dumps(row), flush=True)
-            done.append((task, row["reference"]))
+            if not task.large:  # genlm's reference is computed anew; the large ones: not run
+                done.append((task, row["reference"]))
+    for block in BLOCK_TASKS:
+        if block.name in args.tasks:
+            print(json.dumps(measure_block(block, model, args.draws, tuple(args.particles))),
+                  flush=True)
     python = os.environ.get("QRUN_BENCH_GENLM_PYTHON")
     if python:  # after qrun's runs, so the two never share the CPU
         model.close()  # type: ignore[attr-defined]
