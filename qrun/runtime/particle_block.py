@@ -181,8 +181,10 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
     winner = particles[chosen].child
     assert winner is not None, "a particle with a weight ran"
     run.session.adopt(winner.session)
-    names = {o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select)}
-    for name in names & winner.vars.keys():
+    # In source order: a capture the block binds first comes first in the run's vars.
+    names = list(dict.fromkeys(o.name for o in ir.walk(op.body)
+                               if isinstance(o, ir.Gen | ir.Select)))
+    for name in (n for n in names if n in winner.vars):
         run.vars[name] = run.scope[name] = winner.vars[name]
         run.endings[name] = winner.endings[name]
         if name in winner.hole_lists:
@@ -210,7 +212,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
         join_calls(run.recorder, particle.child.recorder, where)
     run.recorder.blocks.append(ParticleBlock(
         op.span.line, op.span.column,
-        [{name: p.child.vars[name] for name in sorted(names) if name in p.child.vars}
+        [{name: p.child.vars[name] for name in names if name in p.child.vars}
          if p.child is not None else {} for p in particles],
         [float(w) for w in shares],
         [None if p.error is None else str(p.error) for p in particles],
