@@ -80,10 +80,11 @@ def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
     none chosen) cannot run in a `{% particles %}` block, as (the argument at fault, the
     message), or None. A particle is weighed by the model's probability of its holes' values
     against the chance it had of drawing them (runtime/particle_block.py): a constrained gen
-    must be drawn by a sampler that knows that chance ("smc", by default with one particle:
-    the block's, or "exact"), and every hole from the model's own distribution at temperature
-    1 (the block's temperature chooses the particle). The compiler's check of the arguments
-    written, and the runtime's of a macro's hole called in a block."""
+    must be drawn by a sampler that knows that chance ("exact" or "smc"; where the hole names
+    none, the block takes exact for a small language and one particle for a large one), and
+    every hole from the model's own distribution at temperature 1 (the block's temperature
+    chooses the particle). The compiler's check of the arguments written, and the runtime's of
+    a macro's hole called in a block."""
     names = set(given)
     block = "'{% particles %}' block"
     if "temperature" in names:
@@ -97,8 +98,8 @@ def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
     if names & set(CONSTRAINT_ARGS):
         if sampler == "mask":
             return "sampler", (f'sampler="mask" cannot be used in a {block}: its holes are '
-                               'weighed, which needs sampler="smc" (the default there) or '
-                               '"exact"')
+                               'weighed, which needs sampler="exact" or "smc" (leave it out '
+                               "and the block chooses)")
         refused = [name for name in CONDITIONAL_REFUSES if name in names]
         return None if not refused else (
             refused[0], f"{refused[0]}= cannot be used in a {block}: its constrained holes "

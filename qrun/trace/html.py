@@ -272,15 +272,10 @@ def _blocks_section(trace: Trace) -> str:
     for block in blocks:
         rows = []
         for k, particle in enumerate(block["particles"]):
-            chosen = ' class="chosen"' if k == block["chosen"] else ""
             shown = (_shown_json(particle["values"]) if particle["error"] is None
                      else particle["error"])
-            width = max(0.0, min(1.0, particle["weight"])) * 100
-            rows.append(f"<tr{chosen}><td class=\"num\">{k + 1}</td>"
-                        f"<td><code class=\"value\">{_text(shown)}</code></td>"
-                        f"<td><span class=\"track\"><span class=\"bar\" style=\"width:"
-                        f"{width:.1f}%\"></span></span></td>"
-                        f"<td class=\"num\">{_percent(particle['weight'])}</td></tr>\n")
+            rows.append(_bar_row(shown, particle["weight"], k == block["chosen"],
+                                 before=f"<td class=\"num\">{k + 1}</td>") + "\n")
         evidence = block["log_evidence"]
         note = "" if evidence is None else f", log P(evidence) {evidence:.3f}"
         parts.append(f"<h3>particles at {block['span']['line']}:{block['span']['column']}: "
@@ -342,12 +337,20 @@ def _options(hole: Hole) -> str:
 def _share_row(hole: Hole, text: str, prob: float, extra: str = "") -> str:
     """One row of a hole's options or values: the text, a probability bar and the percentage
     (the chosen one ticked), then `extra` cells."""
-    chosen = ' class="chosen"' if text == hole["text"] else ""
+    return _bar_row(_shown_json(text), prob, text == hole["text"], after=extra,
+                    data=f" data-text=\"{_attr(text)}\" data-p=\"{_num(prob)}\"")
+
+
+def _bar_row(shown: str, prob: float, chosen: bool, before: str = "", after: str = "",
+             data: str = "") -> str:
+    """A row with `shown` (escaped here), a bar for `prob` and its percentage, ticked when
+    `chosen`; `before`/`after`: cells around them, `data`: the row's attributes."""
     width = max(0.0, min(1.0, prob)) * 100
-    return (f"<tr{chosen} data-text=\"{_attr(text)}\" data-p=\"{_num(prob)}\">"
-            f"<td><code>{_text(_shown_json(text))}</code></td>"
+    mark = ' class="chosen"' if chosen else ""
+    return (f"<tr{mark}{data}>{before}"
+            f"<td><code>{_text(shown)}</code></td>"
             f"<td><span class=\"track\"><span class=\"bar\" style=\"width:{width:.1f}%\">"
-            f"</span></span></td><td class=\"num\">{_percent(prob)}</td>{extra}</tr>")
+            f"</span></span></td><td class=\"num\">{_percent(prob)}</td>{after}</tr>")
 
 
 def _percent(p: float) -> str:

@@ -231,3 +231,23 @@ def test_a_hole_drawn_from_the_conditional_shows_what_it_was_drawn_from(
     broken["holes"][2]["values"] = exact["values"]
     with pytest.raises(TraceFormatError, match=r"holes\[2\].values: only a gen hole"):
         validate(broken)
+
+
+def test_a_particles_block_is_in_the_trace_and_its_checks_hold(tiny: TransformersBackend
+                                                               ) -> None:
+    template = 'Go:{% particles 3 %}{{ gen a regex=" (cat|dog)" }}{% endparticles %} ok'
+    trace = qrun.Query(template).run(model=tiny, temperature=1.0, seed=2).trace()
+    (block,) = trace["particle_blocks"]
+    assert block["span"] == {"line": 1, "column": 4} and len(block["particles"]) == 3
+    assert sum(p["weight"] for p in block["particles"]) == pytest.approx(1.0)
+    assert "particle_blocks" not in qrun.Query("Hi").run(model=tiny).trace()  # absent without
+    page = render_html(trace)
+    assert "<h2>Particles</h2>" in page and page.count('<tr class="chosen">') >= 1
+    broken = json.loads(json.dumps(trace))
+    broken["particle_blocks"][0]["chosen"] = 3
+    with pytest.raises(TraceFormatError, match=r"particle_blocks\[0\].chosen: not one of"):
+        validate(broken)
+    broken = json.loads(json.dumps(trace))
+    broken["particle_blocks"][0]["particles"][1]["weight"] = -0.5
+    with pytest.raises(TraceFormatError, match=r"particle_blocks\[0\].particles\[1\].weight"):
+        validate(broken)
