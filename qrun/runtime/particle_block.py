@@ -34,6 +34,9 @@ Result.particle_blocks reads."""
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -49,6 +52,9 @@ from qrun.runtime.contexts import BlockRun, join_calls, mark_holes
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
 from qrun.runtime.sampler import draw
+from qrun.runtime.scheduler import ScheduledModel
+from qrun.runtime.select import Commit, Scoring
+from qrun.runtime.session import Session
 from qrun.runtime.stats import Stats
 
 
@@ -71,7 +77,11 @@ def exec_particles(run: BlockRun, op: ir.Particles) -> None:
     steps, output = run.budget.steps_left, run.budget.output_left
     shared = None if run.in_branch else SharedBudget(steps, output)
 
+    memo = ScoreMemo()
+
     def one(particle: Branch, engines: Engines) -> None:
+        if engines.scoring is not None:  # the particles ask the same questions: once each
+            engines = replace(engines, scoring=memo.scoring(engines.scoring))
         _run_particle(run, op, particle, engines, base, tail, shared)
 
     try:
@@ -217,3 +227,48 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
         [float(w) for w in shares],
         [None if p.error is None else str(p.error) for p in particles],
         chosen, top + math.log(float(np.exp(weights - top).mean()))))
+
+
+class ScoreMemo:
+    """The block's particles start from one context, and those that drew alike stand in the
+    same one: a small hole scored whole (or a select) asks the same question in each. The
+    first particle to ask scores the rows; the others with the same context and rows wait for
+    its answer (out of the run's batch while they wait: ScheduledModel.aside) and append the
+    row they draw, fed with what follows, instead of scoring the tree again."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.answers: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+                           Future[list[list[float]]]] = {}
+
+    def scoring(self, inner: Scoring) -> Scoring:
+        return _Remembered(self, inner)
+
+
+class _Remembered:
+    """A particle's Scoring through the block's ScoreMemo."""
+
+    def __init__(self, memo: ScoreMemo, inner: Scoring) -> None:
+        self.memo, self.inner = memo, inner
+
+    def score(self, session: Session, rows: list[list[int]]
+              ) -> tuple[list[list[float]], Commit]:
+        session.settle()  # the context's text tokenized: what the key holds
+        key = (tuple(session.token_ids), tuple(tuple(row) for row in rows))
+        with self.memo.lock:
+            answer = self.memo.answers.get(key)
+            first = answer is None
+            if answer is None:
+                answer = self.memo.answers[key] = Future()
+        if first:
+            try:
+                logprobs, commit = self.inner.score(session, rows)
+            except BaseException as exc:
+                answer.set_exception(exc)
+                raise
+            answer.set_result(logprobs)
+            return logprobs, commit
+        model = session.model
+        with model.aside() if isinstance(model, ScheduledModel) else nullcontext():
+            logprobs = answer.result()
+        return logprobs, lambda chosen: session.append_tokens(rows[chosen])

@@ -229,3 +229,21 @@ def test_a_variable_may_be_named_particles(tiny: TransformersBackend) -> None:
     result: Any = qrun.Query('{{ particles }}{{ gen x regex="[ab]" particles=2 }}').run(
         {"particles": "P"}, model=tiny, seed=1)
     assert result.text[0] == "P" and result["x"] in ("a", "b")
+
+
+def test_particles_ask_a_shared_question_once(tiny: TransformersBackend) -> None:
+    # Every particle scores the select from the same context: the first scores the tree, the
+    # others take its answer (each still draws its own option, fed with what follows).
+    options = '[" alpha beta gamma delta", " epsilon zeta eta theta"]'
+    body = f"{{{{ select s options={options} }}}} then{{{{ gen x regex=\" [ab]\" }}}}"
+    result = qrun.Query(block(8, body)).run(model=tiny, temperature=1.0, seed=3)
+    tree = sum(len(tiny.encode(o)) for o in (" alpha beta gamma delta",
+                                             " epsilon zeta eta theta"))
+    prompt = len(tiny.encode("Go:"))
+    # One tree, then at most each particle feeding its own option and " then" (8 rows of
+    # about 6 tokens); 8 trees (80 positions) without the memo.
+    assert result.stats.forward_tokens < prompt + tree + 8 * (tree // 2 + 3)
+    assert result.stats.forward_tokens >= prompt + tree  # the one tree
+    (record,) = result.particle_blocks
+    assert all(v["s"] in (" alpha beta gamma delta", " epsilon zeta eta theta")
+               for v in record.values)
