@@ -79,7 +79,8 @@ def exec_fork(run: BlockRun, op: ir.Fork) -> None:
     run.session.append_text(tail)  # the context goes on as before the block
     for branch in branches:
         if branch.error is not None:
-            raise branch.error
+            with reported_at(run, op.span):  # a backend's own error, at the fork
+                raise branch.error
     for branch in branches:
         assert branch.child is not None, "every branch ran"
         _merge(run, op, branch.index, branch.child, names)
@@ -137,21 +138,23 @@ def _run_branch(parent: BlockRun, op: ir.Fork, branch: Branch, count: int, engin
     is the shared context's last text, not in the fork (Session.share)."""
     stats = Stats()
     recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
-    session = parent.session.fork(engines.model, stats, recorder)
-    session.append_text(tail)
-    child = parent.branch(session, engines, stats, recorder,
-                          np.random.default_rng([base, branch.index]), names)
-    branch.child = child
-    if shared is not None:
-        child.budget.shared = shared
-    try:
+    session = None
+    try:  # the fork too: llama.cpp may be out of sequences (the thread would die silently)
+        session = parent.session.fork(engines.model, stats, recorder)
+        session.append_text(tail)
+        child = parent.branch(session, engines, stats, recorder,
+                              np.random.default_rng([base, branch.index]), names)
+        branch.child = child
+        if shared is not None:
+            child.budget.shared = shared
         bind_targets(child.scope, op.targets, branch.item, op.span, child.source)
         child.scope["loop"] = LoopInfo(branch.index, count)
         child.exec_block(op.body)
     except BaseException as exc:  # the run raises it (the first in branch order)
         branch.error = exc
     finally:
-        session.close()
+        if session is not None:
+            session.close()
 
 
 def _merge(run: BlockRun, op: ir.Fork, index: int, child: BlockRun, names: frozenset[str]) -> None:

@@ -23,7 +23,8 @@ are weighted towards
 weighed). They are weighed, not resampled between holes: a particle is a template being run
 (a thread's stack, its scope, its captures), which cannot be copied half way; each smc hole
 resamples its own particles. A particle whose hole fails (no value within max_tokens, the
-context full) weighs 0, and the block fails only when every particle has.
+context full: DEAD_ENDS) weighs 0, and the block fails only when every particle has; any other
+failure fails the run.
 
 The particle that goes on is drawn by weight from the run's generator (the heaviest at the
 run's temperature 0): its captures, `set`s, text and context (its tokens and KV cache) are
@@ -41,14 +42,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from qrun.errors import EvaluationError, GenerationError
+from qrun.errors import ContextTooLong, EvaluationError, GenerationError, ValueCutOff
 from qrun.lang import ir
 from qrun.lang.args import HOLE_ARG_CHECKS
 from qrun.lang.builtins import type_name
 from qrun.limits import SharedBudget
 from qrun.options import reshaping
 from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
-from qrun.runtime.contexts import BlockRun, join_calls, mark_holes
+from qrun.runtime.contexts import BlockRun, join_calls, mark_holes, reported_at
 from qrun.runtime.engines import Engines
 from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
 from qrun.runtime.sampler import draw
@@ -107,9 +108,10 @@ def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], 
     """Weigh the particles, draw the one that goes on and go on with it (_go_on); the first
     error that is not a failed hole fails the run, and so does every particle failing."""
     weights = np.array([_log_weight(p) for p in particles])
-    for particle in particles:  # an error other than a failed hole fails the run
-        if particle.error is not None and not isinstance(particle.error, GenerationError):
-            raise particle.error
+    for particle in particles:  # an error other than a dead end fails the run
+        if particle.error is not None and not isinstance(particle.error, DEAD_ENDS):
+            with reported_at(run, op.span):  # a backend's own error, at the block
+                raise particle.error
     if not np.isfinite(weights).any():
         failed = next((p.error for p in particles if p.error is not None), None)
         if failed is not None:
@@ -119,6 +121,12 @@ def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], 
     chosen = (int(np.argmax(weights)) if run.options.temperature == 0.0
               else draw(np.exp(weights - weights.max()), run.generator))
     _go_on(run, op, particles, chosen, start, weights)
+
+
+DEAD_ENDS = (ValueCutOff, ContextTooLong)
+"""A particle's failures that weigh it 0: its values led where no value of a hole fits within
+max_tokens, or past the context's end. Anything else (a backend failing, llama.cpp out of
+sequences) fails the run: weighing such a particle 0 would bias the block silently."""
 
 
 def _count(run: BlockRun, op: ir.Particles) -> int:
@@ -134,14 +142,27 @@ def _count(run: BlockRun, op: ir.Particles) -> int:
 
 def _run_particle(parent: BlockRun, op: ir.Particles, particle: Branch, engines: Engines,
                   base: int, tail: str, shared: SharedBudget | None) -> None:
-    """Run the block's body as one particle to its end in the calling thread; its error is
-    kept, not raised. `tail` is the shared context's last text (Session.share)."""
+    """Run the block's body as one particle to its end in the calling thread; its error
+    (its context's fork's too: llama.cpp out of sequences) is kept, not raised. `tail` is
+    the shared context's last text (Session.share)."""
+    try:
+        child = particle.child = _particle_run(parent, op, particle.index, engines, base, tail)
+        if shared is not None:
+            child.budget.shared = shared
+        child.exec_block(op.body)
+    except BaseException as exc:  # exec_particles decides what it means
+        particle.error = exc
+
+
+def _particle_run(parent: BlockRun, op: ir.Particles, index: int, engines: Engines, base: int,
+                  tail: str) -> BlockRun:
+    """A particle's run: a branch of `parent` (its context forked), its holes weighed."""
     stats = Stats()
     recorder = Recorder(parent.recorder.vocab, parent.recorder.detailed)
     session = parent.session.fork(engines.model, stats, recorder)
     session.append_text(tail)
     child = parent.branch(session, engines, stats, recorder,
-                          np.random.default_rng([base, particle.index]), frozenset())
+                          np.random.default_rng([base, index]), frozenset())
     options = parent.options
     # A constrained hole that names no sampler: "exact" where the run says so, else "auto"
     # (runtime/engines.py: exact where its language is small, else this particle's own draw).
@@ -154,13 +175,7 @@ def _run_particle(parent: BlockRun, op: ir.Particles, particle: Branch, engines:
             child.vars[name] = child.scope[name] = list(parent.vars[name])
             child.hole_lists[name] = list(parent.hole_lists[name])
             child.endings[name] = list(parent.endings[name])
-    particle.child = child
-    if shared is not None:
-        child.budget.shared = shared
-    try:
-        child.exec_block(op.body)
-    except BaseException as exc:  # exec_particles decides what it means
-        particle.error = exc
+    return child
 
 
 def _log_weight(particle: Branch) -> float:

@@ -13,7 +13,8 @@ import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.errors import EvaluationError, GenerationError, TemplateError
+from qrun.errors import BackendError, EvaluationError, GenerationError, TemplateError
+from qrun.runtime.session import Session
 
 # The second hole's language depends on the first's value: after " a" it has 2 values, after
 # " b" 12, so the model's conditional over both holes prefers " b" where the first hole alone
@@ -247,3 +248,28 @@ def test_particles_ask_a_shared_question_once(tiny: TransformersBackend) -> None
     (record,) = result.particle_blocks
     assert all(v["s"] in (" alpha beta gamma delta", " epsilon zeta eta theta")
                for v in record.values)
+
+
+def test_a_backend_failure_in_a_particle_fails_the_run(tiny: TransformersBackend,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Out of llama.cpp sequences (here: the third fork of the context refused) is not a dead
+    # end to weigh 0 but a failure of the run, at the block (and at a fork's tag likewise).
+    forks = {"count": 0}
+    original = Session.fork
+
+    def refusing(self: Session, *args: Any, **kwargs: Any) -> Session:
+        forks["count"] += 1
+        if forks["count"] == 3:
+            raise BackendError("all 256 llama.cpp sequences are in use")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "fork", refusing)
+    with pytest.raises(GenerationError, match="sequences are in use") as caught:
+        qrun.Query(block(4, '{{ gen x regex=" [ab]" }}')).run(model=tiny, temperature=1.0,
+                                                            seed=1)
+    assert (caught.value.span.line, caught.value.span.column) == (1, 4)
+    forks["count"] = 0
+    with pytest.raises(GenerationError, match="sequences are in use") as caught:
+        qrun.Query('Go:{% fork w in [1, 2, 3] %}{{ gen x regex=" [ab]" }}{% endfork %}').run(
+            model=tiny, temperature=1.0, seed=1)
+    assert caught.value.span.column == 4
