@@ -69,8 +69,13 @@ def run_example(backend: Any, name: str, reference: dict[str, qrun.Result], mode
     check_values(name, r, backend)
     assert r.stats.context_tokens == len(r.token_ids)
     assert backend.tokenizer.decode(r.token_ids, skip_special_tokens=False) == r.text
-    if r.text == reference[name].text:
+    if name not in SEEDED and r.text == reference[name].text:
         AGREEMENT[mode].append(name)
+
+
+# A particles block draws its particles at temperature 1 even in a greedy run, so its output
+# follows the run's seed (docs/language.md §23.5): not a greedy path to compare.
+SEEDED = frozenset({"particles.tmpl"})
 
 
 @pytest.mark.parametrize("name", sorted(INPUTS))
@@ -89,10 +94,11 @@ def test_greedy_outputs_agree_with_transformers() -> None:
     # Both modes run float32 like the transformers backend; only the kernels differ, so a
     # near-tie (two tokens within ~0.01 nats) may go the other way: one example may differ.
     print(f"\ngreedy agreement with transformers: in-process {len(AGREEMENT['local'])}/"
-          f"{len(INPUTS)} {AGREEMENT['local']}, server {len(AGREEMENT['server'])}/"
-          f"{len(INPUTS)} {AGREEMENT['server']}")
-    assert len(AGREEMENT["local"]) >= len(INPUTS) - 1
-    assert len(AGREEMENT["server"]) >= len(INPUTS) - 1
+          f"{len(INPUTS) - len(SEEDED)} {AGREEMENT['local']}, server "
+          f"{len(AGREEMENT['server'])}/{len(INPUTS) - len(SEEDED)} {AGREEMENT['server']}")
+    compared = len(INPUTS) - len(SEEDED)
+    assert len(AGREEMENT["local"]) >= compared - 1
+    assert len(AGREEMENT["server"]) >= compared - 1
 
 
 @pytest.mark.parametrize("mode", ["local", "server"])
