@@ -162,20 +162,16 @@ def _gen(op: Gen) -> str:
             parts.append(f"regex={name}")
         case Regex(pattern=pattern):
             parts.append(f"regex={ex.format_expr(pattern)}")
-        case JsonSchema(schema=schema, closed=closed, formats=formats):
-            parts.append(f"json={ex.format_expr(schema)}")
+        case (JsonSchema(schema=schema, closed=closed, formats=formats)
+              | ToolCall(tools=schema, closed=closed, formats=formats)):
+            key = "json" if isinstance(params.constraint, JsonSchema) else "tools"
+            parts.append(f"{key}={ex.format_expr(schema)}")
             if closed is not None:
                 parts.append(f"closed={ex.format_expr(closed)}")
             if formats is not None:
                 parts.append(f"formats={ex.format_expr(formats)}")
         case Grammar(grammar=grammar):
             parts.append(f"grammar={ex.format_expr(grammar)}")
-        case ToolCall(tools=tools, closed=closed, formats=formats):
-            parts.append(f"tools={ex.format_expr(tools)}")
-            if closed is not None:
-                parts.append(f"closed={ex.format_expr(closed)}")
-            if formats is not None:
-                parts.append(f"formats={ex.format_expr(formats)}")
     if params.constraint is not None:
         parts.append(f"[{params.constraint.engine}]")
     if isinstance(params.constraint, ToolCall):

@@ -64,7 +64,6 @@ class Engines:
         assert self.filler is not None, "the executor checks for a filler first"
         return self.filler.fill(session, request, on_text)
 
-
     def _exact_if_small(self, session: Session, request: GenRequest) -> GenRecord | None:
         """The hole scored whole (sampler="exact"), every tokenization where they are at most
         BLOCK_TREE_LIMIT token-tree nodes, else each value's canonical one; None where its

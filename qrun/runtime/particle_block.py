@@ -51,8 +51,9 @@ from qrun.options import reshaping
 from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
 from qrun.runtime.contexts import BlockRun, join_calls, mark_holes, reported_at
 from qrun.runtime.engines import Engines
+from qrun.runtime.particles import choose_particle, normalised
 from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
-from qrun.runtime.sampler import draw
+from qrun.runtime.sampler import log_normalizer
 from qrun.runtime.scheduler import ScheduledModel
 from qrun.runtime.select import Commit, Scoring
 from qrun.runtime.session import Session
@@ -118,8 +119,7 @@ def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], 
             raise failed
         raise GenerationError("every particle of the block weighs 0: no particle's values "
                               "fit its holes' constraints", op.span, run.source)
-    chosen = (int(np.argmax(weights)) if run.options.temperature == 0.0
-              else draw(np.exp(weights - weights.max()), run.generator))
+    chosen = choose_particle(weights, run.options.temperature, run.generator)
     _go_on(run, op, particles, chosen, start, weights)
 
 
@@ -191,9 +191,7 @@ def _hole_weight(hole: HoleEntry) -> float:
         return 0.0  # a known value is given text, as the fixed text is
     if hole.kind == "select":
         assert hole.options is not None, "a select the model filled records its options"
-        logprobs = np.array([logprob for _, logprob, _ in hole.options])
-        top = float(logprobs.max())
-        return top + math.log(float(np.exp(logprobs - top).sum()))
+        return log_normalizer(np.array([logprob for _, logprob, _ in hole.options]))
     # The samplers that weigh give log_evidence; lang/args.py weighing_conflict leaves only
     # free holes without one, whose values the model wrote as it would (weight 1).
     return hole.log_evidence if hole.log_evidence is not None else 0.0
@@ -221,8 +219,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
             run.scope[name] = winner.scope[name]
     for piece in winner.pieces:
         run.show(piece)
-    top = float(weights.max())
-    shares = np.exp(weights - top) / float(np.exp(weights - top).sum())
+    shares, log_evidence = normalised(weights)
     for particle in particles:
         if particle.child is None:
             continue
@@ -241,7 +238,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
          if p.child is not None else {} for p in particles],
         [float(w) for w in shares],
         [None if p.error is None else str(p.error) for p in particles],
-        chosen, top + math.log(float(np.exp(weights - top).mean()))))
+        chosen, log_evidence))
 
 
 class ScoreMemo:

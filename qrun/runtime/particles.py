@@ -108,7 +108,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     if not np.isfinite(weights).any():
         raise HoleFailure(f"no particle of hole '{request.name}' found a value within "
                           f"{request.max_tokens} token(s)", cut_off=True)
-    chosen = particles[_choose(weights, request.sampling.temperature, generator)]
+    chosen = particles[choose_particle(weights, request.sampling.temperature, generator)]
     _commit(session, base, chosen)
     start = len(session.token_ids) - len(chosen.tokens)
     for k, (token, logprob) in enumerate(zip(chosen.tokens, chosen.logprobs, strict=True)):
@@ -117,8 +117,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
         hole.adopt(token, logprob)
     session.stats.generated_tokens += len(chosen.tokens)
     record = hole.finish(chosen.finish or "eos", "ended before its value matched")
-    top = float(weights.max())
-    share = np.exp(weights - top) / np.exp(weights - top).sum()
+    share, log_evidence = normalised(weights)
     plen = len(request.prefix)
     values = [b"".join(token_bytes[t] or b"" for t in p.tokens)[plen:].decode(
         "utf-8", errors="replace") for p in particles]
@@ -127,7 +126,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
     for value, w in zip(values, share, strict=True):
         probs[value] = probs.get(value, 0.0) + float(w)
     record.value_probs = dict(sorted(probs.items(), key=lambda kv: -kv[1]))
-    record.log_evidence = top + math.log(float(np.exp(weights - top).mean()))
+    record.log_evidence = log_evidence
     return record
 
 
@@ -359,12 +358,9 @@ def resampled(particles: list[Particle], generator: np.random.Generator) -> list
     weights = np.array([particles[i].log_weight for i in live])
     if len(live) < 2 or not np.isfinite(weights).any():
         return particles
-    top = float(weights.max())
-    w = np.exp(weights - top)
-    normalized = w / w.sum()
+    normalized, mean = normalised(weights)
     if 1.0 / float((normalized ** 2).sum()) >= RESAMPLE_BELOW * len(live):
         return particles
-    mean = top + math.log(float(w.mean()))
     points = (generator.random() + np.arange(len(live))) / len(live)
     picks = np.minimum(np.searchsorted(np.cumsum(normalized), points, side="right"),
                        len(live) - 1).tolist()
@@ -380,10 +376,18 @@ def resampled(particles: list[Particle], generator: np.random.Generator) -> list
     return [p for p in particles if p.finish is not None] + drawn
 
 
-def _choose(weights: npt.NDArray[np.float64], temperature: float,
-            generator: np.random.Generator) -> int:
-    """The particle that gives the value: drawn by weight, or the heaviest at temperature 0
-    (the first on ties)."""
+def normalised(log_weights: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], float]:
+    """Particles' log-weights (some finite) as weights summing to 1, and the log of their
+    mean: the particles' estimate of the evidence (unbiased for the evidence itself)."""
+    top = float(log_weights.max())
+    w = np.exp(log_weights - top)
+    return w / w.sum(), top + math.log(float(w.mean()))
+
+
+def choose_particle(weights: npt.NDArray[np.float64], temperature: float,
+                    generator: np.random.Generator) -> int:
+    """The particle that gives the value (a hole's, a particles block's): drawn by weight,
+    or the heaviest at temperature 0 (the first on ties)."""
     if temperature == 0.0:
         return int(np.argmax(weights))
     return draw(np.exp(weights - weights.max()), generator)
