@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import os
 import re
 import subprocess
@@ -105,11 +104,12 @@ class BlockTask:
     second: str
     after: str
 
-    def template(self, particles: int | None, sampler: str = "") -> str:
+    def template(self, particles: int | None, sampler: str = "", second: str = "") -> str:
         """The task's template: both holes masked (or drawn by `sampler`), or in a
-        `{% particles %}` block of that many particles."""
+        `{% particles %}` block of that many particles; `second`: the second hole's own
+        arguments."""
         body = (f'{{{{ gen a regex="{self.first}" {sampler}}}}}{self.between}'
-                f"{{{{ gen b regex=({self.second}) {sampler}}}}}{self.after}")
+                f"{{{{ gen b regex=({self.second}) {sampler}{second}}}}}{self.after}")
         if particles is not None:
             body = f"{{% particles {particles} %}}{body}{{% endparticles %}}"
         return self.prompt + body + "{% endassistant %}"
@@ -161,18 +161,27 @@ def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[
 
 
 def _block_reference(task: BlockTask, model: Backend) -> dict[str, float]:
-    """p(a, b) ∝ P(a | prompt) · P(b | prompt, a, between) over both languages: the first
-    hole's exact conditional times, for each value given as text, the second's exact
-    P(language) and conditional (sampler="exact": every tokenization summed)."""
-    exact_both = task.template(None, "sampler='exact' ")
-    first = qrun.Query(exact_both).run(model=model).holes["a"].value_probs  # type: ignore[attr-defined]
-    joint: dict[str, float] = {}
-    for a, p_a in first.items():
-        second = qrun.Query(exact_both).run(model=model, fill={"a": a}).holes["b"]
-        for b, p_b in second.value_probs.items():  # type: ignore[attr-defined]
-            joint[f"{a}|{b}"] = p_a * math.exp(second.log_evidence) * p_b  # type: ignore[attr-defined]
-    total = sum(joint.values())
-    return {k: v / total for k, v in joint.items()}
+    """p(a, b) ∝ P_model(a + between + b | prompt) over every pair the two holes allow: one
+    exact hole over the whole strings (sampler="exact": every tokenization summed, as far as
+    exact.TREE_LIMIT; the canonical ones past it), the pairs listed by the holes' own exact
+    runs. Not P(a) times P(b | a given as text): a known value is fixed text, which the next
+    hole heals into (docs/language.md §14.3), so after "Lyon" given as text the second hole
+    takes back "yon" and counts its probability twice (measured, llama.cpp: city-2's
+    Marseille 0.80 so, 0.24 by whole strings)."""
+    exact_both = qrun.Query(task.template(None, "sampler='exact' "))
+    first = exact_both.run(model=model).holes["a"].value_probs  # type: ignore[attr-defined]
+    pairs = {}
+    for a in first:
+        second = exact_both.run(model=model, fill={"a": a}).holes["b"]
+        for b in second.value_probs:  # type: ignore[attr-defined]
+            pairs[a + task.between + b] = f"{a}|{b}"
+    pattern = "(" + "|".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", text)
+                             for text in pairs) + ")"
+    whole = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}" + task.after
+                       + "{% endassistant %}").run(model=model, pattern=pattern)
+    probs = whole.holes["s"].value_probs  # type: ignore[attr-defined]
+    assert set(probs) == set(pairs), "every pair is one string of the whole language"
+    return {pairs[text]: prob for text, prob in probs.items()}
 
 
 def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]

@@ -15,7 +15,7 @@ from qrun.runtime.hole import GenRequest, HoleFailure, HoleFiller
 from qrun.runtime.particles import fill_particles
 from qrun.runtime.remote import ServerFiller
 from qrun.runtime.result import GenRecord
-from qrun.runtime.select import PromptScoring, Scoring, TreeScoring
+from qrun.runtime.select import PromptScoring, Proposal, Scoring, TreeScoring
 from qrun.runtime.session import Session
 
 
@@ -30,6 +30,9 @@ class Engines:
     filler: HoleFiller | None
     scoring: Scoring | None
     heals_in_context: bool
+    # A `{% particles %}` block's particle draws the values it scores whole from its block's
+    # proposal (runtime/particle_block.py Strata); None: from their probabilities.
+    proposal: Proposal | None = None
 
     def fill(self, session: Session, request: GenRequest,
              on_text: Callable[[str], None] | None) -> GenRecord:
@@ -51,7 +54,7 @@ class Engines:
             if self.scoring is None:
                 raise HoleFailure('sampler="exact" needs a backend that scores token '
                                   "sequences, and this one cannot")
-            record = fill_exact(session, request, self.scoring)
+            record = fill_exact(session, request, self.scoring, proposal=self.proposal)
         elif record is None and sampler == "smc":
             if self.model is None:
                 raise HoleFailure('sampler="smc" needs token-level forwards, and this backend '
@@ -72,7 +75,7 @@ class Engines:
         if self.scoring is None:
             return None
         try:
-            return fill_exact(session, request, self.scoring, BLOCK_TREE_LIMIT)
+            return fill_exact(session, request, self.scoring, BLOCK_TREE_LIMIT, self.proposal)
         except LanguageTooLarge:
             return None
 

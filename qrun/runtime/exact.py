@@ -24,7 +24,7 @@ from qrun.constraint import Cursor
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import log_softmax
-from qrun.runtime.select import Scoring, choose
+from qrun.runtime.select import Proposal, Scoring, choose
 from qrun.runtime.session import Session
 
 TREE_LIMIT = 1024
@@ -56,13 +56,15 @@ class Ending:
 
 
 def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
-               tree_limit: int | None = None) -> GenRecord:
+               tree_limit: int | None = None, proposal: Proposal | None = None) -> GenRecord:
     """Fill `request`'s hole with a value drawn from the model's conditional over its
     constraint's language (at temperature T: string probabilities to the power 1/T; at 0 the
     likeliest string), and return its record, whose `value_probs` is that conditional.
 
     `tree_limit`: the most token-tree nodes walked before every value is scored in its
-    canonical tokenization alone (TREE_LIMIT when None).
+    canonical tokenization alone (TREE_LIMIT when None). `proposal`: a particles block's
+    (runtime/select.py), which draws the string at temperature 1; the record's
+    `log_importance` is then the draw's.
 
     Raises:
         LanguageTooLarge: the language has more than VALUES_LIMIT values (or BYTES_LIMIT
@@ -102,7 +104,7 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
         if ending.end_tokens:
             weight += _logsumexp([lps[-1] for lps in ends])
         weights.append(weight)
-    chosen = _choose(endings, weights, request)
+    chosen, log_importance = _choose(endings, weights, request, proposal)
     logprobs: list[float] = []
     if endings[chosen].tokens:
         commit(_row_of(endings, chosen))
@@ -116,6 +118,7 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
     record = hole.finish(endings[chosen].finish, "ended before its value matched")
     record.value_probs = _value_probs(endings, weights, len(request.prefix))
     record.log_evidence = _logsumexp(weights)
+    record.log_importance = log_importance
     return record
 
 
@@ -301,21 +304,29 @@ def _canonical(session: Session, request: GenRequest, cursor: Cursor,
     return endings
 
 
-def _choose(endings: list[Ending], weights: list[float], request: GenRequest) -> int:
+def _choose(endings: list[Ending], weights: list[float], request: GenRequest,
+            proposal: Proposal | None) -> tuple[int, float]:
     """The chosen ending: a string by its summed probability over its tokenizations (its
-    power 1/T; the likeliest at T = 0), then one of its tokenizations by probability (the
-    likeliest at T = 0)."""
+    power 1/T; the likeliest at T = 0) or by `proposal`, then one of its tokenizations by
+    probability (the likeliest at T = 0); and the string's log importance weight (0 but for
+    a proposal's)."""
     by_text: dict[bytes, list[int]] = {}
     for index, ending in enumerate(endings):
         by_text.setdefault(ending.text, []).append(index)
     texts = list(by_text)
     masses = [_logsumexp([weights[i] for i in by_text[t]]) for t in texts]
     temperature = request.sampling.temperature
-    text = texts[choose(masses, temperature, request.generator)]
+    log_importance = 0.0
+    if proposal is None:
+        text = texts[choose(masses, temperature, request.generator)]
+    else:  # a particles block's holes run at temperature 1 (runtime/particle_block.py)
+        assert temperature == 1.0, "a proposal draws from the conditional's own terms"
+        index, log_importance = proposal.draw(masses)
+        text = texts[index]
     spellings = by_text[text]
     pick = choose([weights[i] for i in spellings], 1.0 if temperature else 0.0,
                   request.generator)
-    return spellings[pick]
+    return spellings[pick], log_importance
 
 
 def _value_probs(endings: list[Ending], weights: list[float], prefix: int) -> dict[str, float]:

@@ -455,8 +455,7 @@ class Run:
         return GenRequest(op.name, args.max_tokens, args.stop, args.sampling, generator, cursor,
                           spec, prefix, healed_in_context=bool(prefix) and in_context,
                           drafter=self.drafter, follow=follow, keep_stop=args.keep_stop,
-                          first_tokens=first,
-                          sampler=args.sampler, particles=args.particles)
+                          first_tokens=first, sampler=args.sampler, particles=args.particles)
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""
@@ -534,13 +533,14 @@ class Run:
             prefix = self._heal().decode("utf-8")
             request = SelectRequest(op.name, tuple(options), temperature, normalize,
                                     self.generator, prefix)
-            record = select(self.session, request, scoring)
+            record = select(self.session, request, scoring, self.engines.proposal)
             self.show(record.text)
         probs = record.option_probs
         self.recorder.end_hole(
             constraint="options=" + json.dumps(list(options), ensure_ascii=False),
             value=record.value, text=record.text, finish=record.finish, seconds=record.seconds,
-            options=[(o, lp, probs[o]) for o, lp in record.option_logprobs.items()])
+            options=[(o, lp, probs[o]) for o, lp in record.option_logprobs.items()],
+            log_importance=record.log_importance)
         self._capture(op.name, record, op.in_loop)
 
     def _capture(self, name: str, record: HoleRecord, in_loop: bool) -> None:

@@ -55,6 +55,7 @@ class HoleEntry:
     values: dict[str, float] | None = None
     particles: list[tuple[str, float]] | None = None
     log_evidence: float | None = None
+    log_importance: float = 0.0  # in a particles block (runtime/result.py HoleRecord's)
     # where it ran when not in the run's context: "hidden", "fresh", "branch 2 of fork 3:1"
     # (runtime/contexts.py, runtime/branches.py); its events are then not in the trace
     context: str | None = None

@@ -32,6 +32,10 @@ class HoleRecord:
     forced: list[bool] = field(default_factory=list)
     finish: str = ""
     seconds: float = 0.0
+    # In a `{% particles %}` block, a value drawn from the block's proposal rather than its
+    # probability (runtime/particle_block.py Strata): the log of p(value) / proposal(value),
+    # a term of the particle's weight; 0 elsewhere.
+    log_importance: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +47,7 @@ class HoleRecord:
             "forced": self.forced,
             "finish": self.finish,
             "seconds": round(self.seconds, 6),
+            **({"log_importance": round(self.log_importance, 6)} if self.log_importance else {}),
         }
 
 
@@ -71,7 +76,7 @@ class GenRecord(HoleRecord):
         """What the trace shows of the samplers that aim at the model's conditional (none of
         it for a hole sampled under the mask): Recorder.end_hole's fields."""
         return {"values": self.value_probs, "particles": self.particles,
-                "log_evidence": self.log_evidence}
+                "log_evidence": self.log_evidence, "log_importance": self.log_importance}
 
     def to_dict(self) -> dict[str, Any]:
         record = {**HoleRecord.to_dict(self), "kind": "gen", "constraint": self.constraint,

@@ -83,8 +83,21 @@ class Scoring(Protocol):
         ...
 
 
-def select(session: Session, request: SelectRequest, scoring: Scoring) -> SelectRecord:
-    """Score every option and append the chosen one to the context.
+class Proposal(Protocol):
+    """How a `{% particles %}` block's particle draws among values it has scored whole (a
+    select's options, a small language's strings: runtime/particle_block.py Strata), from a
+    proposal of its own rather than their probabilities."""
+
+    def draw(self, scores: list[float]) -> tuple[int, float]:
+        """An index, and the log of its importance weight: its probability under
+        softmax(scores) over its probability under the proposal."""
+        ...
+
+
+def select(session: Session, request: SelectRequest, scoring: Scoring,
+           proposal: Proposal | None = None) -> SelectRecord:
+    """Score every option and append the chosen one to the context (drawn from `proposal`,
+    at temperature 1 and summed scores, where one is given).
 
     Raises:
         HoleFailure: an option has no tokens.
@@ -100,7 +113,12 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
             raise HoleFailure(f"select '{request.name}': option {option!r} has no tokens")
     token_logprobs, commit = scoring.score(session, rows)
     scores = [_score(lps, request.normalize) for lps in token_logprobs]
-    chosen = choose(scores, request.temperature, request.generator)
+    log_importance = 0.0
+    if proposal is None:
+        chosen = choose(scores, request.temperature, request.generator)
+    else:  # a particles block's: lang/args.py weighing_conflict left these at their defaults
+        assert request.temperature == 1.0 and request.normalize == "sum"
+        chosen, log_importance = proposal.draw(scores)
     commit(chosen)
     row = rows[chosen]
     start = len(session.token_ids) - len(row)
@@ -126,6 +144,7 @@ def select(session: Session, request: SelectRequest, scoring: Scoring) -> Select
             o: sum(lps) for o, lps in zip(request.options, token_logprobs, strict=True)
         },
         prefix_tokens=prefix_tokens,
+        log_importance=log_importance,
     )
 
 

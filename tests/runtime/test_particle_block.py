@@ -14,6 +14,7 @@ import pytest
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import BackendError, EvaluationError, GenerationError, TemplateError
+from qrun.runtime.particle_block import Strata
 from qrun.runtime.session import Session
 
 # The second hole's language depends on the first's value: after " a" it has 2 values, after
@@ -82,6 +83,33 @@ def test_a_particles_weight_is_the_product_of_its_holes(tiny: TransformersBacken
         assert record.log_evidence == pytest.approx(a.log_evidence + options + e.log_evidence,
                                                     abs=1e-6)
         assert record.weights == [1.0] and record.chosen == 0
+
+
+def test_a_proposals_draw_is_weighed_by_its_importance(tiny: TransformersBackend) -> None:
+    # 8 particles, holes of 3 values: the block's proposal is not p (class Strata), and each
+    # particle's weight is its holes' terms times p/q of each draw, which the records give.
+    body = ('{{ gen a regex=" (cat|dog|bird)" heal=false }} and'
+            '{{ select s options=[" one", " two", " three"] }}')
+    result = qrun.Query(block(8, body)).run(model=tiny, temperature=1.0, seed=5)
+    (record,) = result.particle_blocks
+    totals = [0.0] * 8
+    for hole in result.recorder.holes:
+        index = record.chosen if hole.context is None else int(hole.context.split()[1]) - 1
+        if hole.kind == "select":
+            assert hole.options is not None
+            term = math.log(sum(math.exp(lp) for _, lp, _ in hole.options))
+        else:
+            assert hole.log_evidence is not None
+            term = hole.log_evidence
+        totals[index] += term + hole.log_importance
+    assert any(hole.log_importance != 0.0 for hole in result.recorder.holes)
+    top = max(totals)
+    shares = [math.exp(t - top) for t in totals]
+    assert record.weights == pytest.approx([w / sum(shares) for w in shares], abs=1e-6)
+    assert record.log_evidence == pytest.approx(top + math.log(sum(shares) / 8), abs=1e-6)
+    chosen = result.holes["a"].log_importance + result.holes["s"].log_importance
+    assert chosen == pytest.approx(sum(h.log_importance for h in result.recorder.holes
+                                       if h.context is None))
 
 
 def test_greedy_takes_the_heaviest_and_a_seed_replays(tiny: TransformersBackend) -> None:
@@ -273,3 +301,58 @@ def test_a_backend_failure_in_a_particle_fails_the_run(tiny: TransformersBackend
         qrun.Query('Go:{% fork w in [1, 2, 3] %}{{ gen x regex=" [ab]" }}{% endfork %}').run(
             model=tiny, temperature=1.0, seed=1)
     assert caught.value.span.column == 4
+
+
+# A first value that p makes rare but the second hole needs: after " w" (0.994 of the first
+# hole alone on the tiny model) the second hole allows only a long string the model does not
+# write, after the others a likely letter, so the conditional over both holes all but rules
+# " w" out (the bench's city-2 task, tests' size).
+RARE_FIRST = 'Go:{{ gen a regex=" (x|y|z|w)" heal=false }}'
+RARE_BOTH = RARE_FIRST + '.{{ gen b regex=(" qqqqqqqqqq" if a == " w" else " (c|d)") heal=false }}'
+
+
+def test_the_particles_try_every_value_of_a_small_hole(tiny: TransformersBackend) -> None:
+    first = qrun.Query(RARE_FIRST.replace("heal=false", 'heal=false sampler="exact"')).run(
+        model=tiny).holes["a"].value_probs
+    assert first is not None and first[" w"] > 0.99
+    weights = {}
+    for value, prob in first.items():
+        evidence = qrun.Query(RARE_BOTH.replace(') heal=false }}', ') heal=false sampler='
+                                                '"exact" }}')).run(
+            model=tiny, fill={"a": value}).holes["b"].log_evidence
+        assert evidence is not None
+        weights[value] = prob * math.exp(evidence)
+    exact = {value: w / sum(weights.values()) for value, w in weights.items()}
+    assert exact[" w"] < 0.01
+    # 8 particles, 4 values: the block's proposal gives each value a particle in every run
+    # (drawn from p, 8 particles all say " w" 95 % of the time), and their weights carry the
+    # proposal's correction, so the weighted estimate is the conditional's.
+    results = qrun.Query(block(8, RARE_BOTH.removeprefix("Go:"))).run_many(
+        [{}] * 6, model=tiny, temperature=1.0, seed=7)
+    estimate: collections.Counter[str] = collections.Counter()
+    for result in results:
+        (record,) = result.particle_blocks
+        assert {values["a"] for values in record.values} == set(first)
+        for values, weight in zip(record.values, record.weights, strict=True):
+            estimate[values["a"]] += weight / len(results)
+        assert result["a"] != " w"
+    for value, prob in exact.items():
+        assert estimate[value] == pytest.approx(prob, abs=0.03), (estimate, exact)
+
+
+def test_the_block_proposal_draws_systematically_and_weighs_its_draw() -> None:
+    scores = [math.log(0.9), math.log(0.06), math.log(0.04)]
+    for seed in range(20):
+        draws = [Strata(seed, index, 8).draw(scores) for index in range(8)]
+        # q = 5/8·p + 1/8 each: 0.6875, 0.1625, 0.15 of 8 particles is 5.5, 1.3, 1.2
+        counts = collections.Counter(index for index, _ in draws)
+        assert counts[0] in (5, 6) and counts[1] >= 1 and counts[2] >= 1
+        for index, log_importance in draws:
+            q = 5 / 8 * math.exp(scores[index]) + 1 / 8
+            assert log_importance == pytest.approx(scores[index] - math.log(q))
+    # Past N/2 values no value is owed a particle: the proposal is p itself (weight 1).
+    many = [math.log(0.5)] + [math.log(0.1)] * 5
+    assert all(Strata(1, index, 8).draw(many)[1] == pytest.approx(0.0) for index in range(8))
+    # Each particle's k-th draw is marginally q's: over seeds, particle 0 alone follows q.
+    firsts = collections.Counter(Strata(seed, 0, 8).draw(scores)[0] for seed in range(4000))
+    assert firsts[1] / 4000 == pytest.approx(0.1625, abs=0.02)
