@@ -109,6 +109,10 @@ MAX_PARTICLES = 64
 """The most particles of one hole: each is a row of every forward and, on llama.cpp, a
 sequence of the context's 256."""
 DEFAULT_PARTICLES = 16
+DEFAULT_ESS_THRESHOLD = 0.5
+"""sampler="smc" resamples its unfinished particles when their effective sample size,
+(Σw)² / Σw², falls below this share of their number (LLaMPPL's and genlm-control's
+ess_threshold, and their default)."""
 # The options that would change what sampler="exact" or "smc" aims at, the model's own
 # conditional (docs/language.md §14.8), each with the value that changes nothing: a run or a
 # hole may not give them other values with either.
@@ -141,6 +145,7 @@ CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "sampler": lambda v: None if v in SAMPLERS else '"mask", "exact" or "smc"',
     "particles": lambda v: None if is_int(v) and 1 <= v <= MAX_PARTICLES else
     f"an integer from 1 to {MAX_PARTICLES}",
+    "ess_threshold": lambda v: None if is_number(v) and 0 <= v <= 1 else "a number from 0 to 1",
 }
 """Per option: a check returning what the value must be (for the error message), or None when
 the value is fine. Hole arguments of the same names are checked with the same functions."""
@@ -163,9 +168,9 @@ class RunOptions:
     sampled token, the mask size and the likeliest alternatives in the run's trace
     (`Result.trace()`; the tokens themselves are always recorded). `limits` bounds the work
     of evaluating the template (qrun.Limits: steps, output characters, integer size).
-    `sampler` ("mask", "exact", "smc") and `particles` are the sampler of every constrained
-    hole that does not choose one and gives no argument the sampler refuses (`particles`
-    alone means "smc"; docs/language.md §14.8).
+    `sampler` ("mask", "exact", "smc"), `particles` and `ess_threshold` are the sampler of
+    every constrained hole that does not choose one and gives no argument the sampler refuses
+    (`particles` or `ess_threshold` alone means "smc"; docs/language.md §14.8).
 
     Raises (on construction):
         UsageError: a value of the wrong type or out of range, naming the option.
@@ -186,6 +191,7 @@ class RunOptions:
     speculate: bool | None = None
     sampler: str | None = None
     particles: int | None = None
+    ess_threshold: float | None = None
 
     def __post_init__(self) -> None:
         for name, check in CHECKS.items():
@@ -200,7 +206,7 @@ class RunOptions:
                                  "draws from the model's own distribution "
                                  "(docs/language.md §14.8)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+                     "repetition_penalty", "ess_threshold"):
             value = getattr(self, name)
             if is_int(value):  # one type per field: 1 -> 1.0
                 object.__setattr__(self, name, float(value))
@@ -253,8 +259,11 @@ class RunOptions:
             trace=bool(self.trace),
             limits=self.limits or Limits(),
             speculate=self.speculate is not False,
-            sampler=self.sampler or ("smc" if self.particles is not None else "mask"),
+            sampler=self.sampler or ("smc" if self.particles is not None
+                                     or self.ess_threshold is not None else "mask"),
             particles=self.particles or DEFAULT_PARTICLES,
+            ess_threshold=(DEFAULT_ESS_THRESHOLD if self.ess_threshold is None
+                           else self.ess_threshold),
         )
 
 
@@ -277,6 +286,7 @@ class Resolved:
     speculate: bool
     sampler: str  # for the constrained holes that do not choose (runtime/hole_args.py)
     particles: int
+    ess_threshold: float
     # Inside a `{% particles %}` block (runtime/particle_block.py): every hole is weighed, so
     # holes are held to lang/args.py weighing_conflict when they run.
     in_particles: bool = False

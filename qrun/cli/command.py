@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(particles); docs/language.md §14.8")
     parser.add_argument("--particles", type=int, help="particles per hole with --sampler smc "
                         "(default 16)")
+    parser.add_argument("--ess-threshold", type=float, help="with --sampler smc, resample when "
+                        "the particles' effective sample size falls below this share of "
+                        "their number (0 to 1, default 0.5)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-tokens", type=int, help="default max_tokens for holes")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
@@ -372,7 +375,7 @@ def _run_on_server(args: argparse.Namespace, fields: tuple[str, ...],
         raise UsageError(f"--server runs on the server's model and templates: "
                          f"{', '.join(local)} cannot go with it")
     given = {name: getattr(options, name) for name in
-             (*SAMPLING_OPTIONS, "seed", "max_tokens", "sampler", "particles")
+             (*SAMPLING_OPTIONS, "seed", "max_tokens", "sampler", "particles", "ess_threshold")
              if getattr(options, name) is not None}
     if options.speculate is False:
         given["speculate"] = False
@@ -504,7 +507,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
     the flag)."""
     given = {name: getattr(args, name)
              for name in (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate", "sampler",
-                          "particles")}
+                          "particles", "ess_threshold")}
     if args.logit_bias is not None:
         given["logit_bias"] = dict(_bias(text) for text in args.logit_bias)
     if args.trace:

@@ -34,14 +34,15 @@ from qrun.source import Source, Span
 
 GEN_ARGS = ("max_tokens", "stop", "keep_stop", "regex", "json", "closed", "formats", "grammar",
             "tools", *SAMPLING_OPTIONS, "seed", "heal", "ends_at_text", "sampler", "particles",
-            "n")
+            "ess_threshold", "n")
 # The arguments that constrain a hole; at most one per hole.
 CONSTRAINT_ARGS = ("regex", "json", "grammar", "tools")
 # The arguments whose constraint is read as a JSON Schema (closed= and formats= apply).
 SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "sampler", "particles", "seed",
+                     "frequency_penalty", "repetition_penalty", "sampler", "particles",
+                     "ess_threshold", "seed",
                      "max_tokens", "device",
                      "dtype", "inputs", "output", "tests")
 
@@ -57,21 +58,25 @@ SAMPLER_HINT = ('sampler="exact" and sampler="smc" draw a regex=, json=, grammar
                 "(docs/language.md §14.8)")
 
 
+SMC_ARGS = ("particles", "ess_threshold")
+"""The arguments of sampler="smc" alone; either without a sampler asks for it."""
+
+
 def sampler_conflict(sampler: str, given: Iterable[str]) -> str | None:
     """Why a hole with these arguments cannot take `sampler`, or None: the compiler's check
     of a literal sampler and the runtime's of a computed one."""
     names = set(given)
+    smc_only = next((f'{name}= applies to sampler="smc" only' for name in SMC_ARGS
+                     if name in names), None)
     if sampler == "mask":
-        return 'particles= applies to sampler="smc" only' if "particles" in names else None
+        return smc_only
     if not names & set(CONSTRAINT_ARGS):
         return (f'sampler="{sampler}" needs a constraint (regex=, json=, grammar= or tools=): '
                 "an unconstrained hole already samples the model's own distribution")
     wrong = [name for name in CONDITIONAL_REFUSES if name in names]
     if wrong:
         return f'sampler="{sampler}" cannot be used with {wrong[0]}='
-    if sampler == "exact" and "particles" in names:
-        return 'particles= applies to sampler="smc" only'
-    return None
+    return smc_only if sampler == "exact" else None
 
 
 def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
@@ -158,13 +163,13 @@ class ArgChecker:
         if keep is not None:
             self.check_keep_stop(keep, args)
         sampler = args.get("sampler")
-        # particles= alone asks for particles (runtime/hole_args.py reads it so too)
-        chosen = ("smc" if "particles" in args else None) if sampler is None else \
-            literal(sampler.expr)
+        # particles= or ess_threshold= alone asks for particles (runtime/hole_args.py too)
+        smc = [args[name] for name in SMC_ARGS if name in args]
+        chosen = ("smc" if smc else None) if sampler is None else literal(sampler.expr)
         if chosen in SAMPLERS:
             wrong = sampler_conflict(chosen, args)
             if wrong is not None:
-                where = sampler or args["particles"]
+                where = sampler or smc[0]
                 self.fail(wrong, prefix(where.span, len(where.name)), SAMPLER_HINT)
         return args
 

@@ -97,7 +97,7 @@ Constraint = Regex | JsonSchema | Grammar | ToolCall
 
 
 SAMPLING_FIELDS = (*SAMPLING_OPTIONS, "seed", "heal", "keep_stop", "ends_at_text", "sampler",
-                   "particles")
+                   "particles", "ess_threshold")
 """GenParams' arguments after its length, stop and constraint, in field order."""
 
 
@@ -126,6 +126,7 @@ class GenParams:
     # language, scored whole: runtime/exact.py) or "smc" (particles: runtime/particles.py)
     sampler: Expr | None = None
     particles: Expr | None = None  # how many, with sampler="smc"
+    ess_threshold: Expr | None = None  # when sampler="smc" resamples (a share of N)
 
     def exprs(self) -> Iterator[Expr]:
         """Every argument expression, the constraint's included, in field order."""

@@ -420,8 +420,7 @@ class Run:
             self.emit(call.suffix, special=True, op=op)
 
     def _hole_args(self) -> HoleArgs:
-        return HoleArgs(self.evaluate, self.source, self.options,
-                        self.backend.vocabulary.size)
+        return HoleArgs(self.evaluate, self.source, self.options, self.backend.vocabulary.size)
 
     def _gen_request(self, op: ir.Gen, after: str | None = None) -> GenRequest:
         p = op.params
@@ -455,7 +454,8 @@ class Run:
         return GenRequest(op.name, args.max_tokens, args.stop, args.sampling, generator, cursor,
                           spec, prefix, healed_in_context=bool(prefix) and in_context,
                           drafter=self.drafter, follow=follow, keep_stop=args.keep_stop,
-                          first_tokens=first, sampler=args.sampler, particles=args.particles)
+                          first_tokens=first, sampler=args.sampler, particles=args.particles,
+                          ess_threshold=args.ess_threshold)
 
     def _fill_gen(self, op: ir.Gen, value: Any) -> None:
         """A `gen` hole given its value: checked against the hole, then fixed text."""

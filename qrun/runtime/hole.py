@@ -68,6 +68,7 @@ class GenRequest:
     # else smc (runtime/engines.py).
     sampler: str = "mask"
     particles: int = 16
+    ess_threshold: float = 0.5  # with "smc": resample below this share of N (options.py)
 
 
 _PUNCTUATION = frozenset(string.punctuation.encode())

@@ -16,6 +16,7 @@ from qrun.lang import ir
 from qrun.lang.args import (
     CONDITIONAL_REFUSES,
     HOLE_ARG_CHECKS,
+    SMC_ARGS,
     sampler_conflict,
     show_value,
     weighing_conflict,
@@ -42,6 +43,7 @@ class GenArgs:
     # block, "auto" (runtime/engines.py: exact where the language is small, else smc)
     sampler: str
     particles: int  # with sampler="smc"
+    ess_threshold: float  # with sampler="smc"
 
 
 class HoleArgs:
@@ -86,16 +88,19 @@ class HoleArgs:
                 self._logit_bias(p.logit_bias, options.logit_bias)),
             seed=None if seed is None else int(seed),
             sampler=self._sampler(p),
-            particles=int(self.value(p.particles, "particles", options.particles)))
+            particles=int(self.value(p.particles, "particles", options.particles)),
+            ess_threshold=float(self.value(p.ess_threshold, "ess_threshold",
+                                           options.ess_threshold)))
 
     def _sampler(self, p: ir.GenParams) -> str:
-        """The hole's sampler: its own (`particles=` alone means "smc"), held to the
-        compiler's check of a literal one (lang/args.py sampler_conflict); else the run's, for
-        a constrained hole that gives no argument it refuses."""
-        given = [name for name in (*CONDITIONAL_REFUSES, "particles")
+        """The hole's sampler: its own (`particles=` or `ess_threshold=` alone means "smc"),
+        held to the compiler's check of a literal one (lang/args.py sampler_conflict); else the
+        run's, for a constrained hole that gives no argument it refuses."""
+        given = [name for name in (*CONDITIONAL_REFUSES, *SMC_ARGS)
                  if getattr(p, name, None) is not None]
         constraint = ["regex"] if p.constraint is not None else []
-        if p.sampler is None and p.particles is None:
+        smc = [getattr(p, name) for name in SMC_ARGS if getattr(p, name) is not None]
+        if p.sampler is None and not smc:
             run = self._options.sampler
             return run if constraint and sampler_conflict(run, given + constraint) is None \
                 else "mask"
@@ -108,8 +113,7 @@ class HoleArgs:
                 wrong = (f'sampler="{sampler}" cannot be used with the run\'s {option}: it '
                          "draws from the model's own distribution")
         if wrong is not None:
-            where = p.sampler or p.particles
-            assert where is not None
+            where = p.sampler or smc[0]
             raise EvaluationError(wrong, where.span, self._source)
         return sampler
 

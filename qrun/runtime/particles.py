@@ -9,7 +9,8 @@ normalizer of that restricted distribution: the ratio of target to proposal), so
 that took a likely-looking token leading into unlikely text loses weight as the mask cuts its
 next choices. Ending is one of the choices (EOS, or a token that begins the template's next
 text: docs/language.md §14.5), where the constraint lets the value end and go on. When the
-unfinished particles' effective sample size falls below half their number they are resampled
+unfinished particles' effective sample size falls below the hole's ess_threshold (half, by
+default) of their number they are resampled
 (systematic resampling): heavy ones copied, light ones dropped, each weighing their mean
 (finished ones stay: resampled says why). A copy shares its KV cache and logits until it
 feeds a token, and particles on the same path are fed as one row (_feed: no position is fed
@@ -35,9 +36,6 @@ from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import draw, new_generator
 from qrun.runtime.scheduler import forward_rows
 from qrun.runtime.session import Session
-
-RESAMPLE_BELOW = 0.5
-"""Resample when the effective sample size, (Σw)² / Σw², falls below this share of N."""
 
 
 @dataclass(eq=False)
@@ -103,7 +101,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel) -> G
         session.stats.mask_s += time.perf_counter() - started
         if to_feed:
             _feed(session, model, base, to_feed, particles)
-        particles = resampled(particles, generator)
+        particles = resampled(particles, generator, request.ess_threshold)
     weights = np.array([p.log_weight for p in particles])
     if not np.isfinite(weights).any():
         raise HoleFailure(f"no particle of hole '{request.name}' found a value within "
@@ -343,9 +341,11 @@ def _feed(session: Session, model: StepModel, base: KVCache, particles: list[Par
             particle.cache, particle.logits = cache, row[-1]
 
 
-def resampled(particles: list[Particle], generator: np.random.Generator) -> list[Particle]:
+def resampled(particles: list[Particle], generator: np.random.Generator, threshold: float
+              ) -> list[Particle]:
     """The particles, the unfinished ones resampled (systematic) when their effective sample
-    size is below RESAMPLE_BELOW of their number: each drawn by weight, every one of them then
+    size, (Σw)² / Σw², is below `threshold` of their number (the hole's ess_threshold: 0
+    never, 1 whenever their weights differ): each drawn by weight, every one of them then
     weighing their mean, so their total stays; finished ones stay as they are.
 
     Finished particles are left out because their weights are whole while an unfinished
@@ -359,7 +359,7 @@ def resampled(particles: list[Particle], generator: np.random.Generator) -> list
     if len(live) < 2 or not np.isfinite(weights).any():
         return particles
     normalized, mean = normalised(weights)
-    if 1.0 / float((normalized ** 2).sum()) >= RESAMPLE_BELOW * len(live):
+    if 1.0 / float((normalized ** 2).sum()) >= threshold * len(live):
         return particles
     points = (generator.random() + np.arange(len(live))) / len(live)
     picks = np.minimum(np.searchsorted(np.cumsum(normalized), points, side="right"),

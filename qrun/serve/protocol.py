@@ -70,7 +70,8 @@ MAX_INPUT_DEPTH = 32
 qrun/jsonio.py, for the body's own wrapping and the other inputs)."""
 
 
-REQUEST_OPTIONS = (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate", "sampler", "particles")
+REQUEST_OPTIONS = (*SAMPLING_OPTIONS, "seed", "max_tokens", "speculate", "sampler", "particles",
+                   "ess_threshold")
 """The run options a request may set (RunOptions; limits and trace stay the server's)."""
 
 

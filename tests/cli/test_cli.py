@@ -269,3 +269,10 @@ def test_sampler_and_particles_as_flags(
     assert main([template, "--model", tiny_folder, "--particles", "5", "--seed", "1",
                  "--json", "--fields", "holes"]) == 0
     assert len(json.loads(capsys.readouterr().out)["holes"]["x"]["particles"]) == 5
+    # --ess-threshold alone asks for particles too, and is held to 0 to 1 by its name.
+    assert main([template, "--model", tiny_folder, "--ess-threshold", "0.3", "--seed", "1",
+                 "--json", "--fields", "holes"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["holes"]["x"]["particles"]) == 16
+    assert main([template, "--model", tiny_folder, "--ess-threshold", "2"]) == 2
+    assert "--ess-threshold: ess_threshold must be a number from 0 to 1, got 2.0" in \
+        capsys.readouterr().err

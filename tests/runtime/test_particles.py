@@ -15,6 +15,7 @@ import pytest
 import qrun
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import TemplateError
+from qrun.runtime import particles as particles_module
 from qrun.runtime.particles import Particle, resampled
 from tests.runtime.test_exact import sequence_logprob
 
@@ -133,6 +134,10 @@ def test_json_grammar_and_a_loop(tiny: TransformersBackend) -> None:
     ('{{ gen x regex="a|b" sampler="smc" particles=65 }}', "particles must be an integer"),
     ('{{ gen x sampler="smc" }}', "needs a constraint"),
     ('{{ gen x regex="a|b" sampler="smc" top_k=3 }}', "cannot be used with top_k="),
+    ('{{ gen x regex="a|b" sampler="exact" ess_threshold=0.2 }}',
+     'ess_threshold= applies to sampler="smc" only'),
+    ('{{ gen x regex="a|b" ess_threshold=1.5 }}', "ess_threshold must be a number from 0 to 1"),
+    ('{{ gen x ess_threshold=0.5 }}', "needs a constraint"),
 ])
 def test_what_smc_refuses_at_compile_time(hole: str, message: str) -> None:
     with pytest.raises(TemplateError, match=message):
@@ -203,7 +208,7 @@ def test_resampling_leaves_finished_particles_and_keeps_the_live_ones_total() ->
     light = [Particle(_Cursor(), None, log_weight=math.log(1e-4)) for _ in range(10)]  # type: ignore[arg-type]
     before = [*finished, *heavy, *light]
     total = sum(math.exp(p.log_weight) for p in heavy + light)
-    after = resampled(before, np.random.default_rng(0))
+    after = resampled(before, np.random.default_rng(0), 0.5)
     assert after is not before and len(after) == 16
     # The finished ones are all there, untouched: their weights owe nothing more.
     assert [p for p in after if p.finish] == finished
@@ -213,6 +218,47 @@ def test_resampling_leaves_finished_particles_and_keeps_the_live_ones_total() ->
     assert sum(math.exp(p.log_weight) for p in live) == pytest.approx(total)
     # Light ones are dropped for copies of heavy ones.
     assert not any(p is q for p in live for q in light)
+
+
+def test_the_ess_threshold_says_when_particles_are_resampled() -> None:
+    # ESS of 1 heavy and 15 light particles: (1 + 15e)² / (1 + 15e²) ≈ 1.3 of 16.
+    def live() -> list[Particle]:
+        return [Particle(_Cursor(), None, log_weight=w)  # type: ignore[arg-type]
+                for w in [0.0] + [math.log(0.001)] * 15]
+
+    for threshold, resamples in ((0.0, False), (0.05, False), (0.5, True), (1.0, True)):
+        before = live()
+        after = resampled(before, np.random.default_rng(0), threshold)
+        assert (after is not before) == resamples, threshold
+    # Nearly even weights (ESS 15.9 of 16): only a threshold of 1 resamples them.
+    even = [Particle(_Cursor(), None, log_weight=math.log(1.0 + 0.01 * k))  # type: ignore[arg-type]
+            for k in range(16)]
+    assert resampled(even, np.random.default_rng(0), 0.5) is even
+    assert resampled(even, np.random.default_rng(0), 1.0) is not even
+
+
+def test_the_ess_threshold_reaches_the_sampler(tiny: TransformersBackend,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hole's argument, else the run's option, else the front matter's, else 0.5; the
+    # argument alone asks for sampler="smc", as particles= does.
+    seen: list[float] = []
+
+    def spy(particles: list[Particle], generator: np.random.Generator, threshold: float
+            ) -> list[Particle]:
+        seen.append(threshold)
+        return resampled(particles, generator, threshold)
+
+    monkeypatch.setattr(particles_module, "resampled", spy)
+    hole = 'Go:{{ gen a regex=" (cat|dog)" heal=false ARG}}'
+    cases = [(hole.replace("ARG", "ess_threshold=0.25 "), {}, 0.25),
+             (hole.replace("ARG", 'sampler="smc" '), {"ess_threshold": 0.75}, 0.75),
+             ("---\ness_threshold: 0\n---\n" + hole.replace("ARG", ""), {}, 0.0),
+             (hole.replace("ARG", "particles=4 "), {}, 0.5)]
+    for template, options, expected in cases:
+        seen.clear()
+        result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=1, **options)
+        assert result.holes["a"].particles is not None
+        assert seen and set(seen) == {expected}, (template, seen)
 
 
 def test_particles_on_one_path_are_fed_as_one_row(tiny: TransformersBackend) -> None:

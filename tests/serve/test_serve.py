@@ -86,15 +86,17 @@ def test_a_request_chooses_the_sampler_of_the_constrained_holes(
         server: tuple[str, Service], tiny: TransformersBackend) -> None:
     url, _ = server
     body = {"inputs": {"name": "Ada"}, "fields": ["vars", "holes"],
-            "options": {"sampler": "smc", "particles": 3, "seed": 2, "temperature": 1}}
+            "options": {"sampler": "smc", "particles": 3, "ess_threshold": 1, "seed": 2,
+                        "temperature": 1}}
     response = post(url, "person", body)
     assert response.status_code == 200, response.text
     row = response.json()
     assert [len(row["holes"][h]["particles"]) for h in ("age", "city")] == [3, 3]
     local = qrun.Query(PERSON).run({"name": "Ada"}, model=tiny, sampler="smc", particles=3,
-                                   seed=2, temperature=1)
+                                   ess_threshold=1, seed=2, temperature=1)
     assert row["vars"] == local.vars
-    for wrong in ({"sampler": "best"}, {"particles": 65}, {"sampler": "exact", "top_k": 3}):
+    for wrong in ({"sampler": "best"}, {"particles": 65}, {"sampler": "exact", "top_k": 3},
+                  {"ess_threshold": 2}):
         refused = post(url, "person", {"inputs": {"name": "Ada"}, "options": wrong})
         assert refused.status_code == 400, wrong
         assert refused.json()["error"]["code"] == "bad_request"
