@@ -33,6 +33,9 @@ class Engines:
     # A `{% particles %}` block's particle draws the values it scores whole from its block's
     # proposal (runtime/particle_block.py Strata); None: from their probabilities.
     proposal: Proposal | None = None
+    # The run's tree scorer (through its scheduler in a batch), where the backend has one:
+    # sampler="smc" finishes a particle with it once the language left is small.
+    tree: TreeScorer | None = None
 
     def fill(self, session: Session, request: GenRequest,
              on_text: Callable[[str], None] | None) -> GenRecord:
@@ -59,7 +62,7 @@ class Engines:
             if self.model is None:
                 raise HoleFailure('sampler="smc" needs token-level forwards, and this backend '
                                   "samples whole holes (a vLLM server): use a local model")
-            record = fill_particles(session, request, self.model)
+            record = fill_particles(session, request, self.model, self.tree)
         if record is not None:
             if on_text is not None:
                 on_text(record.text)
@@ -112,4 +115,4 @@ def choose_engines(
     elif prompts is not None:
         scoring = PromptScoring(prompts)
     heals = backend.capabilities.heals_in_context and model is not None
-    return Engines(model, filler, scoring, heals)
+    return Engines(model, filler, scoring, heals, tree=tree)

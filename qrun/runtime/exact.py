@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from qrun.constraint import Cursor
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
@@ -84,31 +85,14 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
         raise HoleFailure(f"no value of hole '{request.name}' fits within {request.max_tokens} "
                           "token(s)", cut_off=True)
     first = log_softmax(session.next_logits()) if not endings[0].tokens else None
-    rows: list[list[int]] = []
-    for ending in endings:
-        if ending.tokens:
-            rows.append(list(ending.tokens))
-        rows.extend([*ending.tokens, token] for token in ending.end_tokens if ending.tokens)
+    rows = ending_rows(endings)
     token_logprobs, commit = scoring.score(session, rows) if rows else ([], _nothing)
-    weights: list[float] = []
-    row = 0
-    for ending in endings:
-        if not ending.tokens:  # the empty value: only the mass of ending at once, if any
-            assert first is not None
-            weights.append(_logsumexp([float(first[t]) for t in ending.end_tokens])
-                           if ending.end_tokens else 0.0)
-            continue
-        weight = sum(token_logprobs[row])
-        ends = token_logprobs[row + 1 : row + 1 + len(ending.end_tokens)]
-        row += 1 + len(ending.end_tokens)
-        if ending.end_tokens:
-            weight += _logsumexp([lps[-1] for lps in ends])
-        weights.append(weight)
+    weights = ending_weights(endings, token_logprobs, first)
     chosen, log_importance = _choose(endings, weights, request, proposal)
     logprobs: list[float] = []
     if endings[chosen].tokens:
-        commit(_row_of(endings, chosen))
-        logprobs = token_logprobs[_row_of(endings, chosen)]
+        commit(row_of(endings, chosen))
+        logprobs = token_logprobs[row_of(endings, chosen)]
     start = len(session.token_ids) - len(endings[chosen].tokens)
     for k, (token, logprob) in enumerate(zip(endings[chosen].tokens, logprobs, strict=True)):
         if session.recorder is not None:
@@ -122,14 +106,73 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
     return record
 
 
+def ending_rows(endings: list[Ending], start: int = 0) -> list[list[int]]:
+    """The token rows that score `endings` (from their token `start` on): each ending's
+    tokens, then its tokens followed by each of its end tokens (none for an empty one, whose
+    end tokens are scored from the logits before it)."""
+    rows: list[list[int]] = []
+    for ending in endings:
+        tokens = list(ending.tokens[start:])
+        if tokens:
+            rows.append(tokens)
+            rows.extend([*tokens, token] for token in ending.end_tokens)
+    return rows
+
+
+def ending_weights(endings: list[Ending], token_logprobs: list[list[float]],
+                   first: npt.NDArray[np.float32] | None, start: int = 0) -> list[float]:
+    """Each ending's log-probability from its rows' token log-probabilities (ending_rows):
+    its tokens', plus the log of its end tokens' total where it could go on; `first`: the
+    log-probabilities before the ending's token `start`, for an ending with none after it."""
+    weights: list[float] = []
+    row = 0
+    for ending in endings:
+        if len(ending.tokens) <= start:  # nothing more: only the mass of ending at once, if any
+            assert first is not None, "the logits before an empty ending are given"
+            weights.append(_logsumexp([float(first[t]) for t in ending.end_tokens])
+                           if ending.end_tokens else 0.0)
+            continue
+        weight = sum(token_logprobs[row])
+        ends = token_logprobs[row + 1 : row + 1 + len(ending.end_tokens)]
+        row += 1 + len(ending.end_tokens)
+        if ending.end_tokens:
+            weight += _logsumexp([lps[-1] for lps in ends])
+        weights.append(weight)
+    return weights
+
+
+def tail_endings(session: Session, request: GenRequest, cursor: Cursor, start: list[int],
+                 limit: int, byte_limit: int) -> list[Ending] | None:
+    """The ways to end the value from where `cursor` stands after `start` (the value's tokens
+    so far; each Ending's tokens begin with them), where a walk of at most `byte_limit` bytes
+    finds every rest of a value: every token sequence the masked loop could write where they
+    are at most `limit` token-tree nodes, else each rest in its canonical tokenization; None
+    where what is left is larger (or does not begin on a character). sampler="smc" finishes a
+    particle so once what is left of its language is small (runtime/particles.py); the
+    byte walk comes first, as the cheaper one to fail."""
+    try:
+        rests = _walk_bytes(session, cursor, VALUES_LIMIT, byte_limit)
+        for rest in rests:
+            rest.decode("utf-8")
+    except _TooLarge:
+        return None
+    except UnicodeDecodeError:
+        return None  # the particle stands inside a character: its rest is no text alone
+    boundary = follow_of(session, request.follow).tokens
+    try:
+        return _walk_tokens(session, request, cursor, boundary, limit, start)
+    except _TooLarge:
+        return _canonical(session, request, cursor, rests, boundary, start)
+
+
 def _nothing(chosen: int) -> None:
     raise AssertionError("no row to commit")
 
 
-def _row_of(endings: list[Ending], chosen: int) -> int:
-    """The index among the scored rows of ending `chosen`'s own row (each ending with tokens
-    has its row, then one row per end token)."""
-    return sum(1 + len(e.end_tokens) for e in endings[:chosen] if e.tokens)
+def row_of(endings: list[Ending], chosen: int, start: int = 0) -> int:
+    """The index among the scored rows (ending_rows) of ending `chosen`'s own row (each
+    ending with tokens past `start` has its row, then one row per end token)."""
+    return sum(1 + len(e.end_tokens) for e in endings[:chosen] if len(e.tokens) > start)
 
 
 class _TooLarge(Exception):
@@ -188,8 +231,10 @@ def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: li
 
 
 def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
-                 boundary: tuple[int, ...], limit: int) -> list[Ending]:
-    """Every token sequence the masked loop could write as the value.
+                 boundary: tuple[int, ...], limit: int, start: list[int] | None = None
+                 ) -> list[Ending]:
+    """Every token sequence the masked loop could write as the value (after `start`, the
+    tokens the cursor stands after).
 
     Raises:
         _TooLarge: more than `limit` nodes.
@@ -197,9 +242,10 @@ def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
     token_bytes = session.backend.vocabulary.token_bytes
     plen = len(request.prefix)
     endings: list[Ending] = []
+    written = list(start or ())
 
-    def expand(path: list[int]) -> list[int]:
-        text, spent = b"", 0
+    def expand(tail: list[int]) -> list[int]:
+        path, text, spent = written + tail, b"", 0
         for token in path:
             text += token_bytes[token] or b""
             spent += len(text) > plen  # tokens inside the healed text are free
@@ -213,12 +259,13 @@ def _walk_tokens(session: Session, request: GenRequest, cursor: Cursor,
     return endings
 
 
-def _walk_bytes(session: Session, cursor: Cursor) -> list[bytes]:
+def _walk_bytes(session: Session, cursor: Cursor, values: int = VALUES_LIMIT,
+                nodes: int = BYTES_LIMIT) -> list[bytes]:
     """Every value of the constraint's language (the healed prefix first), walked a byte at a
     time through the tokens of one byte.
 
     Raises:
-        _TooLarge: more than VALUES_LIMIT values or BYTES_LIMIT nodes.
+        _TooLarge: more than `values` values or `nodes` nodes.
     """
     byte_tokens = [t for t in _byte_tokens(session) if t >= 0]
     token_bytes = session.backend.vocabulary.token_bytes
@@ -227,14 +274,14 @@ def _walk_bytes(session: Session, cursor: Cursor) -> list[bytes]:
     def expand(path: list[int]) -> list[int]:
         if cursor.can_end():
             found.append(b"".join(token_bytes[t] or b"" for t in path))
-            if len(found) > VALUES_LIMIT:
+            if len(found) > values:
                 raise _TooLarge
         if not cursor.can_continue():
             return []
         mask = cursor.allowed()
         return [t for t in byte_tokens if mask[t]]
 
-    _depth_first(cursor, expand, BYTES_LIMIT)
+    _depth_first(cursor, expand, nodes)
     return found
 
 
@@ -276,27 +323,33 @@ def _byte_tokens(session: Session) -> list[int]:
 
 
 def _canonical(session: Session, request: GenRequest, cursor: Cursor,
-               values: list[bytes], boundary: tuple[int, ...]) -> list[Ending]:
+               values: list[bytes], boundary: tuple[int, ...], start: list[int] | None = None
+               ) -> list[Ending]:
     """Each value (healed prefix first) in its canonical tokenization, where the mask allows
-    it within the hole's max_tokens."""
+    it within the hole's max_tokens; or, after `start` (the tokens the cursor stands after),
+    each rest of one (`values`) in its own canonical tokenization."""
     plen = len(request.prefix)
     vocab = session.backend.vocabulary
+    written = list(start or ())
+    before = b"".join(vocab.token_bytes[t] or b"" for t in written)
     endings = []
     for data in values:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             continue  # a value is text: bytes that are not UTF-8 are no value
-        tokens = session.backend.encode(text) if text else []
+        tokens = written + (session.backend.encode(text) if text else [])
         spent, offset, consumed = 0, 0, 0
-        for token in tokens:
+        for k, token in enumerate(tokens):
+            offset += len(vocab.token_bytes[token] or b"")
+            spent += offset > plen
+            if k < len(written):
+                continue  # where the cursor stands already
             if not cursor.consume(token):
                 break
             consumed += 1
-            offset += len(vocab.token_bytes[token] or b"")
-            spent += offset > plen
-        if consumed == len(tokens) and spent <= request.max_tokens:
-            ending, _ = _ending_here(session, request, cursor, tokens, data,
+        if consumed == len(tokens) - len(written) and spent <= request.max_tokens:
+            ending, _ = _ending_here(session, request, cursor, tokens, before + data,
                                      request.max_tokens - spent, boundary)
             if ending is not None:
                 endings.append(ending)

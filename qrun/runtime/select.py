@@ -208,13 +208,25 @@ def _forward_tree(
     """Each row's token log-probabilities from one forward of `tree` (built from `rows`) on
     top of the context, whose next-token log-probabilities are `first`; and that forward's
     logits [len(tree.fed), V] and cache (the context's own when nothing is fed)."""
-    logits = np.empty((0, first.shape[-1]), dtype=np.float32)
-    logprobs, fed_cache = logits, session.cache
     if tree.fed:
         session.sync()
-        t0 = time.perf_counter()
-        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, session.cache)
+    t0 = time.perf_counter()
+    token_logprobs, logits, fed_cache = tree_logprobs(backend, tree, rows, first, session.cache)
+    if tree.fed:
         session.count_model_call(time.perf_counter() - t0, len(tree.fed))
+    return token_logprobs, logits, fed_cache
+
+
+def tree_logprobs(backend: TreeScorer, tree: OptionTree, rows: list[list[int]],
+                  first: npt.NDArray[np.float32], cache: KVCache
+                  ) -> tuple[list[list[float]], npt.NDArray[np.float32], KVCache]:
+    """Each row's token log-probabilities from one forward of `tree` (built from `rows`) on
+    top of `cache`, after which the next-token log-probabilities are `first`; and that
+    forward's logits [len(tree.fed), V] and cache (`cache` itself when nothing is fed)."""
+    logits = np.empty((0, first.shape[-1]), dtype=np.float32)
+    logprobs, fed_cache = logits, cache
+    if tree.fed:
+        logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, cache)
         logprobs = log_softmax(logits)  # [len(fed), V]
     token_logprobs = [
         [float(first[row[0]])] + [float(logprobs[node, token])

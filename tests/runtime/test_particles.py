@@ -26,6 +26,14 @@ def runs(model: Any, template: str, count: int, **options: Any) -> list[qrun.Res
     return qrun.Query(template).run_many([{}] * count, model=model, **options)  # type: ignore[return-value]
 
 
+@pytest.fixture
+def stepwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Particles that never finish a small rest exactly (_finish_exactly): the tests of the
+    token-by-token proposal use languages small enough that they would from the start."""
+    monkeypatch.setattr(particles_module, "TAIL_BYTES", 0)
+
+
+@pytest.mark.usefixtures("stepwise")
 def test_one_particle_weighs_the_model_against_the_mask(tiny: TransformersBackend) -> None:
     # One particle, no resampling: its weight is P_model(x) / q_mask(x) exactly (every value
     # of this language must end where it does: no EOS step).
@@ -261,6 +269,43 @@ def test_the_ess_threshold_reaches_the_sampler(tiny: TransformersBackend,
         assert seen and set(seen) == {expected}, (template, seen)
 
 
+def test_a_small_rest_is_finished_exactly(tiny: TransformersBackend,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A language small from the start: every particle is finished by scoring it whole, so
+    # the estimate of its mass is exact's (token by token it is a noisy estimate).
+    small = '" (cat|dog|bird)"'
+    exact = qrun.Query(f"{PROMPT}{{{{ gen x regex={small} sampler=\"exact\" }}}}").run(
+        model=tiny).holes["x"]
+    smc = qrun.Query(f"{PROMPT}{{{{ gen x regex={small} sampler=\"smc\" particles=4 }}}}").run(
+        model=tiny, temperature=1.0, seed=2).holes["x"]
+    assert exact.log_evidence is not None
+    assert smc.log_evidence == pytest.approx(exact.log_evidence, abs=1e-4)
+    # A larger one: particles write the first word token by token, then, its rest small
+    # (three words and a full stop), finish exactly: the weights lose the variance of the
+    # rest's tokens and the estimate comes closer.
+    language = '" (one|two|six|ten) (cats|dogs|birds)\\."'
+    whole = qrun.Query(f'Go:{{{{ gen x regex={language} heal=false sampler="exact" }}}}').run(
+        model=tiny).holes["x"].value_probs
+    assert whole is not None and len(whole) == 12
+    template = f'Go:{{{{ gen x regex={language} heal=false sampler="smc" particles=4 }}}}'
+
+    def measured() -> tuple[float, float]:
+        results = runs(tiny, template, 40, temperature=1.0, seed=3)
+        spread = float(np.std([r.holes["x"].log_evidence for r in results]))
+        mean: collections.Counter[str] = collections.Counter()
+        for result in results:
+            for value, share in (result.holes["x"].value_probs or {}).items():
+                mean[value] += share / len(results)
+        return spread, 0.5 * sum(abs(mean[v] - p) for v, p in whole.items())
+
+    spread, distance = measured()
+    monkeypatch.setattr(particles_module, "TAIL_BYTES", 0)
+    spread_stepwise, distance_stepwise = measured()
+    assert spread < 0.4 < 0.7 < spread_stepwise, (spread, spread_stepwise)
+    assert distance < 0.12 and distance < distance_stepwise, (distance, distance_stepwise)
+
+
+@pytest.mark.usefixtures("stepwise")
 def test_particles_on_one_path_are_fed_as_one_row(tiny: TransformersBackend) -> None:
     # 16 particles that all begin " b" (one token, then "cf" or "df", one token each): the
     # step after " b" feeds one row, not 16 (copies share their KV cache until they part).
