@@ -42,9 +42,8 @@ SCHEMA_ARGS = ("json", "tools")
 SELECT_ARGS = ("options", "temperature", "normalize")
 FRONT_MATTER_KEYS = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty", "sampler", "particles",
-                     "ess_threshold", "seed",
-                     "max_tokens", "device",
-                     "dtype", "inputs", "output", "tests")
+                     "ess_threshold", "seed", "max_tokens", "device", "dtype", "inputs", "output",
+                     "tests")
 
 NameCheck = Callable[[str, Span, str], bool]
 """The compiler's check of a new name (`name`, `span`, what it is): False when it reported one."""
