@@ -35,7 +35,7 @@ from qrun.constraint.grammar import (
 from qrun.constraint.grammar.build_thread import built
 from qrun.constraint.grammar.limits import DEFAULT, ConstraintLimits
 from qrun.constraint.lru import Lru
-from qrun.constraint.vocab import Vocabulary
+from qrun.constraint.vocab import Vocabulary, byte_token_ids
 
 __all__ = ["LlgCache", "LlgCursor", "LlgIndex", "greedy_tokens", "llg_tokenizer"]
 
@@ -122,14 +122,13 @@ def _ordinary(vocab: Vocabulary) -> npt.NDArray[np.bool_]:
 @functools.lru_cache(maxsize=8)
 def _byte_tokens(vocab: Vocabulary) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                                              npt.NDArray[np.int64]]:
-    """Per byte its single-byte token (-1: none); the bytes that have one, and those tokens
-    (the completion walk reads the mask at these ids). Per vocabulary, not per grammar: 256
-    lookups are ~5 % of a small schema's compile."""
-    tokens = np.array([(vocab.ids_of(bytes([b])) or (-1,))[0] for b in range(256)],
-                      dtype=np.int64)
+    """Per byte its single-byte token (-1: none; vocab.py byte_token_ids); the bytes that
+    have one, and those tokens (the completion walk reads the mask at these ids). Per
+    vocabulary, not per grammar."""
+    tokens = byte_token_ids(vocab)
     spelled = np.flatnonzero(tokens >= 0)
     ids = tokens[spelled]
-    for array in (tokens, spelled, ids):
+    for array in (spelled, ids):
         array.flags.writeable = False
     return tokens, spelled, ids
 

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qrun.constraint import Cursor
+from qrun.constraint.vocab import byte_token_ids
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import log_softmax
@@ -262,7 +263,8 @@ def _walk_bytes(session: Session, cursor: Cursor, values: int = VALUES_LIMIT,
     Raises:
         _TooLarge: more than `values` values or `nodes` nodes.
     """
-    byte_tokens = [t for t in _byte_tokens(session) if t >= 0]
+    tokens = byte_token_ids(session.backend.vocabulary)
+    byte_tokens = tokens[tokens >= 0]
     token_bytes = session.backend.vocabulary.token_bytes
     found: list[bytes] = []
 
@@ -274,7 +276,7 @@ def _walk_bytes(session: Session, cursor: Cursor, values: int = VALUES_LIMIT,
         if not cursor.can_continue():
             return []
         mask = cursor.allowed()
-        return [t for t in byte_tokens if mask[t]]
+        return [int(t) for t in byte_tokens[mask[byte_tokens]]]
 
     _depth_first(cursor, expand, nodes)
     return found
@@ -309,12 +311,6 @@ def _depth_first(cursor: Cursor, expand: Callable[[list[int]], list[int]], limit
     finally:
         if path:
             cursor.rollback(len(path))
-
-
-def _byte_tokens(session: Session) -> list[int]:
-    """Per byte value, a token of that one byte (-1 where the vocabulary has none)."""
-    vocab = session.backend.vocabulary
-    return [next(iter(vocab.ids_of(bytes([b]))), -1) for b in range(256)]
 
 
 def _canonical(session: Session, request: GenRequest, cursor: Cursor,
