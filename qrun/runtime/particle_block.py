@@ -191,16 +191,18 @@ def _log_weight(particle: Branch) -> float:
 
 
 def _hole_weight(hole: HoleEntry) -> float:
+    """The hole's term of its particle's log-weight: what its constraint kept of the model's
+    probability, and the importance of a value the block's proposal drew (Strata)."""
     if hole.finish == "filled":
         return 0.0  # a known value is given text, as the fixed text is
     if hole.kind == "select":
         assert hole.options is not None, "a select the model filled records its options"
-        options = np.array([logprob for _, logprob, _ in hole.options])
-        return log_normalizer(options) + hole.log_importance
-    # The samplers that weigh give log_evidence; lang/args.py weighing_conflict leaves only
-    # free holes without one, whose values the model wrote as it would (weight 1).
-    evidence = hole.log_evidence if hole.log_evidence is not None else 0.0
-    return evidence + hole.log_importance
+        kept = log_normalizer(np.array([logprob for _, logprob, _ in hole.options]))
+    else:
+        # The samplers that weigh give log_evidence; lang/args.py weighing_conflict leaves
+        # only free holes without one, whose values the model wrote as it would (weight 1).
+        kept = hole.log_evidence if hole.log_evidence is not None else 0.0
+    return kept + hole.log_importance
 
 
 def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int, start: int,

@@ -62,6 +62,13 @@ class Particle:
     # of the one it drew.
     rests: list[tuple[bytes, float]] | None = None
 
+    def take(self, token: int, logprob: float, size: int) -> None:
+        """Write `token` (of `size` bytes, drawn with `logprob`) after the particle's tokens;
+        its cursor is moved by the caller (or not at all, once the value is decided)."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.ends.append((self.ends[-1] if self.ends else 0) + size)
+
     def copy(self) -> Particle:
         """A copy sharing this particle's KV cache until one of them feeds (_feed forks it
         then)."""
@@ -103,7 +110,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         at: dict[tuple[int, ...], Choices] = {}  # this step's choices, per path
         to_feed = []
         finishing: dict[tuple[int, ...], list[Particle]] = {}
-        found: list[bool] = []
+        probe: bool | None = None  # whether the step's first look found a small rest
         for p in particles:
             if p.finish is not None:
                 continue
@@ -114,11 +121,11 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
             # per state, not for a JSON schema (8 particles on a 40-token JSON value: 3.3 s
             # with every path looking, at most 192 masks a look; so, 1.19 s; 1.16 s not
             # looking).
-            looking = not found or any(found)
-            if tree is not None and looking and path not in known.tails:
+            if tree is not None and probe is not False and path not in known.tails:
                 known.tails[path] = tail_endings(session, request, p.cursor, p.tokens,
                                                  TAIL_BYTES)
-                found.append(known.tails[path] is not None)
+                if probe is None:
+                    probe = known.tails[path] is not None
             if known.tails.get(path) is not None:
                 finishing.setdefault(path, []).append(p)
                 continue
@@ -236,10 +243,8 @@ def _step(particle: Particle, choices: Choices, request: GenRequest, backend: Ba
         return False
     cursor = particle.cursor
     cursor.advance(token)
-    particle.tokens.append(token)
-    particle.logprobs.append(float(choices.logprobs[pick]))
-    previous = particle.ends[-1] if particle.ends else 0
-    particle.ends.append(previous + len(backend.vocabulary.token_bytes[token] or b""))
+    particle.take(token, float(choices.logprobs[pick]),
+                  len(backend.vocabulary.token_bytes[token] or b""))
     if cursor.can_continue() and request.max_tokens - _spent(particle, request) > 0:
         return True
     # The value must end after this token: no forward is needed for it.
@@ -292,10 +297,7 @@ def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
         if len(ending.tokens) > start:
             row = token_logprobs[row_of(endings, chosen, start)]
             for token, logprob in zip(ending.tokens[start:], row, strict=True):
-                particle.tokens.append(token)
-                particle.logprobs.append(logprob)
-                previous = particle.ends[-1] if particle.ends else 0
-                particle.ends.append(previous + len(token_bytes[token] or b""))
+                particle.take(token, logprob, len(token_bytes[token] or b""))
 
 
 TAIL_BYTES = 64
