@@ -54,7 +54,7 @@ from qrun.options import reshaping
 from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
 from qrun.runtime.contexts import BlockRun, join_calls, mark_holes, reported_at
 from qrun.runtime.engines import Engines
-from qrun.runtime.particles import choose_particle, normalised
+from qrun.runtime.particles import choose_particle, normalised, stratified_proposal
 from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
 from qrun.runtime.sampler import log_normalizer
 from qrun.runtime.scheduler import ScheduledModel
@@ -303,13 +303,11 @@ class Strata:
     of N is at (U_k + i) / N of the proposal's cumulative distribution, U_k uniform and the
     same in every particle (from the block's seed), which spreads the particles that stand in
     the same context over the values as evenly as the proposal allows; and where the block
-    has at least twice as many particles as the hole has values (K), the proposal is
-    (1 - K/N)·p + 1/N for each value, so that every value has a particle and the others go
-    by p. The importance weight p/q (at most 2) goes into the particle's weight: each
-    particle's draw is still distributed as q, so the weighted particles estimate the same
-    conditional. Not past N/2 values: a weight of up to N/(N - K) is noise the block's
-    normalised weights turn into bias (tests/runtime/test_particle_block.py: with K ≤ N, 16
-    particles put 0.32 on a value whose conditional is 0.19; 0.21 with 2K ≤ N).
+    has at least twice as many particles as the hole has values, the proposal gives every
+    value a particle (runtime/particles.py stratified_proposal, as particles on one path draw
+    their next tokens). The importance weight p/q (at most 2) goes into the particle's
+    weight: each particle's draw is still distributed as q, so the weighted particles
+    estimate the same conditional.
 
     Measured (bench/faithfulness.py city-2, llama.cpp: "(Paris|Lyon|Marseille)", then
     " Hilton." only after Paris; Lyon or Marseille 0.036 of the first hole alone, 0.999 of
@@ -327,11 +325,7 @@ class Strata:
             return int(logp.argmax()), 0.0  # no value has probability: the particle weighs 0
         logp -= logp.max()
         logp -= math.log(float(np.exp(logp).sum()))
-        p = np.exp(logp)
-        support = p > 0
-        values = int(support.sum())
-        mix = values / self.count if 2 * values <= self.count else 0.0
-        q = (1.0 - mix) * p + np.where(support, mix / values, 0.0)
+        q = stratified_proposal(np.exp(logp), self.count)
         edges = np.cumsum(q)
         point = (shift + self.index / self.count) % 1.0 * edges[-1]
         chosen = min(int(np.searchsorted(edges, point, side="right")), len(q) - 1)

@@ -110,6 +110,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         at: dict[tuple[int, ...], Choices] = {}  # this step's choices, per path
         to_feed = []
         finishing: dict[tuple[int, ...], list[Particle]] = {}
+        stepping: dict[tuple[int, ...], list[Particle]] = {}
         probe: bool | None = None  # whether the step's first look found a small rest
         for p in particles:
             if p.finish is not None:
@@ -122,8 +123,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
             # with every path looking, at most 192 masks a look; so, 1.19 s; 1.16 s not
             # looking).
             if tree is not None and probe is not False and path not in known.tails:
-                known.tails[path] = tail_endings(session, request, p.cursor, p.tokens,
-                                                 TAIL_BYTES)
+                known.tails[path] = _small_tail(session, request, p)
                 if probe is None:
                     probe = known.tails[path] is not None
             if known.tails.get(path) is not None:
@@ -131,8 +131,12 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                 continue
             if path not in at:
                 at[path] = _choices(p, request, session.backend, eos, boundary, known)
-            if _step(p, at[path], request, session.backend, generator):
-                to_feed.append(p)
+            stepping.setdefault(path, []).append(p)
+        for path, members in stepping.items():
+            for p, (pick, log_importance) in zip(
+                    members, spread(at[path].weights, len(members), generator), strict=True):
+                if _step(p, at[path], pick, log_importance, request, session.backend):
+                    to_feed.append(p)
         session.stats.mask_s += time.perf_counter() - started
         for path, members in finishing.items():
             assert tree is not None
@@ -163,9 +167,9 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         # A particle finished exactly stands for its every rest by its probability: the same
         # expectation as its draw, without the draw's noise (Rao-Blackwellisation; a
         # language small from the start then gets exact's distribution whatever the draws).
-        spread = [(value, 1.0)] if particle.rests is None else [
+        outcomes = [(value, 1.0)] if particle.rests is None else [
             (text[plen:].decode("utf-8", errors="replace"), q) for text, q in particle.rests]
-        for key, q in spread:
+        for key, q in outcomes:
             probs[key] = probs.get(key, 0.0) + float(w) * q
     record.value_probs = dict(sorted(probs.items(), key=lambda kv: -kv[1]))
     record.log_evidence = log_evidence
@@ -225,19 +229,56 @@ def _choices(particle: Particle, request: GenRequest, backend: Backend, eos: fro
                    np.log(record / float(record.sum())))
 
 
-def _step(particle: Particle, choices: Choices, request: GenRequest, backend: Backend,
-          generator: np.random.Generator) -> bool:
-    """One token of `particle`, drawn from its `choices`; its weight gains their share of the
-    model's mass. Returns whether it goes on (its token needs feeding)."""
+def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Generator
+           ) -> list[tuple[int, float]]:
+    """`count` draws among choices of these weights (the proposable tokens: indices into
+    them), for the `count` particles that stand on one path, each with the log of its
+    importance weight p/q: systematic, from one uniform, so they spread over the tokens as
+    evenly as the proposal q allows (a token gets ⌊count·q⌋ or ⌈count·q⌉ of them, where
+    independent draws give anywhere from none to all), from the proposal a block's particles
+    draw a hole's values by (stratified_proposal; runtime/particle_block.py Strata). Sixteen
+    particles drawn independently at the start of "(The|A|One|My) (big|small|...) ..." put
+    most of themselves on "The" (the model's first word, whatever follows), and a word no
+    particle tries is one no weight brings back. One particle draws as the masked loop does
+    (sampler.draw)."""
+    if count == 1 or len(weights) == 0:
+        return [(draw(weights, generator) if len(weights) else 0, 0.0)] * count
+    p = weights / float(weights.sum())
+    q = stratified_proposal(p, count)
+    edges = np.cumsum(q)
+    points = (float(generator.random()) + np.arange(count)) / count * float(edges[-1])
+    picks = np.minimum(np.searchsorted(edges, points, side="right"), len(q) - 1)
+    with np.errstate(divide="ignore"):
+        log_importance = np.log(p[picks]) - np.log(q[picks])
+    return [(int(k), float(w)) for k, w in zip(picks, log_importance, strict=True)]
+
+
+def stratified_proposal(p: npt.NDArray[np.float64], count: int) -> npt.NDArray[np.float64]:
+    """What `count` particles that draw together (systematically) among values of
+    probabilities `p` draw from: where they are at least twice as many as the values that
+    have any probability (K), (1 - K/count)·p + 1/count for each, so that every value has a
+    particle and the others go by p; else p. Not past count/2 values: the importance weights
+    p/q, up to count/(count - K), are noise the particles' normalised weights turn into bias
+    (tests/runtime/test_particle_block.py: with K ≤ count, 16 particles put 0.32 on a value
+    whose conditional is 0.19; 0.21 with 2K ≤ count)."""
+    support = p > 0
+    values = int(support.sum())
+    if 2 * values > count:
+        return p
+    return (1.0 - values / count) * p + np.where(support, 1.0 / count, 0.0)
+
+
+def _step(particle: Particle, choices: Choices, pick: int, log_importance: float,
+          request: GenRequest, backend: Backend) -> bool:
+    """One token of `particle`: choice `pick` of its `choices` (drawn by spread, with that
+    importance weight); its weight gains their share of the model's mass. Returns whether it
+    goes on (its token needs feeding)."""
     if choices.log_share == -math.inf:
         particle.log_weight = -math.inf  # a dead end: no weight can revive it
         particle.finish = "eos"
         return False
-    # Drawn over the proposable tokens alone: the same token a draw over the whole vocabulary
-    # gives (sampler.draw: zeros add nothing to the cumulative weights).
-    pick = draw(choices.weights, generator)
     token = int(choices.tokens[pick])
-    particle.log_weight += choices.log_share
+    particle.log_weight += choices.log_share + log_importance
     if token in choices.stops:
         particle.finish = "eos"
         return False
@@ -300,14 +341,35 @@ def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
                 particle.take(token, logprob, len(token_bytes[token] or b""))
 
 
-TAIL_BYTES = 64
-"""The most bytes of the rests of a particle's values (a byte walk: each a mask computation)
-for it to be finished exactly (_finish_exactly); a path whose rest is larger takes its next
-token by the proposal and is asked again after it. Measured on "(The|A|One|My) (big|...)
-(cat|...) (sleeps|...)." (600 sentences; 16 particles, llama.cpp): at 64 bytes (the verbs
-left after the noun) 0.13 from the conditional at 0.36 s a sample, at 256 (the nouns and
-verbs left after the adjective, a tree of ~60 nodes a path) 0.08 at 1.23 s, never 0.30 at
-0.22 s (150 runs each, rests then scored in every tokenization where they were few)."""
+def _small_tail(session: Session, request: GenRequest, particle: Particle
+                ) -> list[Ending] | None:
+    """The ways to end the particle's value (exact.tail_endings) where a walk of TAIL_BYTES
+    finds them all and scoring them feeds at most TAIL_NODES tree nodes; else None."""
+    endings = tail_endings(session, request, particle.cursor, particle.tokens, TAIL_BYTES)
+    if endings is None:
+        return None
+    rows = ending_rows(endings, len(particle.tokens))
+    return endings if len(OptionTree.build(rows).fed) <= TAIL_NODES else None
+
+
+TAIL_NODES = 64
+"""The most tree nodes (tokens fed: runtime/select.py OptionTree) that scoring a particle's
+rests may take for it to be finished exactly (_finish_exactly); a path whose tree is larger
+takes its next token by the proposal and is asked again after it. The cost it bounds is
+the forward's: on llama.cpp here a node costs about what a row of a step's batch does (5 ms
+on 2 AVX2 cores: issue #37), on transformers much less. Measured (bench/faithfulness.py, 16
+particles, 150 runs; llama.cpp, this CPU): "(The|A|One|My) (big|...) (cat|...)
+(sleeps|...)." (600 sentences): at 64 nodes the nouns and verbs left after the adjective
+are one tree of 30 nodes, and the estimate is 0.067 from the conditional at 2.4 s a sample,
+where finishing only the verbs after the noun (TAIL_BYTES 64, as before) gave 0.15 at
+0.63 s: a path the proposal seldom takes but the conditional favours ("A lazy" then "fish
+eats.": 0.10, estimated 0.014 so) is weighed by its whole rest once one particle reaches
+it; times of day "HH:MM" (1,440): the minutes left after the hour, 7 nodes, 0.014 at 0.60 s
+(0.048 at 0.30 s). On transformers: 0.072 at 2.8 s (0.14 at 1.7 s)."""
+TAIL_BYTES = 256
+"""The most nodes of the byte trie of a particle's rests (walked a byte at a time, each a
+step of the constraint's cursor) for it to be finished exactly: the minutes after an hour
+are 67 (a bound of 64 left them out), the nouns and verbs after an adjective about 200."""
 TAIL = 1e-4
 """The share of a step's allowed mass, its least likely tokens, that particles never propose:
 the checks below run on the rest only (at most HEAD tokens)."""
