@@ -10,19 +10,21 @@ at temperature 1 (run_many, a seed per item): masked sampling (a `regex=` hole),
 `sampler="exact"` at its default bounds, a `select` over the strings (canonical tokenizations),
 and `sampler="smc"` at each particle count (fewer runs where a sample costs more). Then tasks
 of two holes (BLOCK_TASKS): masked, each hole's own particles, and `{% particles N %}` blocks
-against the conditional over both holes (_block_reference). Printed per
-task: the total-variation distance to the reference of each method's draws (for particles
-also of the mean of the runs' value_probs, the distribution each run's value is drawn from,
-less noisy than its draws), of exact's own value_probs, seconds per sample, the greedy masked
-value and the likeliest string. With QRUN_BENCH_GENLM_PYTHON naming a Python with genlm-control
-installed, its AWRS + SMC (--genlm-particles, default 20; --genlm-runs, default 10) on the
-same tasks, prompts and weights, after qrun's runs (bench/genlm_runner.py)."""
+against the conditional over both holes (_block_reference). Printed per task: the
+total-variation distance and the KL divergence KL(method ‖ reference), in nats, of each
+method's draws from the reference (for particles also of the mean of the runs' value_probs,
+the distribution each run's value is drawn from, less noisy than its draws), of exact's own
+value_probs, seconds per sample, the greedy masked value and the likeliest string. With
+QRUN_BENCH_GENLM_PYTHON naming a Python with genlm-control installed, its AWRS + SMC
+(--genlm-particles, default 20; --genlm-runs, default 10) on the same tasks, prompts and
+weights, after qrun's runs (bench/genlm_runner.py)."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import subprocess
@@ -146,9 +148,9 @@ def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[
                                                 seed=1)
         seconds = time.perf_counter() - started
         counts = collections.Counter(f"{r['a']}|{r['b']}" for r in results)  # type: ignore[index]
+        drawn = {k: c / count for k, c in counts.items()}
         entry: dict[str, object] = {"draws": count, "s_per_sample": round(seconds / count, 4),
-                                    "tv": _tv({k: c / count for k, c in counts.items()},
-                                              reference)}
+                                    "tv": _tv(drawn, reference), "kl": _kl(drawn, reference)}
         if name.startswith("block"):
             mean: collections.Counter[str] = collections.Counter()
             for result in results:
@@ -156,6 +158,7 @@ def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[
                 for values, weight in zip(block.values, block.weights, strict=True):
                     mean[f"{values['a']}|{values['b']}"] += weight / count
             entry["tv_of_mean_weights"] = _tv(dict(mean), reference)
+            entry["kl_of_mean_weights"] = _kl(dict(mean), reference)
         row[name] = entry
     return row
 
@@ -204,6 +207,7 @@ def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
     if not task.large:  # sampler="exact" refuses the large ones (more values than it scores)
         at_bound = exact_query.run(model=model, pattern=task.pattern).holes["s"]
         row["exact_probs_tv"] = _tv(at_bound.value_probs, reference)  # type: ignore[attr-defined]
+        row["exact_probs_kl"] = _kl(at_bound.value_probs, reference)  # type: ignore[attr-defined]
         methods["exact"] = (exact_query, {"pattern": task.pattern}, draws)
         methods["select"] = (select, {"opts": list(task.strings)}, draws)
     for n in particles:
@@ -220,11 +224,13 @@ def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
         counts = collections.Counter(run["s"] for run in results)  # type: ignore[index]
         drawn = {s: counts[s] / count for s in task.strings}
         entry: dict[str, object] = {"draws": count, "tv": _tv(drawn, reference),
+                                    "kl": _kl(drawn, reference),
                                     "s_per_sample": round(seconds / count, 4)}
         if name.startswith("smc"):
             probs = [run.holes["s"].value_probs for run in results]  # type: ignore[union-attr]
             mean = {s: sum((p or {}).get(s, 0.0) for p in probs) / count for s in task.strings}
             entry["tv_of_mean_probs"] = _tv(mean, reference)
+            entry["kl_of_mean_probs"] = _kl(mean, reference)
             # The estimate's own noise: the distance between the means of the two halves of
             # the runs; the whole mean's distance from its expectation is about half of it.
             halves = [{s: sum((p or {}).get(s, 0.0) for p in part) / len(part)
@@ -263,6 +269,7 @@ def genlm_rows(python: str, tasks: list[tuple[Task, dict[str, float], list[int],
         rows.append({"task": task.name, "reference_transformers": _rounded(reference),
                      f"genlm{particles}": {
             "runs": runs, "tv_of_mean_probs": _tv(answer["mean_posterior"], reference),
+            "kl_of_mean_probs": _kl(answer["mean_posterior"], reference),
             "s_per_sample": round(answer["s_per_sample"], 3)}})
     return rows
 
@@ -328,6 +335,14 @@ def _top(p: dict[str, float], count: int = 10) -> dict[str, float]:
 
 def _tv(p: dict[str, float], q: dict[str, float]) -> float:
     return round(0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in {*p, *q}), 4)
+
+
+def _kl(p: dict[str, float], q: dict[str, float]) -> float:
+    """KL(p ‖ q) in nats, p a method's draws or estimate and q the reference: finite, since
+    the reference gives every string of the language some probability (the other direction
+    is infinite whenever draws miss a string, as 300 draws of 1,440 times do)."""
+    return round(sum(v * math.log(v / max(q.get(k, 0.0), 1e-300)) for k, v in p.items()
+                     if v > 0), 4)
 
 
 def _rounded(p: dict[str, float]) -> dict[str, float]:

@@ -265,7 +265,9 @@ def stratified_proposal(p: npt.NDArray[np.float64], count: int) -> npt.NDArray[n
     values = int(support.sum())
     if 2 * values > count:
         return p
-    return (1.0 - values / count) * p + np.where(support, 1.0 / count, 0.0)
+    mixed: npt.NDArray[np.float64] = (1.0 - values / count) * p + np.where(support, 1.0 / count,
+                                                                          0.0)
+    return mixed
 
 
 def _step(particle: Particle, choices: Choices, pick: int, log_importance: float,
