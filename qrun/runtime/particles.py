@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from qrun.backends.base import Backend, KVCache, StepModel, TreeScorer
 from qrun.constraint import Cursor
+from qrun.constraint.vocab import token_lengths
 from qrun.runtime.exact import Ending, ending_rows, ending_weights, row_of, tail_endings
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
@@ -442,7 +443,7 @@ class Known:
     def __init__(self, backend: Backend) -> None:
         self.pairs: dict[tuple[int, int], bool] = {}
         self.proposable: dict[tuple[int, ...], npt.NDArray[np.intp]] = {}
-        self.lengths = np.array([len(data or b"") for data in backend.vocabulary.token_bytes])
+        self.lengths = token_lengths(backend.vocabulary)
         # the endings left after a path where they are few (exact.tail_endings), else None
         self.tails: dict[tuple[int, ...], list[Ending] | None] = {}
 

@@ -3,7 +3,7 @@ Hugging Face tokenizer's pieces into bytes is tests/backends/test_hf_vocabulary.
 
 from __future__ import annotations
 
-from qrun.constraint.vocab import TokenTrie, Vocabulary
+from qrun.constraint.vocab import TokenTrie, Vocabulary, token_lengths
 
 
 def test_has_extension(smol_vocab: Vocabulary) -> None:
@@ -36,3 +36,11 @@ def test_extensions_walk_only_the_allowed_bytes(smol_vocab: Vocabulary) -> None:
             and all(byte in allowed for byte in held[len(data):]))
         assert sorted(smol_vocab.extensions(data, allowed)) == scanned
     assert len(smol_vocab.extensions(b'"', punctuation)) > 10
+
+
+def test_token_lengths_are_built_once_per_vocabulary() -> None:
+    vocab = Vocabulary.from_token_bytes([b"a", b"bc", None, b"\xe2\x82", b"def"], [2])
+    lengths = token_lengths(vocab)
+    assert lengths.tolist() == [1, 2, 0, 2, 3]
+    assert token_lengths(vocab) is lengths  # cached: a particles hole does not rebuild it
+    assert not lengths.flags.writeable  # shared, so nobody may write it

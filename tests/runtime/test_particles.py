@@ -304,8 +304,8 @@ def test_a_small_rest_is_finished_exactly(tiny: TransformersBackend,
                 mean[value] += share / len(results)
         return spread, 0.5 * sum(abs(mean[v] - p) for v, p in whole.items())
 
-    # A bound the rest after the first word fits (a tree of three nodes: " cats" and the
-    # others, each followed by the full stop) and the whole language does not (15 nodes).
+    # A bound the rest after the first word fits (a tree of three fed nodes: " cats" and the
+    # others, each followed by the full stop) and the whole language's tree does not.
     monkeypatch.setattr(particles_module, "TAIL_NODES", 4)
     spread, distance = measured()
     monkeypatch.setattr(particles_module, "TAIL_BYTES", 0)
