@@ -4,8 +4,9 @@ p(x) ∝ P_model(x | context) over L, as LLaMPPL and genlm-control do.
 
 N particles each write the value token by token, each token from the model's distribution
 restricted to the tokens it may propose (those the mask allows, in canonical pairs:
-_proposable); each carries a weight multiplied at every step by the mass of those tokens (the
-normalizer of that restricted distribution: the ratio of target to proposal), so a particle
+_proposable; the particles on one path draw theirs together: spread); each carries a weight
+multiplied at every step by the mass of those tokens (the normalizer of that restricted
+distribution: the ratio of target to proposal), so a particle
 that took a likely-looking token leading into unlikely text loses weight as the mask cuts its
 next choices. Ending is one of the choices (EOS, or a token that begins the template's next
 text: docs/language.md §14.5), where the constraint lets the value end and go on. When the
