@@ -54,7 +54,12 @@ from qrun.options import reshaping
 from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
 from qrun.runtime.contexts import BlockRun, join_calls, mark_holes, reported_at
 from qrun.runtime.engines import Engines
-from qrun.runtime.particles import choose_particle, normalised, stratified_proposal
+from qrun.runtime.particles import (
+    choose_particle,
+    normalised,
+    stratified_proposal,
+    systematic,
+)
 from qrun.runtime.recorder import HoleEntry, ParticleBlock, Recorder
 from qrun.runtime.sampler import log_normalizer
 from qrun.runtime.scheduler import ScheduledModel
@@ -326,9 +331,7 @@ class Strata:
         logp -= logp.max()
         logp -= math.log(float(np.exp(logp).sum()))
         q = stratified_proposal(np.exp(logp), self.count)
-        edges = np.cumsum(q)
-        point = (shift + self.index / self.count) % 1.0 * edges[-1]
-        chosen = min(int(np.searchsorted(edges, point, side="right")), len(q) - 1)
+        chosen = int(systematic(q, np.array([(shift + self.index / self.count) % 1.0]))[0])
         return chosen, float(logp[chosen] - math.log(q[chosen]))
 
 

@@ -247,9 +247,7 @@ def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Ge
         return [(draw(weights, generator) if len(weights) else 0, 0.0)] * count
     p = weights / float(weights.sum())
     q = stratified_proposal(p, count)
-    edges = np.cumsum(q)
-    points = (float(generator.random()) + np.arange(count)) / count * float(edges[-1])
-    picks = np.minimum(np.searchsorted(edges, points, side="right"), len(q) - 1)
+    picks = systematic(q, (float(generator.random()) + np.arange(count)) / count)
     with np.errstate(divide="ignore"):
         log_importance = np.log(p[picks]) - np.log(q[picks])
     return [(int(k), float(w)) for k, w in zip(picks, log_importance, strict=True)]
@@ -267,9 +265,22 @@ def stratified_proposal(p: npt.NDArray[np.float64], count: int) -> npt.NDArray[n
     values = int(support.sum())
     if 2 * values > count:
         return p
-    mixed: npt.NDArray[np.float64] = (1.0 - values / count) * p + np.where(support, 1.0 / count,
-                                                                          0.0)
+    floor = np.where(support, 1.0 / count, 0.0)
+    mixed: npt.NDArray[np.float64] = (1.0 - values / count) * p + floor
     return mixed
+
+
+def systematic(weights: npt.NDArray[np.float64], points: npt.NDArray[np.float64]
+               ) -> npt.NDArray[np.intp]:
+    """The index each of `points` (fractions of the total, in [0, 1)) falls on in the
+    cumulative `weights` (≥ 0, some > 0): the inverse distribution function sampler.draw
+    reads at one uniform point, read at evenly spaced ones (resampled, spread,
+    runtime/particle_block.py Strata). A point the product rounds up to the total takes the
+    last index of positive weight, as draw's does, never one of weight 0."""
+    cumulative = np.cumsum(weights)
+    picks = np.searchsorted(cumulative, points * cumulative[-1], side="right")
+    clamped: npt.NDArray[np.intp] = np.minimum(picks, int(np.flatnonzero(weights)[-1]))
+    return clamped
 
 
 def _step(particle: Particle, choices: Choices, pick: int, log_importance: float,
@@ -526,8 +537,7 @@ def resampled(particles: list[Particle], generator: np.random.Generator, thresho
     if 1.0 / float((normalized ** 2).sum()) >= threshold * len(live):
         return particles
     points = (generator.random() + np.arange(len(live))) / len(live)
-    picks = np.minimum(np.searchsorted(np.cumsum(normalized), points, side="right"),
-                       len(live) - 1).tolist()
+    picks = systematic(normalized, points).tolist()
     for k in set(range(len(live))) - set(picks):
         particles[live[k]].cache = None  # its KV goes before the copies take theirs
     taken: set[int] = set()
