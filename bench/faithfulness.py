@@ -76,9 +76,9 @@ TASKS = (
          ("Paris Hilton", "Lyon", "Marseille", "Toulouse")),
     Task("yes-no", CHAT.replace("QUESTION", "Is the sky blue? Answer Yes or No."),
          r"(Yes|No)", ("Yes", "No")),
-    # Too large to score whole (600 and 1,440 strings): a four-part sentence whose first
-    # words are chosen before the later parts' constraints are seen, and a time of day whose
-    # hour's first digit decides what may follow.
+    # More values than sampler="exact" scores (600, 2,400 and 1,440 strings): sentences whose
+    # first words are chosen before the later parts' constraints are seen, and a time of day
+    # whose hour's first digit decides what may follow.
     Task("sentence-600", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
          r"(The|A|One|My) (big|small|old|young|happy|lazy) (cat|dog|bird|fish|horse) "
          r"(sleeps|runs|eats|sings|barks)\.",
@@ -86,6 +86,17 @@ TASKS = (
                for a in ("big", "small", "old", "young", "happy", "lazy")
                for n in ("cat", "dog", "bird", "fish", "horse")
                for v in ("sleeps", "runs", "eats", "sings", "barks")), large=True),
+    # Past what 16 particles score whole (their trees: 16 × 64 nodes, runtime/particles.py
+    # TAIL_NODES; the 600 sentences are 1,000): a fifth word, so they go by the proposal
+    # over the first words and finish the rest exactly.
+    Task("sentence-2400", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
+         r"(The|A|One|My) (big|small|old|young|happy|lazy) (cat|dog|bird|fish|horse) "
+         r"(sleeps|runs|eats|sings|barks) (here|today|again|now)\.",
+         tuple(f"{d} {a} {n} {v} {w}." for d in ("The", "A", "One", "My")
+               for a in ("big", "small", "old", "young", "happy", "lazy")
+               for n in ("cat", "dog", "bird", "fish", "horse")
+               for v in ("sleeps", "runs", "eats", "sings", "barks")
+               for w in ("here", "today", "again", "now")), large=True),
     Task("time", CHAT.replace("QUESTION", "At what time does a typical office workday start? "
                                           "Answer as HH:MM."),
          r"([01][0-9]|2[0-3]):[0-5][0-9]",

@@ -153,7 +153,7 @@ def tail_endings(session: Session, request: GenRequest, cursor: Cursor, start: l
     where the canonical two are one token each, none to feed (0.028 s a sample against 0.014
     on llama.cpp), for 0.3 % of the mass where it was measured (docs/language.md §14.8)."""
     try:
-        rests = _walk_bytes(session, cursor, VALUES_LIMIT, byte_limit)
+        rests = _walk_bytes(session, cursor, byte_limit, byte_limit)  # a value ends a node
         for rest in rests:
             rest.decode("utf-8")
     except _TooLarge:

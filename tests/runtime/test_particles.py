@@ -392,3 +392,27 @@ def test_a_rest_is_finished_exactly_only_within_the_tree_bound(
                 for seed in (2, 3, 4)]
     assert all(r.stats.rollback_tokens == 0 for r in stepwise)
     assert any(abs((r.holes["x"].log_evidence or 0.0) - (exact or 0.0)) > 1e-3 for r in stepwise)
+
+
+def test_the_particles_on_a_path_pool_their_tree_bound(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A language whose whole tree is larger than one particle's bound but not than four's:
+    # four particles on the first path are finished together, by that tree, at the first
+    # step (the estimate of the language's mass is exact's whatever the seed); one particle
+    # alone goes token by token first (its estimate is noisy).
+    language = '" (one|two|six) (cats|dogs)\\."'
+    exact = qrun.Query(f'Go:{{{{ gen x regex={language} heal=false sampler="exact" }}}}').run(
+        model=tiny).holes["x"].log_evidence
+    template = 'Go:{{{{ gen x regex={} heal=false sampler="smc" particles={} }}}}'
+    nodes = qrun.Query(template.format(language, 4)).run(
+        model=tiny, temperature=1.0, seed=2).stats.rollback_tokens  # the whole tree, fed once
+    assert nodes > 4
+    monkeypatch.setattr(particles_module, "TAIL_NODES", math.ceil(nodes / 4))
+    for seed in (2, 3, 4):
+        pooled = qrun.Query(template.format(language, 4)).run(model=tiny, temperature=1.0,
+                                                              seed=seed)
+        assert pooled.holes["x"].log_evidence == pytest.approx(exact, abs=1e-3)
+        assert pooled.stats.rollback_tokens == nodes
+    alone = [qrun.Query(template.format(language, 1)).run(model=tiny, temperature=1.0, seed=seed)
+             for seed in (2, 3, 4)]
+    assert any(abs((r.holes["x"].log_evidence or 0.0) - (exact or 0.0)) > 1e-3 for r in alone)

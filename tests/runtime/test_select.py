@@ -172,6 +172,22 @@ def test_a_large_tree_is_scored_in_parts_with_the_same_scores(
     assert stats.forward_tokens <= stats.context_tokens + stats.rework_tokens
 
 
+def test_options_that_share_prefixes_fill_each_part(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A part is cut where the next option's new nodes would pass TREE_NODES: the nodes it
+    # shares with the part's options before it are fed once. Counting every option's tokens
+    # instead cut 600 sentences of four words (1,000 nodes) into 13 parts feeding 1,035.
+    options = [f" The {a} {n} sleeps" for a in ("big", "small", "old", "young", "happy", "lazy")
+               for n in ("cat", "dog", "bird", "fish", "horse", "cow", "pig", "hen")]
+    monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 30)
+    sizes = tree_sizes(tiny, monkeypatch)
+    result = qrun.Query("Pick:{{ select s options=opts }}").run(model=tiny, opts=options)
+    longest = max(len(tiny.encode(o)) for o in options)
+    assert len(sizes) > 1 and max(sizes) <= 30
+    assert all(size > 30 - longest for size in sizes[:-1]), sizes
+    assert result.stats.rollback_tokens == sum(sizes)
+
+
 def test_thousands_of_options_are_scored_within_the_node_bound(
         tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     # One forward over a whole tree of 20,002 options asked for 3.66 GiB of logits and died
