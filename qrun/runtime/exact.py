@@ -153,7 +153,9 @@ def tail_endings(session: Session, request: GenRequest, cursor: Cursor, start: l
     where the canonical two are one token each, none to feed (0.028 s a sample against 0.014
     on llama.cpp), for 0.3 % of the mass where it was measured (docs/language.md §14.8)."""
     try:
-        rests = _walk_bytes(session, cursor, byte_limit, byte_limit)  # a value ends a node
+        # as many values as nodes: each ends at a node walked (or at the start), so the byte
+        # bound bounds them too, however many particles' bounds it pools
+        rests = _walk_bytes(session, cursor, byte_limit, byte_limit)
         for rest in rests:
             rest.decode("utf-8")
     except _TooLarge:

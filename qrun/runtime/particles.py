@@ -238,13 +238,13 @@ def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Ge
     them), for the `count` particles that stand on one path, each with the log of its
     importance weight p/q: systematic, from one uniform, so they spread over the tokens as
     evenly as the proposal q allows (a token gets ⌊count·q⌋ or ⌈count·q⌉ of them, where
-    independent draws give anywhere from none to all), from the proposal a block's particles
-    draw a hole's values by (stratified_proposal; runtime/particle_block.py Strata). Sixteen
-    particles drawn independently at the start of "(The|A|One|My) (big|small|...) ..." put
-    most of themselves on "The" (the model's first word, whatever follows), and a word no
-    particle tries is one no weight brings back. Where they are fewer than twice the tokens,
-    from p tempered (TEMPER): no token can have a particle each. One particle draws as the
-    masked loop does (sampler.draw)."""
+    independent draws give anywhere from none to all). Where they are at least twice the
+    tokens, from the proposal a block's particles draw a hole's values by
+    (stratified_proposal; runtime/particle_block.py Strata); where they are fewer, not every
+    token can have one, and they draw from p tempered (TEMPER). Sixteen particles drawn
+    independently at the start of "(The|A|One|My) (big|small|...) ..." put most of themselves
+    on "The" (the model's first word, whatever follows), and a word no particle tries is one
+    no weight brings back. One particle draws as the masked loop does (sampler.draw)."""
     if count == 1 or len(weights) == 0:
         return [(draw(weights, generator) if len(weights) else 0, 0.0)] * count
     p = weights / float(weights.sum())
@@ -263,11 +263,10 @@ TEMPER = 0.5
 """The power of p that particles on one path draw their next tokens from (normalised), where
 they are fewer than twice the tokens (spread), each weight × p/q: after "A" below, seven
 particles give " big" (p = 0.084, q = 0.127) a particle 0.89 of the time where p gives it
-one 0.59 of the time.
-What p does not see is the rest: after "A" in "(The|A|One|My) (big|...) (cat|...)
-(sleeps|...) (here|...)." the model's " big" is 0.084, but "A big" is 0.68 of the
-conditional over the sentences that begin with "A", and runs without an "A big" particle
-cannot count it. Measured (bench/faithfulness.py, 100 runs, llama.cpp, one sitting): those
+one 0.59 of the time. What p does not see is the rest: after "A" in "(The|A|One|My)
+(big|...) (cat|...) (sleeps|...) (here|...)." the model's " big" is 0.084, but "A big" is
+0.68 of the conditional over the sentences that begin with "A", and runs without an "A big"
+particle cannot count it. Measured (bench/faithfulness.py, 100 runs, llama.cpp, one sitting): those
 2,400 sentences at 16 particles 0.168 from the conditional at p, 0.116 at p^0.5 (1.74 and
 1.98 s a sample), 0.104 spreading them evenly over the likeliest tokens; at 4 particles the
 600 four-word sentences 0.247 at p, 0.203 at p^0.5, 0.353 evenly, and the times of day
@@ -282,7 +281,8 @@ def stratified_proposal(p: npt.NDArray[np.float64], count: int) -> npt.NDArray[n
     particle and the others go by p; else p. Not past count/2 values: the importance weights
     p/q, up to count/(count - K), are noise the particles' normalised weights turn into bias
     (tests/runtime/test_particle_block.py: with K ≤ count, 16 particles put 0.32 on a value
-    whose conditional is 0.19; 0.21 with 2K ≤ count)."""
+    whose conditional is 0.19; 0.21 with 2K ≤ count). Particles on one path that are fewer
+    draw their tokens from √p instead (spread, TEMPER)."""
     support = p > 0
     values = int(support.sum())
     if 2 * values > count:
