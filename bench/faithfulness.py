@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import math
 import os
@@ -58,6 +59,19 @@ class Task:
 
 
 CHAT = "{% user %}QUESTION{% enduser %}\n{% assistant %}"
+SENTENCE_SLOTS = (("The", "A", "One", "My"), ("big", "small", "old", "young", "happy", "lazy"),
+                  ("cat", "dog", "bird", "fish", "horse"),
+                  ("sleeps", "runs", "eats", "sings", "barks"))
+
+
+def _sentences(name: str, *slots: tuple[str, ...]) -> Task:
+    """A large task: a sentence of one word from each slot, then a full stop (the regex and
+    every string of it)."""
+    return Task(name, CHAT.replace("QUESTION", "Write one short sentence about an animal."),
+                " ".join(f"({'|'.join(words)})" for words in slots) + r"\.",
+                tuple(" ".join(words) + "." for words in itertools.product(*slots)), large=True)
+
+
 TASKS = (
     # The subject is chosen before the verbs are seen: masking cannot know that after
     # "A bird" only unlikely endings remain.
@@ -79,24 +93,11 @@ TASKS = (
     # More values than sampler="exact" scores (600, 2,400 and 1,440 strings): sentences whose
     # first words are chosen before the later parts' constraints are seen, and a time of day
     # whose hour's first digit decides what may follow.
-    Task("sentence-600", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
-         r"(The|A|One|My) (big|small|old|young|happy|lazy) (cat|dog|bird|fish|horse) "
-         r"(sleeps|runs|eats|sings|barks)\.",
-         tuple(f"{d} {a} {n} {v}." for d in ("The", "A", "One", "My")
-               for a in ("big", "small", "old", "young", "happy", "lazy")
-               for n in ("cat", "dog", "bird", "fish", "horse")
-               for v in ("sleeps", "runs", "eats", "sings", "barks")), large=True),
+    _sentences("sentence-600", *SENTENCE_SLOTS),
     # Past what 16 particles score whole (their trees: 16 × 64 nodes, runtime/particles.py
     # TAIL_NODES; the 600 sentences are 1,000): a fifth word, so they go by the proposal
     # over the first words and finish the rest exactly.
-    Task("sentence-2400", CHAT.replace("QUESTION", "Write one short sentence about an animal."),
-         r"(The|A|One|My) (big|small|old|young|happy|lazy) (cat|dog|bird|fish|horse) "
-         r"(sleeps|runs|eats|sings|barks) (here|today|again|now)\.",
-         tuple(f"{d} {a} {n} {v} {w}." for d in ("The", "A", "One", "My")
-               for a in ("big", "small", "old", "young", "happy", "lazy")
-               for n in ("cat", "dog", "bird", "fish", "horse")
-               for v in ("sleeps", "runs", "eats", "sings", "barks")
-               for w in ("here", "today", "again", "now")), large=True),
+    _sentences("sentence-2400", *SENTENCE_SLOTS, ("here", "today", "again", "now")),
     Task("time", CHAT.replace("QUESTION", "At what time does a typical office workday start? "
                                           "Answer as HH:MM."),
          r"([01][0-9]|2[0-3]):[0-5][0-9]",

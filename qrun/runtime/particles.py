@@ -353,10 +353,10 @@ def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
     token_logprobs: list[list[float]] = []
     if rows:
         started = time.perf_counter()
-        token_logprobs, fed = parts_logprobs(tree, rows, logprobs_first,
-                                             first.cache if first.cache is not None else base)
-        if fed:
-            session.count_model_call(time.perf_counter() - started, fed)
+        token_logprobs, fed, forwards = parts_logprobs(
+            tree, rows, logprobs_first, first.cache if first.cache is not None else base)
+        if forwards:
+            session.count_model_call(time.perf_counter() - started, fed, calls=forwards)
         session.stats.rollback_tokens += fed
     weights = np.array(ending_weights(endings, token_logprobs, logprobs_first, start))
     total = float(np.logaddexp.reduce(weights))

@@ -237,17 +237,20 @@ def tree_logprobs(backend: TreeScorer, tree: OptionTree, rows: list[list[int]],
 
 
 def parts_logprobs(backend: TreeScorer, rows: list[list[int]], first: npt.NDArray[np.float32],
-                   cache: KVCache) -> tuple[list[list[float]], int]:
+                   cache: KVCache) -> tuple[list[list[float]], int, int]:
     """Each row's token log-probabilities as tree_logprobs gives them, from trees of at most
-    TREE_NODES fed nodes each (_parts) on top of `cache`, nothing of them kept; and the nodes
-    fed. What a particle finished exactly scores (runtime/particles.py _finish_exactly)."""
+    TREE_NODES fed nodes each (_parts) on top of `cache`, nothing of them kept; the nodes fed,
+    and the forwards that fed them. What a select too large for one tree scores
+    (_score_in_parts) and a particle finished exactly (runtime/particles.py
+    _finish_exactly)."""
     token_logprobs: list[list[float]] = []
-    fed = 0
+    fed = forwards = 0
     for part in _parts(rows):
         tree = OptionTree.build(part)
         token_logprobs.extend(tree_logprobs(backend, tree, part, first, cache)[0])
         fed += len(tree.fed)
-    return token_logprobs, fed
+        forwards += bool(tree.fed)
+    return token_logprobs, fed, forwards
 
 
 def _score_in_parts(
@@ -258,12 +261,10 @@ def _score_in_parts(
     fed nodes, but for a single longer option), so memory stays bounded whatever the number of
     options. No part's positions are kept: the winner is appended afterwards and fed with what
     follows, and every node fed for scoring counts in rollback_tokens."""
-    token_logprobs: list[list[float]] = []
-    fed = 0
-    for part in _parts(rows):
-        tree = OptionTree.build(part)
-        token_logprobs.extend(_forward_tree(session, backend, tree, part, first)[0])
-        fed += len(tree.fed)
+    session.sync()
+    started = time.perf_counter()
+    token_logprobs, fed, forwards = parts_logprobs(backend, rows, first, session.cache)
+    session.count_model_call(time.perf_counter() - started, fed, calls=forwards)
 
     def commit(chosen: int) -> None:
         session.stats.rollback_tokens += fed
