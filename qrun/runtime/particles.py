@@ -4,23 +4,22 @@ p(x) ∝ P_model(x | context) over L, as LLaMPPL and genlm-control do.
 
 N particles each write the value token by token, each token from the model's distribution
 restricted to the tokens it may propose (those the mask allows, in canonical pairs:
-_proposable; the particles on one path draw theirs together: spread); each carries a weight
-multiplied at every step by the mass of those tokens (the normalizer of that restricted
-distribution: the ratio of target to proposal), so a particle
-that took a likely-looking token leading into unlikely text loses weight as the mask cuts its
-next choices. Ending is one of the choices (EOS, or a token that begins the template's next
-text: docs/language.md §14.5), where the constraint lets the value end and go on. When the
+runtime/spelling.py; the particles on one path draw theirs together: spread, after a look one
+token ahead: _look_ahead); each carries a weight multiplied at every step by the mass of those
+tokens (the normalizer of that restricted distribution: the ratio of target to proposal), so a
+particle that took a likely-looking token leading into unlikely text loses weight as the mask
+cuts its next choices. Ending is one of the choices (EOS, or a token that begins the template's
+next text: docs/language.md §14.5), where the constraint lets the value end and go on. When the
 unfinished particles' effective sample size falls below the hole's ess_threshold (half, by
-default) of their number they are resampled
-(systematic resampling): heavy ones copied, light ones dropped, each weighing their mean
-(finished ones stay: resampled says why). A copy shares its KV cache and logits until it
-feeds a token, and particles on the same path are fed as one row (_feed: no position is fed
-twice, no question asked twice); each step's rows are one batch (through the run's
-scheduler, runtime/scheduler.py forward_rows). Once what is left of a particle's language
-is small (for the particles on its path together: _small_tail), they are finished exactly
-instead (_finish_exactly: the rest scored whole, as sampler="exact" scores a hole). The
-value is one particle drawn by weight (the heaviest at temperature 0); every particle and the
-log of the estimate of the language's mass under the model go into the record."""
+default) of their number they are resampled (systematic resampling): heavy ones copied, light
+ones dropped, each weighing their mean (finished ones stay: resampled says why). A copy shares
+its KV cache and logits until it feeds a token, and particles on the same path are fed as one
+row (_feed: no position is fed twice, no question asked twice); each step's rows are one batch
+(through the run's scheduler, runtime/scheduler.py forward_rows). Once what is left of a
+particle's language is small (for the particles on its path together: _small_tail), they are
+finished exactly instead (_finish_exactly: the rest scored whole, as sampler="exact" scores a
+hole). The value is one particle drawn by weight (the heaviest at temperature 0); every
+particle and the log of the estimate of the language's mass under the model go into the record."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ import numpy.typing as npt
 
 from qrun.backends.base import Backend, KVCache, StepModel, TreeScorer
 from qrun.constraint import Cursor
-from qrun.constraint.vocab import token_lengths
 from qrun.runtime.exact import Ending, ending_rows, ending_weights, row_of, tail_endings
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
@@ -42,6 +40,7 @@ from qrun.runtime.sampler import draw, log_softmax, new_generator
 from qrun.runtime.scheduler import forward_rows
 from qrun.runtime.select import OptionTree, parts_logprobs
 from qrun.runtime.session import Session
+from qrun.runtime.spelling import Spellings
 
 
 @dataclass(eq=False)
@@ -132,15 +131,23 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                     probe = known.tails[path] is not None
             if known.tails.get(path) is not None:
                 finishing[path] = members
-            else:
-                at[path] = _choices(members[0], request, session.backend, eos, boundary, known)
+            else:  # a path a look ahead reached last step has its choices already
+                at[path] = known.ahead.pop(path) if path in known.ahead else _choices(
+                    members[0], request, session.backend, eos, boundary, known)
                 stepping[path] = members
-        for path, members in stepping.items():
-            for p, (pick, log_importance) in zip(
-                    members, spread(at[path].weights, len(members), generator), strict=True):
-                if _step(p, at[path], pick, log_importance, request, session.backend):
-                    to_feed.append(p)
         session.stats.mask_s += time.perf_counter() - started
+        ahead = _look_ahead(session, model, base, stepping, at, request, eos, boundary, known)
+        for path, members in stepping.items():
+            looked = ahead.get(path)
+            for p, (pick, log_importance) in zip(members, spread(
+                    at[path].weights, len(members), generator,
+                    None if looked is None else looked.twist), strict=True):
+                if _step(p, at[path], pick, log_importance, request, session.backend):
+                    fed = None if looked is None else looked.fed.get(pick)
+                    if fed is None:
+                        to_feed.append(p)
+                    else:  # the look fed it: the particles that took it share the row
+                        p.cache, p.logits = fed
         for path, members in finishing.items():
             assert tree is not None
             _finish_exactly(session, tree, base, members, known.tails[path] or [], generator)
@@ -198,9 +205,9 @@ class Choices:
 def _choices(particle: Particle, request: GenRequest, backend: Backend, eos: frozenset[int],
              boundary: tuple[int, ...], known: Known) -> Choices:
     """The particle's next choices: the tokens the mask allows, in canonical pairs
-    (_proposable), ending where the constraint may end (EOS, or the next text's first tokens:
-    docs/language.md §14.5), from the model's distribution at the hole's temperature (1 at 0,
-    where the heaviest particle is taken at the end)."""
+    (runtime/spelling.py), ending where the constraint may end (EOS, or the next text's first
+    tokens: docs/language.md §14.5), from the model's distribution at the hole's temperature
+    (1 at 0, where the heaviest particle is taken at the end)."""
     cursor = particle.cursor
     left = request.max_tokens - _spent(particle, request)
     allowed = cursor.allowed(left).copy()
@@ -215,10 +222,9 @@ def _choices(particle: Particle, request: GenRequest, backend: Backend, eos: fro
     scaled = particle.logits.astype(np.float64) / temperature
     shifted = np.exp(scaled - scaled.max())
     masked = np.where(allowed, shifted, 0.0)
-    proposable = _proposable(backend, particle, left, masked, stops, known)
+    proposable = known.spellings.proposable(particle.tokens, cursor, left, masked, stops)
     if proposable.any():  # else no canonical spelling is left: the mask's tokens, all of them
-        allowed = proposable
-        masked = np.where(allowed, masked, 0.0)
+        masked = np.where(proposable, masked, 0.0)
     tokens = np.flatnonzero(masked)
     weights = masked[tokens]
     mass = float(masked.sum())
@@ -232,8 +238,8 @@ def _choices(particle: Particle, request: GenRequest, backend: Backend, eos: fro
                    np.log(record / float(record.sum())))
 
 
-def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Generator
-           ) -> list[tuple[int, float]]:
+def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Generator,
+           twist: npt.NDArray[np.float64] | None = None) -> list[tuple[int, float]]:
     """`count` draws among choices of these weights (the proposable tokens: indices into
     them), for the `count` particles that stand on one path, each with the log of its
     importance weight p/q: systematic, from one uniform, so they spread over the tokens as
@@ -244,14 +250,23 @@ def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Ge
     token can have one, and they draw from p tempered (TEMPER). Sixteen particles drawn
     independently at the start of "(The|A|One|My) (big|small|...) ..." put most of themselves
     on "The" (the model's first word, whatever follows), and a word no particle tries is one
-    no weight brings back. One particle draws as the masked loop does (sampler.draw)."""
-    if count == 1 or len(weights) == 0:
+    no weight brings back. One particle draws as the masked loop does (sampler.draw).
+
+    With `twist` (per choice, what a look ahead found the weight would gain at the next step:
+    _look_ahead), they draw as above from p × twist, normalised, in place of p: the token
+    the next step favours too. Each weight is still × p/q, so the estimate's expectation is
+    the same whatever the twist; its variance is less where the twist is the next step's
+    share (that share then divides out of the weight the step after)."""
+    p = weights / float(weights.sum()) if len(weights) else weights
+    base = p
+    if twist is not None and float((p * twist).sum()) > 0.0:
+        base = p * twist / float((p * twist).sum())
+    elif count == 1 or len(weights) == 0:
         return [(draw(weights, generator) if len(weights) else 0, 0.0)] * count
-    p = weights / float(weights.sum())
-    if 2 * int((p > 0).sum()) <= count:
-        q = stratified_proposal(p, count)
+    if 2 * int((base > 0).sum()) <= count:
+        q = stratified_proposal(base, count)
     else:
-        tempered = p ** TEMPER
+        tempered = base ** TEMPER
         q = tempered / float(tempered.sum())
     picks = systematic(q, (float(generator.random()) + np.arange(count)) / count)
     with np.errstate(divide="ignore"):
@@ -331,6 +346,87 @@ def _step(particle: Particle, choices: Choices, pick: int, log_importance: float
     else:
         particle.log_weight, particle.finish = -math.inf, "max_tokens"
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """What a look ahead found at a path (_look_ahead): per choice, the share of the model's
+    mass the particle would be allowed at the next step (`twist`: 1 where the value ends
+    with it, 0 at a dead end), and, for each choice it fed, its KV cache and logits."""
+
+    twist: npt.NDArray[np.float64]
+    fed: dict[int, tuple[KVCache, npt.NDArray[np.float32]]]
+
+
+def _look_ahead(session: Session, model: StepModel, base: KVCache,
+                stepping: dict[tuple[int, ...], list[Particle]],
+                at: dict[tuple[int, ...], Choices], request: GenRequest,
+                eos: frozenset[int], boundary: tuple[int, ...], known: Known
+                ) -> dict[tuple[int, ...], Ahead]:
+    """Where several particles stand on a path, each token they may propose fed (one batch
+    for every such path) and the next step's choices computed after it (kept in
+    `known.ahead` for that step), so that they draw by what the token leads to as well
+    (spread's twist). After "A" in the 2,400 sentences of bench/faithfulness.py the model's
+    " big" is 0.07 of the adjectives' mass, but "A big" is 0.68 of the conditional: after
+    " big" a noun's first token is 0.32 of the model's mass, after " small" 0.017, and p ×
+    that share gives " big" 0.43 (SmolLM2 on llama.cpp). The look feeds the tokens no
+    particle takes too: at most LOOK_ROWS rows for each particle on the path, which the
+    particles that take a token then go on from (their row is not fed again). Measured:
+    docs/language.md §14.8."""
+    if not LOOKAHEAD:
+        return {}
+    rows: list[tuple[list[int], KVCache]] = []
+    plans: dict[tuple[int, ...], tuple[npt.NDArray[np.float64], list[tuple[int, Particle]]]] = {}
+    backend = session.backend
+    for path, members in stepping.items():
+        choices = at[path]
+        if len(members) < 2 or len(choices.tokens) < 2 or choices.log_share == -math.inf:
+            continue
+        twist = np.ones(len(choices.tokens))
+        going: list[tuple[int, Particle]] = []
+        first = members[0]
+        for k, token in enumerate(choices.tokens.tolist()):
+            if token in choices.stops:
+                continue
+            after = Particle(first.cursor.copy(), first.logits, None, list(first.tokens),
+                             ends=list(first.ends))  # its cache and logits: the look's row
+            after.cursor.advance(token)
+            after.take(token, 0.0, len(backend.vocabulary.token_bytes[token] or b""))
+            if after.cursor.can_continue() and request.max_tokens - _spent(after, request) > 0:
+                going.append((k, after))
+            elif not after.cursor.can_end():
+                twist[k] = 0.0  # as _step: a value that must end here and cannot is dead
+        if not going or len(going) > LOOK_ROWS * len(members):
+            continue
+        plans[path] = (twist, going)
+        rows.extend(([after.tokens[-1]], (first.cache or base).fork()) for _, after in going)
+    if not rows:
+        return {}
+    started = time.perf_counter()
+    logits = forward_rows(model, backend.batch_forward(), rows)
+    session.count_model_call(time.perf_counter() - started, len(rows))
+    started = time.perf_counter()
+    found: dict[tuple[int, ...], Ahead] = {}
+    fed = iter(zip(rows, logits, strict=True))
+    for path, (twist, going) in plans.items():
+        caches: dict[int, tuple[KVCache, npt.NDArray[np.float32]]] = {}
+        for k, after in going:
+            (_, cache), row = next(fed)
+            after.cache, after.logits = cache, row[-1]
+            choices = _choices(after, request, backend, eos, boundary, known)
+            known.ahead[tuple(after.tokens)] = choices
+            twist[k] = math.exp(choices.log_share)
+            caches[k] = (cache, row[-1])
+        found[path] = Ahead(twist, caches)
+    session.stats.mask_s += time.perf_counter() - started
+    return found
+
+
+LOOKAHEAD = True
+"""Whether particles on a shared path look one token ahead before they draw (_look_ahead)."""
+LOOK_ROWS = 2
+"""The most rows a look ahead feeds for each particle on the path: a path of 8 particles
+looks where it may propose at most 16 tokens that go on."""
 
 
 def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
@@ -417,98 +513,17 @@ TAIL_BYTES = 256
 step of the constraint's cursor) for it to be finished exactly, for each particle on its
 path: the minutes after an hour are 67 (a bound of 64 left them out), the nouns and verbs
 after an adjective about 200."""
-TAIL = 1e-4
-"""The share of a step's allowed mass, its least likely tokens, that particles never propose:
-the checks below run on the rest only (at most HEAD tokens)."""
-HEAD = 32
-CONTINUATIONS = 32
-"""How many tokens that could follow a proposed token are tried for a canonical pair (the
-longest first) before the proposed token is taken for a dead end."""
-
-
-def _proposable(backend: Backend, particle: Particle, left: int, masked: npt.NDArray[np.float64],
-                stops: list[int], known: Known) -> npt.NDArray[np.bool_]:
-    """Which tokens the particle may propose: of the allowed ones (`masked` > 0), the likeliest
-    holding all but TAIL of their mass (at most HEAD), those that form a canonical pair with
-    the particle's last token (the tokenizer splits their bytes together as these two tokens)
-    and after which the value can end or go on by a canonical pair; and the tokens that end
-    the value (`stops`). A split the tokenizer never makes (" sl" then "eeps") is text the
-    model reads badly: the plain masked proposal spends most particles on such paths, of
-    negligible weight (SmolLM2, "A bird sleeps.": 64 particles' estimate of the language's
-    mass 11 nats short of the exact one), while the model's conditional over canonical
-    spellings holds nearly all of the mass (docs/language.md §14.8)."""
-    path = tuple(particle.tokens)  # the cursor's state and the logits follow from it
-    if path in known.proposable:  # a copy asks what the particle it was copied from asked
-        keep = np.zeros(len(masked), dtype=np.bool_)
-        keep[known.proposable[path]] = True
-        return keep
-    allowed = np.flatnonzero(masked)
-    total = float(masked[allowed].sum())
-    if len(allowed) > HEAD:
-        allowed = allowed[np.argpartition(-masked[allowed], HEAD)[:HEAD]]
-    order = allowed[np.argsort(-masked[allowed], kind="stable")]
-    cumulative = np.cumsum(masked[order])
-    head = order[: int(np.searchsorted(cumulative, (1.0 - TAIL) * total)) + 1]
-    keep = np.zeros(len(masked), dtype=np.bool_)
-    ends = set(stops)
-    previous = particle.tokens[-1] if particle.tokens else None
-    for token in head.tolist():
-        keep[token] = token in ends or (
-            (previous is None or _canonical_pair(backend, previous, token, known))
-            and _goes_on(backend, particle.cursor, token, left, known))
-    known.proposable[path] = np.flatnonzero(keep)
-    return keep
-
-
-def _goes_on(backend: Backend, cursor: Cursor, token: int, left: int, known: Known) -> bool:
-    """Whether after `token` the value can end, or go on by a token that forms a canonical
-    pair with it (of the longest CONTINUATIONS the constraint allows)."""
-    cursor.advance(token)
-    try:
-        if cursor.can_end() or left <= 1:
-            return cursor.can_end()
-        nexts = np.flatnonzero(cursor.allowed(left - 1))
-        nexts = nexts[~np.isin(nexts, list(backend.eos_token_ids))]
-        if len(nexts) > CONTINUATIONS:
-            lengths = known.lengths[nexts]
-            nexts = nexts[np.argpartition(-lengths, CONTINUATIONS)[:CONTINUATIONS]]
-        longest = nexts[np.argsort(-known.lengths[nexts], kind="stable")]
-        return any(_canonical_pair(backend, token, int(t), known) for t in longest)
-    finally:
-        cursor.rollback(1)
-
-
 class Known:
-    """What a hole's particles ask again and again: whether two tokens form a canonical pair
-    (`pairs`), each token's length in bytes (`lengths`), what a particle that wrote these
-    tokens may propose next (`proposable`: a copy made by resampling asks it again), and what
-    is left of the language after them (`tails`)."""
+    """What a hole's particles ask again and again: which tokens spell their values as the
+    tokenizer would (`spellings`: runtime/spelling.py), what is left of the language after a
+    path (`tails`) and the choices after a path a look ahead fed (`ahead`)."""
 
     def __init__(self, backend: Backend) -> None:
-        self.pairs: dict[tuple[int, int], bool] = {}
-        self.proposable: dict[tuple[int, ...], npt.NDArray[np.intp]] = {}
-        self.lengths = token_lengths(backend.vocabulary)
+        self.spellings = Spellings(backend)
         # the endings left after a path where they are few (exact.tail_endings), else None
         self.tails: dict[tuple[int, ...], list[Ending] | None] = {}
-
-
-def _canonical_pair(backend: Backend, first: int, second: int, known: Known) -> bool:
-    """Whether the tokenizer reads the two tokens' bytes as these two tokens (bytes that are
-    not text alone are let through: a pair inside one character); `known` remembers them for
-    the hole (its particles ask the same pairs)."""
-    found = known.pairs.get((first, second))
-    if found is None:
-        found = known.pairs[first, second] = _reads_as(backend, first, second)
-    return found
-
-
-def _reads_as(backend: Backend, first: int, second: int) -> bool:
-    token_bytes = backend.vocabulary.token_bytes
-    try:
-        text = ((token_bytes[first] or b"") + (token_bytes[second] or b"")).decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return backend.encode(text) == [first, second]
+        # the choices after a path that a look ahead fed (_look_ahead), until a step takes them
+        self.ahead: dict[tuple[int, ...], Choices] = {}
 
 
 def _spent(particle: Particle, request: GenRequest) -> int:

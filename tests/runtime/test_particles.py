@@ -372,6 +372,62 @@ def test_particles_on_one_path_spread_over_its_tokens() -> None:
     assert spread(p, 1, np.random.default_rng(7)) == [(draw(p, np.random.default_rng(7)), 0.0)]
 
 
+def test_a_twist_moves_the_particles_not_the_estimate() -> None:
+    # With a look ahead's twist (what each token leads to), 8 particles on a path draw from
+    # p × twist, tempered (4 tokens: fewer than twice as many particles as tokens is not
+    # the case, 2·4 ≤ 8, so stratified over p × twist), a token of twist 0 gets none, and each
+    # weight × p/q keeps the weighted particles an estimate of p wherever the twist is not 0.
+    p = np.array([0.6, 0.3, 0.08, 0.02])
+    twist = np.array([0.01, 0.5, 1.0, 0.0])
+    base = p * twist / (p * twist).sum()
+    q = (1 - 3 / 8) * base + np.where(base > 0, 1 / 8, 0.0)
+    total = np.zeros(4)
+    for seed in range(2000):
+        draws = spread(p, 8, np.random.default_rng(seed), twist)
+        counts = np.bincount([k for k, _ in draws], minlength=4)
+        assert counts[3] == 0 and counts[1] in (math.floor(8 * q[1]), math.ceil(8 * q[1]))
+        for k, log_importance in draws:
+            assert log_importance == pytest.approx(math.log(p[k] / q[k]))
+            total[k] += math.exp(log_importance) / 8
+    assert total[:3] / 2000 == pytest.approx(p[:3], abs=0.01)
+    # A twist that is 0 everywhere (every token a dead end) leaves the draw to p.
+    assert spread(p, 8, np.random.default_rng(3), np.zeros(4)) == spread(
+        p, 8, np.random.default_rng(3))
+
+
+@pytest.mark.usefixtures("stepwise")
+def test_particles_on_a_path_look_ahead_before_they_draw(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # " b" is a likely first token but forces five unlikely ones after it: looking one
+    # token ahead, the particles see that after " b" the next step's share is small and put
+    # the fewest they may there (without resampling, which would drop them later); the
+    # estimate of the language's mass (over canonical spellings: " a" then nothing, since
+    # " bqzxjv" is 1e-27 of it) stays unbiased either way.
+    template = ('Go: {{ gen x regex=" (a|bqzxjv)" sampler="smc" particles=16 '
+                'ess_threshold=0 }}')
+
+    def on_b(lookahead: bool) -> tuple[float, list[float]]:
+        monkeypatch.setattr(particles_module, "LOOKAHEAD", lookahead)
+        results = runs(tiny, template, 30, temperature=1.0, seed=2)
+        share = sum(sum(value != " a" for value, _ in r.holes["x"].particles or [])
+                    for r in results) / (16 * len(results))
+        return share, [math.exp(r.holes["x"].log_evidence or -math.inf) for r in results]
+
+    looked, looked_mass = on_b(True)
+    blind, blind_mass = on_b(False)
+    # Two tokens and 16 particles: each token has at least one (stratified_proposal), and
+    # looking ahead " b" has no more (measured: 0.146 of them blind).
+    assert looked == pytest.approx(1 / 16) and blind > 0.12, (blind, looked)
+    result = qrun.Query(template).run(model=tiny, temperature=1.0, seed=2)
+    record = result.holes["x"]
+    assert record.text == " a"
+    mass = math.exp(sequence_logprob(tiny, result.token_ids[: record.start], record.token_ids))
+    # Looking, 15 particles stand on " a" whose proposal is 15/16 and the weights' mean is
+    # its probability to the digit that " b" adds; blind, the mean over runs is.
+    assert looked_mass == pytest.approx([mass] * 30, rel=1e-3)
+    assert sum(blind_mass) / 30 == pytest.approx(mass, rel=0.05)
+
+
 @pytest.mark.usefixtures("stepwise")
 def test_particles_try_every_first_word(tiny: TransformersBackend) -> None:
     # 16 particles at the start of a 4-word choice each run: every word has a particle,
