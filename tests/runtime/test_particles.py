@@ -374,9 +374,9 @@ def test_particles_on_one_path_spread_over_its_tokens() -> None:
 
 def test_a_twist_moves_the_particles_not_the_estimate() -> None:
     # With a look ahead's twist (what each token leads to), 8 particles on a path draw from
-    # p × twist, tempered (4 tokens: fewer than twice as many particles as tokens is not
-    # the case, 2·4 ≤ 8, so stratified over p × twist), a token of twist 0 gets none, and each
-    # weight × p/q keeps the weighted particles an estimate of p wherever the twist is not 0.
+    # p × twist: of 4 tokens the twist leaves 3 (2·3 ≤ 8, so stratified_proposal over it); the
+    # token of twist 0 gets none, and each weight × p/q keeps the weighted particles an
+    # estimate of p wherever the twist is not 0.
     p = np.array([0.6, 0.3, 0.08, 0.02])
     twist = np.array([0.01, 0.5, 1.0, 0.0])
     base = p * twist / (p * twist).sum()
