@@ -117,13 +117,14 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         for p in particles:
             if p.finish is None:
                 paths.setdefault(tuple(p.tokens), []).append(p)
-        # The most populous path first: its look, of the largest bound, stands for the others
-        # where its tail is large (theirs are about as far from their ends, their bounds no
-        # larger). A look walks up to TAIL_BYTES bytes of the constraint for each particle on
-        # the path: cheap for a regex, whose states are cached, not for a JSON schema (8
-        # particles on a 40-token JSON value: 3.3 s with every path looking, at most 192 bytes
-        # a look; so, 1.19 s; 1.16 s not looking; at 256 bytes, 3.06 s against 2.97 at 64 on
-        # another value; with the bound pooled over a path's particles, 3.8 s against 3.3).
+        # The most populous path first: its probe for a small tail, of the largest bound,
+        # stands for the others where its tail is large (theirs are about as far from their
+        # ends, their bounds no larger). A probe walks up to TAIL_BYTES bytes of the
+        # constraint for each particle on the path: cheap for a regex, whose states are
+        # cached, not for a JSON schema (8 particles on a 40-token JSON value: 3.3 s with every
+        # path probing, at most 192 bytes a probe; so, 1.19 s; 1.16 s not probing; at 256
+        # bytes, 3.06 s against 2.97 at 64 on another value; with the bound pooled over a
+        # path's particles, 3.8 s against 3.3).
         for path, members in sorted(paths.items(), key=lambda item: -len(item[1])):
             if tree is not None and probe is not False and path not in known.tails:
                 known.tails[path] = _small_tail(session, request, members[0], len(members))
@@ -137,6 +138,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                 stepping[path] = members
         session.stats.mask_s += time.perf_counter() - started
         ahead = _look_ahead(session, model, base, stepping, at, request, eos, boundary, known)
+        started = time.perf_counter()
         for path, members in stepping.items():
             looked = ahead.get(path)
             for p, (pick, log_importance) in zip(members, spread(
@@ -148,6 +150,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                         to_feed.append(p)
                     else:  # the look fed it: the particles that took it share the row
                         p.cache, p.logits = fed
+        session.stats.mask_s += time.perf_counter() - started
         for path, members in finishing.items():
             assert tree is not None
             _finish_exactly(session, tree, base, members, known.tails[path] or [], generator)
