@@ -341,7 +341,7 @@ def _step(particle: Particle, choices: Choices, pick: int, log_importance: float
     cursor.advance(token)
     particle.take(token, float(choices.logprobs[pick]),
                   len(backend.vocabulary.token_bytes[token] or b""))
-    if cursor.can_continue() and request.max_tokens - _spent(particle, request) > 0:
+    if _goes_on(particle, request):
         return True
     # The value must end after this token: no forward is needed for it.
     if cursor.can_end():
@@ -395,7 +395,7 @@ def _look_ahead(session: Session, model: StepModel, base: KVCache,
                              ends=list(first.ends))  # its cache and logits: the look's row
             after.cursor.advance(token)
             after.take(token, 0.0, len(backend.vocabulary.token_bytes[token] or b""))
-            if after.cursor.can_continue() and request.max_tokens - _spent(after, request) > 0:
+            if _goes_on(after, request):
                 going.append((k, after))
             elif not after.cursor.can_end():
                 twist[k] = 0.0  # as _step: a value that must end here and cannot is dead
@@ -527,6 +527,12 @@ class Known:
         self.tails: dict[tuple[int, ...], list[Ending] | None] = {}
         # the choices after a path that a look ahead fed (_look_ahead), until a step takes them
         self.ahead: dict[tuple[int, ...], Choices] = {}
+
+
+def _goes_on(particle: Particle, request: GenRequest) -> bool:
+    """Whether the particle's value may go on past its last token, so that token needs
+    feeding (_step; _look_ahead feeds the same tokens); else it ends there."""
+    return particle.cursor.can_continue() and request.max_tokens - _spent(particle, request) > 0
 
 
 def _spent(particle: Particle, request: GenRequest) -> int:
