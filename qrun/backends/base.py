@@ -2,9 +2,10 @@
 (`Backend`) and declares how holes can be filled on it: a `StepModel` (token-level forwards over
 an opaque KV cache, so the runtime's own sampling loop fills holes) or a `HoleSampler` (a server
 that samples a whole hole per request, which the runtime replays and checks), plus optional
-faster ways to score `select` options (`TreeScorer`, `PromptScorer`) and to batch forwards
-(`BatchForward`). The runtime chooses its strategies from these declarations once per run; a new
-kind of backend is one new adapter class."""
+faster ways to score `select` options (`TreeScorer`, `PromptScorer`), to batch forwards
+(`BatchForward`) and to score several runs' trees in one forward (`TreeBatch`). The runtime
+chooses its strategies from these declarations once per run; a new kind of backend is one new
+adapter class."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend", "BackendDefaults", "BatchForward", "Capabilities", "Completion", "HoleSampler",
-    "KVCache", "PromptScorer", "ScoredRows", "StepModel", "TreeScorer",
+    "KVCache", "PromptScorer", "ScoredRows", "StepModel", "TreeBatch", "TreeScorer",
 ]
 
 
@@ -158,6 +159,18 @@ class TreeScorer(Protocol):
         ...
 
 
+class TreeBatch(Protocol):
+    """Several trees, each on its own cache, in one forward (the trees of batched runs)."""
+
+    def forward_trees(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+    ) -> Sequence[tuple[npt.NDArray[np.float32], KVCache]]:
+        """Item i is (token_ids, parents, cache) as TreeScorer.forward_tree takes them; each
+        result is what forward_tree returns for it (the logits after each node, [n, V], and
+        a cache of the cache's positions then every node), every cache left unchanged."""
+        ...
+
+
 class Backend(Protocol):
     """A loaded model: its tokenizer and what it can do. Long-lived and read-only apart from
     its caches (thread-safe): many runs may share one backend."""
@@ -246,6 +259,10 @@ class Backend(Protocol):
         """Select scoring in one tree-shaped forward, or None."""
         ...
 
+    def tree_batch(self) -> TreeBatch | None:
+        """Several runs' trees in one forward, or None (they then take turns)."""
+        ...
+
     def prompt_scorer(self) -> PromptScorer | None:
         """Select scoring through prompt log-probabilities, or None."""
         ...
@@ -282,6 +299,9 @@ class BackendDefaults:
         return None
 
     def tree_scorer(self) -> TreeScorer | None:
+        return None
+
+    def tree_batch(self) -> TreeBatch | None:
         return None
 
     def prompt_scorer(self) -> PromptScorer | None:

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from qrun.backends.base import BatchForward, StepModel, TreeScorer
+from qrun.backends.base import BatchForward, StepModel, TreeBatch, TreeScorer
 from qrun.backends.hf_tokenizer import HFTokenizerMixin, generation_eos
 from qrun.backends.loading import quiet_transformers
 from qrun.backends.packed_linear import can_pack, pack_linear_layers
@@ -151,6 +151,9 @@ class TransformersBackend(HFTokenizerMixin):
         return self
 
     def tree_scorer(self) -> TreeScorer:
+        return self
+
+    def tree_batch(self) -> TreeBatch:
         return self
 
     def clear_cache(self) -> None:
@@ -312,15 +315,7 @@ class TransformersBackend(HFTokenizerMixin):
         assert isinstance(cache, TransformersCache)
         prefix, n = cache.length(), len(token_ids)
         device = self.model.device
-        depth = [0] * n
-        # sees[i, j]: node i attends to node j (an ancestor, or itself).
-        sees = torch.zeros(n, n, dtype=torch.bool)
-        for i, parent in enumerate(parents):
-            assert -1 <= parent < i, "a node's parent comes before it"
-            if parent >= 0:
-                depth[i] = depth[parent] + 1
-                sees[i] = sees[parent]
-            sees[i, i] = True
+        sees, depth = _tree_layout(parents)
         visible = torch.ones(n, prefix + n, dtype=torch.bool)
         visible[:, prefix:] = sees
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
@@ -330,17 +325,85 @@ class TransformersBackend(HFTokenizerMixin):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
-                attention_mask=self._custom_mask(visible),
+                attention_mask=self._custom_mask(visible[None]),
                 **{self._cache_kw: tree.cache},
                 use_cache=True,
                 logits_to_keep=n,
             )
         return _host(out.logits[0]), tree  # [n, V]
 
+    def forward_trees(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int], Any]]
+    ) -> list[tuple[npt.NDArray[np.float32], TransformersCache]]:
+        """Several trees, each on its own cache, as rows of padded forwards (TreeBatch): the
+        trees of batched runs (particles finishing a value, runtime/particles.py; selects)
+        arrive together, and a forward reads every weight once however many rows it has.
+        Measured (SmolLM2, float32, 2 AVX2 cores, an 18-token chat prompt): one tree of 8
+        nodes 94 ms, of one node 79 ms; 16 trees of 8 nodes in one forward 434 ms, not 1.5 s.
+        Grouped as forward_batch groups rows (padding_groups), each group at most
+        TREE_BATCH_NODES padded nodes."""
+        results: dict[int, tuple[npt.NDArray[np.float32], TransformersCache]] = {}
+        for group in padding_groups([len(ids) for ids, _, _ in items],
+                                    self.call_cost_positions):
+            size = max(1, TREE_BATCH_NODES // max(len(items[i][0]) for i in group))
+            for start in range(0, len(group), size):
+                part = group[start:start + size]
+                for index, result in zip(part, self._forward_trees_padded(
+                        [items[i] for i in part]), strict=True):
+                    results[index] = result
+        return [results[i] for i in range(len(items))]
+
+    def _forward_trees_padded(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int], Any]]
+    ) -> list[tuple[npt.NDArray[np.float32], TransformersCache]]:
+        """One forward of several trees: caches left-padded to a common length and nodes
+        right-padded, as _forward_padded; a 4-D mask lets each node see its cache and its
+        ancestors only (a padding node sees itself, so that no row of the mask is empty).
+        Each tree's cache holds views of its row of the batched KV."""
+        caches = [cache for _, _, cache in items]
+        assert all(isinstance(c, TransformersCache) for c in caches)
+        past = [c.length() for c in caches]
+        new = [len(ids) for ids, _, _ in items]
+        width_past, width_new = max(past), max(new)
+        device = self.model.device
+        pad = self.start_token_id
+        visible = torch.zeros(len(items), width_new, width_past + width_new, dtype=torch.bool)
+        positions = torch.zeros(len(items), width_new, dtype=torch.long)
+        for i, ((_, parents, _), p, n) in enumerate(zip(items, past, new, strict=True)):
+            sees, depth = _tree_layout(parents)
+            visible[i, :n, width_past - p : width_past] = True
+            visible[i, :n, width_past : width_past + n] = sees
+            visible[i, n:, width_past + n:] = torch.eye(width_new - n, dtype=torch.bool)
+            positions[i, :n] = torch.tensor([p + d for d in depth])
+            positions[i, n:] = p
+        input_ids = torch.tensor(
+            [list(ids) + [pad] * (width_new - len(ids)) for ids, _, _ in items], device=device)
+        batched = self._stack_caches(caches, width_past)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions.to(device),
+                attention_mask=self._custom_mask(visible),
+                **{self._cache_kw: batched},
+                use_cache=True,
+                logits_to_keep=width_new,
+            )
+        logits = _host(out.logits)  # [B, width_new, V]
+        results = []
+        for i, (cache, p, n) in enumerate(zip(caches, past, new, strict=True)):
+            tree = cache.fork()
+            row = slice(width_past - p, width_past + n)
+            for layer, source in zip(tree.cache.layers, batched.layers, strict=True):
+                _set_layer(layer, source.keys[i : i + 1, :, row],
+                           source.values[i : i + 1, :, row])
+            results.append((logits[i, :n], tree))
+        return results
+
     def _custom_mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """A ready 4-D attention mask [1, 1, q, kv] from a bool [q, kv] (True: attend), in the
-        form the model's attention takes as is: bool for SDPA, additive floats otherwise."""
-        mask = visible[None, None].to(self.model.device)
+        """A ready 4-D attention mask [B, 1, q, kv] from a bool [B, q, kv] (True: attend), in
+        the form the model's attention takes as is: bool for SDPA, additive floats
+        otherwise."""
+        mask = visible[:, None].to(self.model.device)
         if getattr(self.model.config, "_attn_implementation", "sdpa") == "sdpa":
             return mask
         dtype = next(self.model.parameters()).dtype
@@ -431,6 +494,26 @@ def padding_groups(lengths: Sequence[int], call_cost: int) -> list[list[int]]:
         groups.append(sorted(order[cut[j]:j]))
         j = cut[j]
     return groups
+
+
+TREE_BATCH_NODES = 1024
+"""The most padded tree nodes in one forward of several trees (forward_trees): their logits
+are [nodes, V] float32, 200 MB at SmolLM2's 49k-token vocabulary."""
+
+
+def _tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+    """A tree's attention among its nodes, sees[i, j] (node i attends to node j: an ancestor,
+    or itself), and each node's depth (0: a child of the cache's last position)."""
+    n = len(parents)
+    depth = [0] * n
+    sees = torch.zeros(n, n, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        assert -1 <= parent < i, "a node's parent comes before it"
+        if parent >= 0:
+            depth[i] = depth[parent] + 1
+            sees[i] = sees[parent]
+        sees[i, i] = True
+    return sees, depth
 
 
 def _host(logits: torch.Tensor) -> npt.NDArray[np.float32]:

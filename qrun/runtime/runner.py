@@ -85,7 +85,8 @@ class Runner:
         model = backend.step_model()
         if model is not None and not backend.capabilities.batches_itself:
             self.forwards = ForwardScheduler(model, backend.tree_scorer(),
-                                             backend.batch_forward(), on_batch=batched)
+                                             backend.batch_forward(), backend.tree_batch(),
+                                             on_batch=batched)
         self._orders = itertools.count()
         self.shared = Admission(self, DEFAULT_MAX_RUNNING, sys.maxsize)
 

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from qrun.backends.base import BatchForward, KVCache, StepModel, TreeScorer
+from qrun.backends.base import BatchForward, KVCache, StepModel, TreeBatch, TreeScorer
 from qrun.backends.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False)
 class _Request:
-    """A forward waiting for the next batch, or a tree forward that runs alone."""
+    """A forward waiting for the next batch, or a tree forward (batched with the other trees
+    where the backend can: TreeBatch)."""
 
     tree: bool
     # the run's index (then a branch's index in each fork, runtime/branches.py): a batch's
@@ -41,6 +42,7 @@ class ForwardScheduler:
     model: StepModel
     tree_scorer: TreeScorer | None
     batcher: BatchForward | None
+    tree_batch: TreeBatch | None = None
     active: int = 0
     pending: list[_Request] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -154,13 +156,22 @@ class ForwardScheduler:
             except BaseException as exc:  # each waiting run gets the failure as its own
                 for request in forwards:
                     request.error = exc
-        for request in requests:
-            if request.tree:
-                try:
-                    assert self.tree_scorer is not None, "tree forwards come from ScheduledModel"
-                    request.result = self.tree_scorer.forward_tree(*request.args)
-                except BaseException as exc:
+        trees = [r for r in requests if r.tree]
+        if len(trees) > 1 and self.tree_batch is not None:
+            try:
+                for request, result in zip(trees, self.tree_batch.forward_trees(
+                        [r.args for r in trees]), strict=True):
+                    request.result = result
+            except BaseException as exc:
+                for request in trees:
                     request.error = exc
+            return
+        for request in trees:
+            try:
+                assert self.tree_scorer is not None, "tree forwards come from ScheduledModel"
+                request.result = self.tree_scorer.forward_tree(*request.args)
+            except BaseException as exc:
+                request.error = exc
 
     def _forward_batch(
         self, items: list[tuple[Sequence[int], KVCache]], keep: int

@@ -94,3 +94,36 @@ def test_rows_of_unlike_lengths_run_in_groups_and_give_their_logits_alone(
         assert got.shape == want.shape  # [2, V], or [1, V] for a row fed one token
         np.testing.assert_allclose(got, want, atol=1e-4)
     assert [row.length() for row in rows] == [row.length() for row in alone]
+
+
+TREES = [
+    # (token ids, parents): a chain, a fork at the root, and one node
+    ([400, 401, 402, 403], [-1, 0, 1, 2]),
+    ([410, 411, 412, 413, 414, 415], [-1, 0, 0, 1, 2, -1]),
+    ([420], [-1]),
+]
+
+
+@pytest.mark.parametrize("most_nodes", [1024, 8])
+def test_trees_on_unlike_caches_give_their_logits_alone(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch, most_nodes: int) -> None:
+    # Several runs' trees in one forward (forward_trees: each cache left-padded, each tree
+    # right-padded, a 4-D mask per row); at 8 nodes they go in several forwards.
+    monkeypatch.setattr("qrun.backends.transformers.TREE_BATCH_NODES", most_nodes)
+    rows = contexts(tiny)
+    lengths = [row.length() for row in rows]
+    batched = tiny.forward_trees([(ids, parents, row) for (ids, parents), row
+                                  in zip(TREES, rows, strict=True)])
+    assert [row.length() for row in rows] == lengths  # the caches are left unchanged
+    for (ids, parents), row, (logits, fed) in zip(TREES, rows, batched, strict=True):
+        want, want_fed = tiny.forward_tree(ids, parents, row)
+        assert logits.shape == want.shape
+        np.testing.assert_allclose(logits, want, atol=1e-4)
+        assert fed.length() == row.length() + len(ids)
+        # The tree's cache goes on from any node as forward_tree's does: the last node's path.
+        path = [len(ids) - 1]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        got = tiny.forward([500], tiny.keep_path(fed, row.length(), path))
+        expected = tiny.forward([500], tiny.keep_path(want_fed, row.length(), path))
+        np.testing.assert_allclose(got, expected, atol=1e-4)

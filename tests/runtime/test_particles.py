@@ -482,3 +482,37 @@ def test_the_particles_on_a_path_pool_their_tree_bound(
     alone = [qrun.Query(template.format(language, 1)).run(model=tiny, temperature=1.0, seed=seed)
              for seed in (2, 3, 4)]
     assert any(abs((r.holes["x"].log_evidence or 0.0) - (exact or 0.0)) > 1e-3 for r in alone)
+
+
+def test_batched_runs_finish_their_particles_in_one_tree_forward(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Runs of a batch whose particles each finish the language exactly at the first step send
+    # their trees together, and the scheduler scores them in one forward (TreeBatch): each
+    # run's estimate is still exact's for its own prompt (a row of the batch sees only its
+    # own cache, of its own length, and its own nodes).
+    language = '" (one|two|six) (cats|dogs)\\."'
+    prompts = [{"w": w} for w in ("", " now", " and then, at last,", " again")]
+    exact_query = qrun.Query(
+        f'Go{{{{ w }}}}:{{{{ gen x regex={language} heal=false sampler="exact" }}}}')
+    exact = [exact_query.run(model=tiny, **w).holes["x"] for w in prompts]
+    sizes: list[int] = []
+    forward_trees = tiny.forward_trees
+
+    def spy(items: Any) -> Any:
+        sizes.append(len(items))
+        return forward_trees(items)
+
+    monkeypatch.setattr(tiny, "forward_trees", spy)
+    template = (f'Go{{{{ w }}}}:{{{{ gen x regex={language} heal=false sampler="smc" '
+                'particles=4 }}')
+    batch = qrun.Query(template).run_many(prompts, model=tiny, temperature=1.0, seed=7,
+                                          batch_size=4)
+    assert sizes and max(sizes) > 1 and sum(sizes) <= 4
+    assert len({e.log_evidence for e in exact}) == 4
+    for result, alone in zip(batch, exact, strict=True):
+        assert isinstance(result, qrun.Result) and alone.value_probs is not None
+        record = result.holes["x"]
+        assert record.log_evidence == pytest.approx(alone.log_evidence, abs=1e-3)
+        assert record.value_probs is not None
+        for value, p in alone.value_probs.items():
+            assert record.value_probs.get(value, 0.0) == pytest.approx(p, abs=1e-3)
