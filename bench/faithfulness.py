@@ -14,7 +14,14 @@ against the conditional over both holes (_block_reference). Printed per task: th
 total-variation distance and the KL divergence KL(method ‖ reference), in nats, of each
 method's draws from the reference (for particles also of the mean of the runs' value_probs,
 the distribution each run's value is drawn from, less noisy than its draws), of exact's own
-value_probs, seconds per sample, the greedy masked value and the likeliest string. With
+value_probs, seconds per sample, the greedy masked value and the likeliest string.
+
+Seconds per sample (`s_per_sample`) are timed apart from the draws, on fresh prompts: the same
+template with a request number after the user's question, a new one for each run, `--batch`
+runs at a time (run_many's batch_size), so that no run's prompt or value is answered from the
+prefix cache of another. The draws repeat one prompt, so masked sampling's later runs read
+their logits from the cache and feed nothing (`s_per_sample_repeated`: what repeating a
+request costs, not what sampling does). With
 QRUN_BENCH_GENLM_PYTHON naming a Python with genlm-control installed, its AWRS + SMC
 (--genlm-particles, default 20; --genlm-runs, default 10) on the same tasks, prompts and
 weights, after qrun's runs (bench/genlm_runner.py)."""
@@ -30,6 +37,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,8 +150,8 @@ BLOCK_TASKS = (
 )
 
 
-def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[int, ...]
-                  ) -> dict[str, object]:
+def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[int, ...],
+                  batch: int = 8, timed: int = 16) -> dict[str, object]:
     """Masked sampling, each hole's own 16 particles, and `{% particles N %}` blocks against
     the model's conditional over both holes (_block_reference)."""
     reference = _block_reference(task, model)
@@ -157,12 +165,14 @@ def measure_block(task: BlockTask, model: Backend, draws: int, particles: tuple[
     for name, (template, count) in methods.items():
         started = time.perf_counter()
         results = qrun.Query(template).run_many([{}] * count, model=model, temperature=1.0,
-                                                seed=1)
+                                                seed=1, batch_size=batch)
         seconds = time.perf_counter() - started
         counts = collections.Counter(f"{r['a']}|{r['b']}" for r in results)  # type: ignore[index]
         drawn = {k: c / count for k, c in counts.items()}
-        entry: dict[str, object] = {"draws": count, "s_per_sample": round(seconds / count, 4),
-                                    "tv": _tv(drawn, reference), "kl": _kl(drawn, reference)}
+        entry: dict[str, object] = {
+            "draws": count, "tv": _tv(drawn, reference), "kl": _kl(drawn, reference),
+            "s_per_sample": round(_fresh_seconds(template, {}, model, timed, batch), 4),
+            "s_per_sample_repeated": round(seconds / count, 4)}
         if name.startswith("block"):
             mean: collections.Counter[str] = collections.Counter()
             for result in results:
@@ -199,45 +209,76 @@ def _block_reference(task: BlockTask, model: Backend) -> dict[str, float]:
     return {pairs[text]: prob for text, prob in probs.items()}
 
 
-def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
-            ) -> dict[str, object]:
-    select = qrun.Query(task.prompt + "{{ select s options=opts }}{% endassistant %}")
+REQUESTS: Iterator[int] = itertools.count(1)
+"""The request numbers that make each timed run's prompt fresh (_fresh_seconds)."""
+
+
+def _fresh_seconds(template: str, inputs: dict[str, object], model: Backend, runs: int,
+                   batch: int) -> float:
+    """Seconds per run of `template` with `inputs`, each of `runs` runs with its own request
+    number after the user's question (so nothing after it is answered from the prefix cache:
+    every run feeds the end of its prompt and its value), `batch` at a time."""
+    fresh = qrun.Query(template.replace("{% enduser %}", " (Request {{ request }}.){% enduser %}",
+                                        1))
+    rows = [{**inputs, "request": next(REQUESTS)} for _ in range(runs)]
+    # From an empty prefix cache, and left empty: on llama.cpp a forward slows as cached
+    # prefixes fill the KV cache (its attention spans every cell up to the highest in use:
+    # 16 particle runs of the city task 45 ms of model time a run on an empty cache, 100-130
+    # ms after 50-200 fresh prompts, 45 again after clear_cache), so each method is timed
+    # from the same state and leaves none to the next.
+    model.clear_cache()
+    started = time.perf_counter()
+    results = fresh.run_many(rows, model=model, temperature=1.0, seed=2, batch_size=batch)
+    seconds = time.perf_counter() - started
+    model.clear_cache()
+    failed = [r for r in results if not isinstance(r, qrun.Result)]
+    assert not failed, failed[0]
+    return seconds / runs
+
+
+def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...],
+            batch: int = 8, timed: int = 16) -> dict[str, object]:
+    select_text = task.prompt + "{{ select s options=opts }}{% endassistant %}"
+    select = qrun.Query(select_text)
     if task.large:
         reference, reference_s = _select_reference(task, select, model)
     else:
         reference, reference_s = _reference(task, model)
-    exact_query = qrun.Query(task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
-                             "{% endassistant %}")
+    exact_text = (task.prompt + "{{ gen s regex=pattern sampler='exact' }}"
+                  "{% endassistant %}")
+    exact_query = qrun.Query(exact_text)
     row: dict[str, object] = {"task": task.name, "strings": len(task.strings),
                               "reference": _rounded(_top(reference)),
                               "reference_s": round(reference_s, 2),
                               "noise_tv": _noise(reference, draws)}
-    methods: dict[str, tuple[qrun.Query, dict[str, object], int]] = {
-        "masked": (qrun.Query(task.prompt + "{{ gen s regex=pattern }}{% endassistant %}"),
+    methods: dict[str, tuple[str, dict[str, object], int]] = {
+        "masked": (task.prompt + "{{ gen s regex=pattern }}{% endassistant %}",
                    {"pattern": task.pattern}, draws),
     }
     if not task.large:  # sampler="exact" refuses the large ones (more values than it scores)
         at_bound = exact_query.run(model=model, pattern=task.pattern).holes["s"]
         row["exact_probs_tv"] = _tv(at_bound.value_probs, reference)  # type: ignore[attr-defined]
         row["exact_probs_kl"] = _kl(at_bound.value_probs, reference)  # type: ignore[attr-defined]
-        methods["exact"] = (exact_query, {"pattern": task.pattern}, draws)
-        methods["select"] = (select, {"opts": list(task.strings)}, draws)
+        methods["exact"] = (exact_text, {"pattern": task.pattern}, draws)
+        methods["select"] = (select_text, {"opts": list(task.strings)}, draws)
     for n in particles:
         hole = f"{{{{ gen s regex=pattern sampler='smc' particles={n} }}}}{{% endassistant %}}"
         # Fewer draws where a sample costs more: the mean of the runs' value_probs (the
         # distribution each run's value is drawn from) has less noise than its draws. Not on
         # the large tasks, whose hundreds of strings leave that mean noisy at 75 runs.
         count = draws if task.large else max(30, draws * 4 // max(n, 4))
-        methods[f"smc{n}"] = (qrun.Query(task.prompt + hole), {"pattern": task.pattern}, count)
-    for name, (query, inputs, count) in methods.items():
+        methods[f"smc{n}"] = (task.prompt + hole, {"pattern": task.pattern}, count)
+    for name, (template, inputs, count) in methods.items():
         started = time.perf_counter()
-        results = query.run_many([inputs] * count, model=model, temperature=1.0, seed=1)
+        results = qrun.Query(template).run_many([inputs] * count, model=model, temperature=1.0,
+                                                seed=1, batch_size=batch)
         seconds = time.perf_counter() - started
         counts = collections.Counter(run["s"] for run in results)  # type: ignore[index]
         drawn = {s: counts[s] / count for s in task.strings}
-        entry: dict[str, object] = {"draws": count, "tv": _tv(drawn, reference),
-                                    "kl": _kl(drawn, reference),
-                                    "s_per_sample": round(seconds / count, 4)}
+        entry: dict[str, object] = {
+            "draws": count, "tv": _tv(drawn, reference), "kl": _kl(drawn, reference),
+            "s_per_sample": round(_fresh_seconds(template, inputs, model, timed, batch), 4),
+            "s_per_sample_repeated": round(seconds / count, 4)}
         if name.startswith("smc"):
             probs = [run.holes["s"].value_probs for run in results]  # type: ignore[union-attr]
             mean = {s: sum((p or {}).get(s, 0.0) for p in probs) / count for s in task.strings}
@@ -249,7 +290,8 @@ def measure(task: Task, model: Backend, draws: int, particles: tuple[int, ...]
                        for s in task.strings} for part in (probs[::2], probs[1::2])]
             entry["tv_between_halves"] = _tv(*halves)
         row[name] = entry
-    row["greedy_masked"] = methods["masked"][0].run(model=model, pattern=task.pattern)["s"]
+    row["greedy_masked"] = qrun.Query(methods["masked"][0]).run(model=model,
+                                                                pattern=task.pattern)["s"]
     row["likeliest"] = max(reference, key=reference.__getitem__)
     return row
 
@@ -371,19 +413,24 @@ def main() -> None:
                         default=[task.name for task in (*TASKS, *BLOCK_TASKS)])
     parser.add_argument("--genlm-particles", type=int, default=20)
     parser.add_argument("--genlm-runs", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8,
+                        help="runs at a time (run_many's batch_size), for draws and timing")
+    parser.add_argument("--timed", type=int, default=16,
+                        help="runs on fresh prompts timed for each method's s_per_sample")
     args = parser.parse_args()
     model = qrun.load_model(args.model, backend=args.backend)
     done = []
     for task in TASKS:
         if task.name in args.tasks:
-            row = measure(task, model, args.draws, tuple(args.particles))
+            row = measure(task, model, args.draws, tuple(args.particles), args.batch,
+                          args.timed)
             print(json.dumps(row), flush=True)
             if not task.large:  # genlm's reference is computed anew; the large ones: not run
                 done.append((task, row["reference"]))
     for block in BLOCK_TASKS:
         if block.name in args.tasks:
-            print(json.dumps(measure_block(block, model, args.draws, tuple(args.particles))),
-                  flush=True)
+            print(json.dumps(measure_block(block, model, args.draws, tuple(args.particles),
+                                           args.batch, args.timed)), flush=True)
     python = os.environ.get("QRUN_BENCH_GENLM_PYTHON")
     if python:  # after qrun's runs, so the two never share the CPU
         model.close()  # type: ignore[attr-defined]
