@@ -158,14 +158,18 @@ class ForwardScheduler:
                     request.error = exc
         trees = [r for r in requests if r.tree]
         if len(trees) > 1 and self.tree_batch is not None:
+            results: Sequence[tuple[npt.NDArray[np.float32], KVCache]] | None
             try:
-                for request, result in zip(trees, self.tree_batch.forward_trees(
-                        [r.args for r in trees]), strict=True):
+                results = self.tree_batch.forward_trees([r.args for r in trees])
+            except Exception:  # each tree is then tried alone, below
+                results = None
+            if results is not None:
+                for request, result in zip(trees, results, strict=True):
                     request.result = result
-            except BaseException as exc:
-                for request in trees:
-                    request.error = exc
-            return
+                return
+        # One at a time: where trees are not batched, and where a batch of them failed, so
+        # that one run's failing tree (the memory of its logits, a token the model lacks) is
+        # that run's error and every other run gets its scores.
         for request in trees:
             try:
                 assert self.tree_scorer is not None, "tree forwards come from ScheduledModel"

@@ -108,3 +108,55 @@ def test_a_worker_that_leaves_lets_the_others_batch_without_it() -> None:
     with alarm(30):
         thread.join()
     assert done.is_set()
+
+
+def test_trees_run_as_one_batch_and_a_failing_tree_fails_only_its_own_run() -> None:
+    # Trees of several runs go to the backend's TreeBatch together; when that batch fails,
+    # each tree runs alone, so only the run whose tree fails gets the error.
+    calls: list[int] = []
+
+    class Trees(Model):
+        def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int],
+                         cache: Cache) -> tuple[npt.NDArray[np.float32], Cache]:
+            if 99 in token_ids:
+                raise ValueError("token 99 is not in the vocabulary")
+            return np.full((len(token_ids), 4), token_ids[0], dtype=np.float32), cache
+
+        def forward_trees(self, items: Sequence[tuple[Sequence[int], Sequence[int], Cache]]
+                          ) -> list[tuple[npt.NDArray[np.float32], Cache]]:
+            calls.append(len(items))
+            return [self.forward_tree(*item) for item in items]
+
+        def keep_path(self, tree: Cache, length: int, path: Sequence[int]) -> Cache:
+            return tree
+
+    def batch(first_tokens: list[int]) -> dict[int, float | str]:
+        model = Trees()
+        scheduler = ForwardScheduler(model, model, None, model)
+        results: dict[int, float | str] = {}
+
+        def worker(order: int) -> None:
+            try:
+                logits, _ = scheduler.submit(True, (order,), [first_tokens[order], 5],
+                                             [-1, 0], Cache())
+                results[order] = float(logits[0, 0])
+            except ValueError as exc:
+                results[order] = str(exc)
+            finally:
+                scheduler.leave()
+
+        for _ in first_tokens:
+            scheduler.enter()
+        threads = [threading.Thread(target=worker, args=(order,))
+                   for order in range(len(first_tokens))]
+        with alarm(30):
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        return results
+
+    assert batch([7, 8, 9]) == {0: 7.0, 1: 8.0, 2: 9.0} and calls == [3]
+    calls.clear()
+    assert batch([7, 99, 9]) == {0: 7.0, 1: "token 99 is not in the vocabulary", 2: 9.0}
+    assert calls == [3]
