@@ -249,10 +249,7 @@ class TransformersBackend(HFTokenizerMixin):
                 use_cache=True,
                 logits_to_keep=torch.tensor(keep, device=device),
             )
-        for i, (cache, p, n) in enumerate(zip(caches, past, new, strict=True)):
-            row = slice(width_past - p, width_past + n)
-            for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
-                _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
+        _hold_rows(caches, batched, width_past, past, new)
         rows = [_BatchRow.of(c) for c in caches] if len(set(new)) == 1 else []
         with self._rows_lock:
             self._last_rows = rows
@@ -389,15 +386,9 @@ class TransformersBackend(HFTokenizerMixin):
                 logits_to_keep=width_new,
             )
         logits = _host(out.logits)  # [B, width_new, V]
-        results = []
-        for i, (cache, p, n) in enumerate(zip(caches, past, new, strict=True)):
-            tree = cache.fork()
-            row = slice(width_past - p, width_past + n)
-            for layer, source in zip(tree.cache.layers, batched.layers, strict=True):
-                _set_layer(layer, source.keys[i : i + 1, :, row],
-                           source.values[i : i + 1, :, row])
-            results.append((logits[i, :n], tree))
-        return results
+        trees = [cache.fork() for cache in caches]
+        _hold_rows(trees, batched, width_past, past, new)
+        return [(logits[i, :n], tree) for i, (tree, n) in enumerate(zip(trees, new, strict=True))]
 
     def _custom_mask(self, visible: torch.Tensor) -> torch.Tensor:
         """A ready 4-D attention mask [B, 1, q, kv] from a bool [B, q, kv] (True: attend), in
@@ -581,6 +572,17 @@ class _BatchRow:
         """Whether `cache` is this row's, unchanged since the forward."""
         return (self.cache() is cache and self.keys() is cache.cache.layers[0].keys
                 and cache.length() == self.length)
+
+
+def _hold_rows(caches: Sequence[TransformersCache], batched: Any, width_past: int,
+               past: Sequence[int], new: Sequence[int]) -> None:
+    """After a padded forward over `batched` (every row's cache left-padded to `width_past`,
+    then its new positions): each cache holds views of its row of the batched KV, its `past`
+    positions then its `new` ones, without the padding (no copy)."""
+    for i, (cache, p, n) in enumerate(zip(caches, past, new, strict=True)):
+        row = slice(width_past - p, width_past + n)
+        for layer, source in zip(cache.cache.layers, batched.layers, strict=True):
+            _set_layer(layer, source.keys[i : i + 1, :, row], source.values[i : i + 1, :, row])
 
 
 def _set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
