@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -225,3 +226,25 @@ def test_branches_and_contexts(vllm_local: Any, vllm_remote: Any, mode: str) -> 
                                        for w in r["when"])
     assert isinstance(r["scratch"], str) and r["ok"] in ("yes", "no")
     assert "Scratch" not in backend.tokenizer.decode(r.token_ids)
+
+
+def test_no_request_is_left_holding_the_engine(vllm_local: Any) -> None:
+    # vLLM's engine steps every live request together, and each step waits for the decision
+    # of every request whose logits it delivered (backends/vllm_engine.py Hub.decide), up to
+    # DECISION_TIMEOUT_S. A request its owner leaves awaiting held every step that long: a
+    # run's particles stepped one after another (4 particles on this hole took 72 s, not 1),
+    # a context dropped with its request awaiting.
+    hub = vllm_local.hub
+    before = hub.timed_out
+    city = ('Name one city in France: {{ gen city regex="(Paris Hilton|Lyon|Marseille)" '
+            'sampler="smc" particles=4 }}, or{{ select other options=[" Nice", " Metz"] }}.')
+    r = qrun.Query(city).run(model=vllm_local, temperature=1.0, seed=1)
+    assert len(r.holes["city"].particles or []) == 4 and r["other"] in (" Nice", " Metz")
+    # A context dropped by a thread that then ends (a batch's worker): nobody else lets go of
+    # its request.
+    ids = vllm_local.encode("A context a worker thread drops")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: vllm_local.forward(ids, vllm_local.new_cache()).shape).result()
+    after = qrun.Query("Three:{{ gen c max_tokens=3 }}").run(model=vllm_local)
+    assert after.text.startswith("Three:")
+    assert hub.timed_out == before

@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,7 @@ class Live:
     finished: bool = False
     error: BaseException | None = None
     seen_output: bool = False
+    owner: int = field(default_factory=threading.get_ident)  # the thread that last sent on it
 
 
 class Hub:
@@ -83,6 +84,9 @@ class Hub:
         self.commands: list[Callable[[], None]] = []
         self.ids = itertools.count()
         self.closing = False
+        # Requests ended by DECISION_TIMEOUT_S: each held every engine step that long. Zero
+        # unless an owner stalls (tests/test_vllm.py test_no_request_is_left_holding_the_engine).
+        self.timed_out = 0
         self.llm: Any = None
         self.engine: Any = None
         self._build_error: BaseException | None = None
@@ -107,6 +111,19 @@ class Hub:
         finally:
             ready.set()
         self._serve()
+
+    def let_go_of_idle(self, keep: Collection[Live] = ()) -> None:
+        """Before this thread waits on the engine: end its live requests but `keep`. It cannot
+        decide for them while it waits, and one awaiting a decision holds every engine step
+        until DECISION_TIMEOUT_S (a run's particles stepped by one thread, a context left while
+        its forks run, a select scored while the hole's context waits). Their contexts start a
+        request on the prefix cache at their next forward."""
+        me = threading.get_ident()
+        with self.cond:
+            for live in self.lives.values():
+                if live.owner == me and not live.released and all(live is not k for k in keep):
+                    live.released = True
+            self.cond.notify_all()
 
     def new_id(self, kind: str) -> str:
         return f"qrun-{kind}-{next(self.ids)}"
@@ -229,7 +246,9 @@ class Hub:
             self.cond.notify_all()
             deadline = time.monotonic() + DECISION_TIMEOUT_S
             for live, row in waiting:
-                self.cond.wait_for(_decided(live), timeout=max(0.0, deadline - time.monotonic()))
+                if not self.cond.wait_for(_decided(live),
+                                          timeout=max(0.0, deadline - time.monotonic())):
+                    self.timed_out += 1
                 live.awaiting = False
                 if live.plan and not live.released:
                     forced.append((row, live.plan.popleft()))
