@@ -303,11 +303,12 @@ def test_typed_example_output_fits_at_temperature_1(tiny: TransformersBackend, n
 
 @pytest.mark.real
 @pytest.mark.parametrize("name", TYPED_EXAMPLES)
-@pytest.mark.parametrize("seed", range(2))
 def test_typed_example_output_fits_at_temperature_1_on_the_default_model(
-        smollm2: TransformersBackend, name: str, seed: int) -> None:
+        smollm2: TransformersBackend, name: str) -> None:
+    # One seed: the tiny model draws three of every typed example (above), and the default
+    # model's draws cost 2-17 s each here.
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
-    check_output(query, query.run(INPUTS[name], model=smollm2, seed=seed, temperature=1.0))
+    check_output(query, query.run(INPUTS[name], model=smollm2, seed=1, temperature=1.0))
 
 
 @pytest.mark.parametrize("name", sorted(INPUTS))

@@ -150,19 +150,25 @@ def test_the_prefix_cache_serves_the_shared_prefix(vllm_local: Any) -> None:
     assert second.stats.forward_tokens < second.stats.context_tokens - 100
 
 
+# extract.tmpl's date and paid (its five holes took 57-113 s for these eight runs on a server).
+INVOICE = ("{% user %}Read this invoice and extract its fields.\n\n{{ document }}{% enduser %}\n"
+           "{% assistant %}Date: {{ gen date regex=DATE }}\n"
+           "Paid: {{ select paid options=['yes', 'no'] }}{% endassistant %}")
+
+
 @pytest.mark.parametrize("mode", ["local", "server"])
 def test_batched_runs_equal_one_at_a_time(vllm_local: Any, vllm_remote: Any, mode: str) -> None:
     backend = vllm_local if mode == "local" else vllm_remote
-    query = qrun.Query.from_file(EXAMPLES / "extract.tmpl")
+    query = qrun.Query(INVOICE)
     documents = [{"document": INPUTS["extract.tmpl"]["document"].replace("2024-03-18", day)}
                  for day in ("2024-03-18", "2023-11-02", "2025-01-30", "2022-07-09")]
     one_by_one = query.run_many(documents, model=backend)
     together = query.run_many(documents, model=backend, batch_size=4)
-    assert [r.vars["date"] for r in together] == [
-        r.vars["date"] for r in one_by_one]
+    assert [(r.vars["date"], r.vars["paid"]) for r in together] == [
+        (r.vars["date"], r.vars["paid"]) for r in one_by_one]
     for r in together:
         assert isinstance(r, qrun.Result)
-        check_values("extract.tmpl", r, backend)
+        assert regex.fullmatch(PATTERNS["DATE"], r.vars["date"], flags=regex.ASCII)
 
 
 def test_a_constraint_the_server_cannot_read_fails_before_the_run(vllm_remote: Any) -> None:

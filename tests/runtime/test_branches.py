@@ -360,7 +360,8 @@ def test_branches_answer_as_separate_runs_do_on_the_real_model(smollm2: Transfor
 @pytest.mark.real
 def test_gen_n_and_hidden_on_the_real_model(smollm2: TransformersBackend) -> None:
     template = ("{% user %}Give one adjective for the sea.{% enduser %}{% assistant %}"
-                "{{ gen words n=4 regex=\"[A-Za-z]+\" temperature=1.0 }}{% endassistant %}"
+                "{{ gen words n=4 regex=\"[A-Za-z]+\" temperature=1.0 max_tokens=6 }}"
+                "{% endassistant %}"
                 "{% hidden %}{% user %}Pick one of: {{ words | join(', ') }}{% enduser %}"
                 "{% assistant %}{{ select best options=words | unique }}{% endassistant %}"
                 "{% endhidden %}The sea is {{ best }}.")
