@@ -307,9 +307,21 @@ def test_a_damaged_copy_of_the_real_model_is_converted_again_quietly_and_runs(
     with (copy / "model.safetensors").open("r+b") as f:
         f.write(bytes(1 << 16))  # zero the header
     capfd.readouterr()
-    assert ensure_converted(locate_model("smollm2")) == copy  # converts again (~20-70 s)
+    import gguf
+
+    reads: list[str] = []
+
+    class CountedReader(gguf.GGUFReader):
+        def __init__(self, path: Any, mode: Any = "r") -> None:
+            reads.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    assert ensure_converted(locate_model("smollm2")) == copy  # converts again (~20-50 s)
+    # The file is parsed once (loading.py _gguf_read_once: four times before, 50 s -> 23 s).
+    assert len(reads) == 1, reads
     # transformers draws a tqdm bar while it reads a GGUF; a conversion shows none (this is
-    # the conversion a first run makes too: one test for both, each costs 20-70 s).
+    # the conversion a first run makes too: one test for both, each costs 20-50 s).
     assert capfd.readouterr().err == ""
     backend = load_model("smollm2", dtype="float32")
     assert model_cache.safetensors_problem(copy / "model.safetensors") is None
