@@ -121,7 +121,7 @@ class Hub:
         me = threading.get_ident()
         with self.cond:
             for live in self.lives.values():
-                if live.owner == me and not live.released and all(live is not k for k in keep):
+                if live.owner == me and not live.released and live not in keep:  # Live: eq=False
                     live.released = True
             self.cond.notify_all()
 
