@@ -223,7 +223,9 @@ def check_reproductions(backend: Any) -> None:
     assert all(item.strip() for item in looped["items"])
 
 
-def check_values(name: str, r: qrun.Result, model: Any) -> None:
+def check_values(name: str, r: qrun.Result, model: Any, greedy: bool = True) -> None:
+    """The example's values hold their constraints; `greedy`: the run was greedy, so the
+    exact sampler and a particles block took their likeliest value."""
     if name == "classify.tmpl":
         assert r["sentiment"] in ("positive", "negative", "mixed")
         record = r.holes["sentiment"]
@@ -253,11 +255,14 @@ def check_values(name: str, r: qrun.Result, model: Any) -> None:
     if name == "animal.tmpl":  # sampler="exact": the whole conditional, the likeliest chosen
         probs = r.holes["sentence"].value_probs
         assert probs is not None and len(probs) == 6 and sum(probs.values()) == pytest.approx(1)
-        assert r["sentence"] == max(probs, key=probs.__getitem__)
+        assert r["sentence"] in probs
+        if greedy:
+            assert r["sentence"] == max(probs, key=probs.__getitem__)
     if name == "particles.tmpl":  # a particles block: greedy goes on with the heaviest
         (block,) = r.particle_blocks
         assert len(block.weights) == 16 and sum(block.weights) == pytest.approx(1)
-        assert block.chosen == max(range(16), key=block.weights.__getitem__)
+        if greedy:
+            assert block.chosen == max(range(16), key=block.weights.__getitem__)
         assert block.values[block.chosen] == {"subject": r["subject"], "verb": r["verb"]}
         assert f"assistant\n{r['subject']} {r['verb']}.<|im_end|>" in r.text
     if name == "tips.tmpl":  # three branches, joined into the text in their order
@@ -301,16 +306,6 @@ def test_typed_example_output_fits_at_temperature_1(tiny: TransformersBackend, n
     check_output(query, query.run(INPUTS[name], model=tiny, seed=seed, temperature=1.0))
 
 
-@pytest.mark.real
-@pytest.mark.parametrize("name", TYPED_EXAMPLES)
-def test_typed_example_output_fits_at_temperature_1_on_the_default_model(
-        smollm2: TransformersBackend, name: str) -> None:
-    # One seed: the tiny model draws three of every typed example (above), and the default
-    # model's draws cost 2-17 s each here.
-    query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
-    check_output(query, query.run(INPUTS[name], model=smollm2, seed=1, temperature=1.0))
-
-
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) -> None:
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
@@ -323,10 +318,16 @@ def test_example_runs_on_the_tiny_model(tiny: TransformersBackend, name: str) ->
 
 @pytest.mark.real
 @pytest.mark.parametrize("name", sorted(INPUTS))
-def test_example_runs_on_the_default_model(smollm2: TransformersBackend, name: str) -> None:
+def test_example_runs_on_the_default_model_at_temperature_1(smollm2: TransformersBackend,
+                                                            name: str) -> None:
+    # One draw (seed 1) of each example: its values hold their constraints and its output
+    # fits its type. The default model's greedy runs are the examples' cases
+    # (tests/cli/test_qrun_test.py, real tier), checked as here on vLLM and llama.cpp
+    # (tests/test_vllm.py, tests/backends/test_llamacpp.py) and on the tiny model (above);
+    # a draw costs 2-10 s here, so there is one run per example on this backend, not two.
     query = qrun.Query.from_file(EXAMPLES / name, functions=functions_of(name))
-    r = query.run(INPUTS[name], model=smollm2)
-    check_values(name, r, smollm2)
+    r = query.run(INPUTS[name], model=smollm2, seed=1, temperature=1.0)
+    check_values(name, r, smollm2, greedy=False)
     check_output(query, r)
     assert all(str(v).strip() for v in r.vars.values())
 

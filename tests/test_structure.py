@@ -6,6 +6,7 @@ fails here with the file and line."""
 from __future__ import annotations
 
 import ast
+import functools
 import gc
 import subprocess
 import sys
@@ -42,11 +43,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def parse(path: Path) -> ast.Module:
-    """The file's AST, parsed with the cycle collector paused: CPython 3.11 (before 3.11.9,
-    gh-106905) keeps the AST constructor's recursion depth in state shared by every parse, so
-    a collection run inside one (the finalizers of a previous test's garbage) can fail it with
-    "AST constructor recursion depth mismatch" (seen after tests/runtime and tests/serve)."""
+    """The file's AST, parsed once per test process (the tests here walk the same files again
+    and again, and only read the trees), with the cycle collector paused: CPython 3.11
+    (before 3.11.9, gh-106905) keeps the AST constructor's recursion depth in state shared by
+    every parse, so a collection run inside one (the finalizers of a previous test's garbage)
+    can fail it with "AST constructor recursion depth mismatch" (seen after tests/runtime and
+    tests/serve)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -60,8 +64,13 @@ def python_files(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
 
-def imports(path: Path) -> Iterator[Import]:
+@functools.cache
+def imports(path: Path) -> tuple[Import, ...]:
     """Every import in the file, at any depth (inside functions and TYPE_CHECKING too)."""
+    return tuple(_walk_imports(path))
+
+
+def _walk_imports(path: Path) -> Iterator[Import]:
     source = module_name(path)
     package = source if path.name == "__init__.py" else source.rpartition(".")[0]
     for node in ast.walk(parse(path)):
