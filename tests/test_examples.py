@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import regex
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
+from qrun.cli import main
 from qrun.constraint.patterns import PATTERNS
 from qrun.runtime.result import SelectRecord
 
@@ -332,25 +331,29 @@ def test_example_runs_on_the_default_model_at_temperature_1(smollm2: Transformer
     assert all(str(v).strip() for v in r.vars.values())
 
 
-def test_the_calculator_runs_from_the_command_line_with_its_functions(tiny_folder: str) -> None:
+# The command line in this process (qrun.cli.main): a process of its own costs ~7 s of
+# torch's and transformers' imports here, and the console script as a process is run by
+# tests/cli/test_cli.py and, on the default model, by docs/cookbook.md (tests/test_cookbook.py).
+def test_the_calculator_runs_from_the_command_line_with_its_functions(
+        tiny_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
     template, functions = EXAMPLES / "calculator.tmpl", EXAMPLES / "calculator.py"
     question = INPUTS["calculator.tmpl"]["question"]
-    proc = subprocess.run([sys.executable, "-m", "qrun.cli", str(template), "--functions",
-                           str(functions), "-v", f"question={question}", "--model",
-                           tiny_folder, "--json", "--quiet", "--seed", "1"],
-                          capture_output=True, text=True, check=False, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    code = main([str(template), "--functions", str(functions), "-v", f"question={question}",
+                 "--model", tiny_folder, "--json", "--quiet", "--seed", "1"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    out = json.loads(printed.out)
     assert out["stats"]["host_calls"] == 1
     assert "Its value: " in out["text"] or "It cannot be computed" in out["text"]
 
 
 @pytest.mark.real
-def test_hello_from_the_command_line_prints_json_with_stats() -> None:
-    proc = subprocess.run([sys.executable, "-m", "qrun.cli", str(EXAMPLES / "hello.tmpl"),
-                           "--json"], capture_output=True, text=True, check=False, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+def test_hello_from_the_command_line_prints_json_with_stats(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(EXAMPLES / "hello.tmpl"), "--json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    out = json.loads(printed.out)
     assert out["vars"]["city"].strip()
     stats = out["stats"]
     assert stats["forward_tokens"] <= stats["context_tokens"] + stats["rollback_tokens"] + (
