@@ -96,7 +96,7 @@ class Report:
 
 def write_junit(path: Path, outcomes: list[CaseOutcome], seconds: float) -> None:
     """The outcomes as JUnit XML (one testsuite `qrun`, a testcase per case: classname the
-    template, name the case).
+    template, name the case, time its run's seconds, which CI pages list to find slow cases).
 
     Raises:
         OSError: the file cannot be written.
@@ -110,7 +110,8 @@ def write_junit(path: Path, outcomes: list[CaseOutcome], seconds: float) -> None
         case = ElementTree.SubElement(suite, "testcase", classname=visible(outcome.template),
                                       name=visible(outcome.case.name),
                                       file=visible(outcome.case.where.file),
-                                      line=str(outcome.case.where.line))
+                                      line=str(outcome.case.where.line),
+                                      time=f"{outcome.seconds:.3f}")
         if outcome.error is not None:
             element = ElementTree.SubElement(case, "error", message="the run failed")
             element.text = visible(str(outcome.error))

@@ -29,7 +29,9 @@ __all__ = ["CaseOutcome", "check_case_inputs", "hole_places", "run_cases"]
 @dataclass
 class CaseOutcome:
     """A case's result: the expectations it failed with what was found instead, or the
-    error that stopped its run; `text` and `values` what the run produced."""
+    error that stopped its run; `text` and `values` what the run produced, `seconds` its
+    wall time (Stats.wall_s; greedy cases run batched, so theirs overlap; 0 for a run that
+    failed)."""
 
     template: str
     case: Case
@@ -37,6 +39,7 @@ class CaseOutcome:
     error: QrunError | None = None
     text: str = ""
     values: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -114,7 +117,8 @@ def _judge(template: str, case: Case, inputs: Mapping[str, Any],
     if isinstance(result, QrunError):
         return CaseOutcome(template, case, error=result)
     values = {**inputs, **result.vars}
-    outcome = CaseOutcome(template, case, text=result.text, values=values)
+    outcome = CaseOutcome(template, case, text=result.text, values=values,
+                          seconds=result.stats.wall_s)
     for expectation in case.expectations:
         failure = expectation.check(result.text, values)
         if failure is not None:

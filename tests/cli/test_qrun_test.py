@@ -133,6 +133,9 @@ def test_keyword_selection_and_junit_xml(
     assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
     names = [case.get("name") for case in suite.iter("testcase")]
     assert names == ["broken on arrival", "praise"]
+    # Each case's run time, as CI pages read it (both ran: a forward each at least).
+    seconds = [float(case.get("time", "")) for case in suite.iter("testcase")]
+    assert all(0 < s <= float(suite.get("time", "")) for s in seconds), seconds
 
 
 def test_the_example_of_docs_testing_runs(
