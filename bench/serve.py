@@ -1,6 +1,7 @@
-"""Load on `qrun serve` and its peers (issue 26): the extraction workload (32 bios, each turned
-into a person record under SCHEMA, greedy, at most 64 tokens) sent by an async httpx client at
-several concurrencies, every answer validated with jsonschema.
+"""Load on `qrun serve` and its peers (issue 26): the extraction workload (`--requests` distinct
+bios, the 32 of BIOS first, each turned into a person record under SCHEMA, greedy, at most 64
+tokens) sent by an async httpx client at several concurrencies, every answer validated with
+jsonschema.
 
     python -m bench.serve [--model smollm2] [--concurrency 1 4 16 64] [--requests 32]
                           [--threads 1] [--backends transformers,llamacpp] [--openai]
@@ -73,6 +74,20 @@ WARM_UP = "Ana is a 40-year-old doctor who lives in Lima and likes rowing."
 BIOS = [f"{name} is a {age + 3 * k}-year-old {job} who lives in {city} and likes {hobby}."
         for k in range(4) for name, age, job, city, hobby in PEOPLE]
 assert len(BIOS) == 32
+
+
+def bios(n: int) -> list[str]:
+    """`n` distinct bios: BIOS, then the same people again with an initial and another age,
+    so that no request repeats one a server has answered (qrun's prefix cache answers a
+    repeat without a forward: it would measure the cache, not the server)."""
+    found = BIOS[:n]
+    k = 4
+    while len(found) < n:
+        found += [f"{name} {chr(65 + k % 26)}. is a {18 + (age - 18 + 3 * k) % 62}-year-old "
+                  f"{job} who lives in {city} and likes {hobby}."
+                  for name, age, job, city, hobby in PEOPLE]
+        k += 1
+    return found[:n]
 JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 START_TIMEOUT_S = 900  # vLLM's CPU start-up (compiling, profiling) takes minutes here
 DRAIN_TIMEOUT_S = 60
@@ -392,13 +407,13 @@ def measure(start: Callable[[], Server], concurrencies: list[int],
             requests: int) -> list[dict[str, Any]]:
     """Each concurrency on a fresh server (after one warm-up request): its figures line."""
     rows = []
-    bios = [BIOS[i % len(BIOS)] for i in range(requests)]
+    sent = bios(requests)
     for concurrency in concurrencies:
         server = start()
         try:
             asyncio.run(load(server.send, server.url, 1, [WARM_UP]))
             started = time.perf_counter()
-            outcomes = asyncio.run(load(server.send, server.url, concurrency, bios))
+            outcomes = asyncio.run(load(server.send, server.url, concurrency, sent))
             row = figures(server.name, concurrency, outcomes, time.perf_counter() - started)
         finally:
             server.stop()
@@ -415,8 +430,8 @@ def in_process(model: str, backend: str, requests: int, threads: int) -> dict[st
     loaded = qrun.load_model(model, backend=kind, dtype=dtype or None)
     query.run({"bio": WARM_UP}, model=loaded)  # not a bio the prefix cache then has
     started = time.perf_counter()
-    for i in range(requests):
-        query.run({"bio": BIOS[i % len(BIOS)]}, model=loaded)
+    for bio in bios(requests):
+        query.run({"bio": bio}, model=loaded)
     wall = time.perf_counter() - started
     return {"server": f"in-process-{backend}", "requests": requests,
             "in_process_requests_per_s": round(requests / wall, 3)}
