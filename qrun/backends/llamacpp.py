@@ -11,11 +11,12 @@ and an id goes back to the free list when its cache object dies. A forward is on
 constraint means exactly what it means on transformers. Batched runs put each run's tokens
 under its own sequence id in one batch; a select's options are a token tree in one batch,
 one sequence id per leaf (a node belongs to the sequences of the leaves below it, so it
-attends to the context and its ancestors only). The prefix cache keeps forks: its snapshots
-cost sequence ids, not copies, and give way when ids or cells run short."""
+attends to the context and its ancestors only). The prefix cache keeps its snapshots in host
+memory, off the KV cells (HostSnapshot): only running sequences hold cells."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import threading
@@ -54,7 +55,7 @@ MAX_SEQUENCES = 256
 BATCH_TOKENS = 2048
 # Leaves of a select's token tree scored in one decode: one sequence id each.
 TREE_LEAVES = 32
-# Sequence ids the prefix cache leaves free for the runs (it evicts its oldest entries first).
+# Sequence ids a select's token tree leaves free for the other runs (forward_tree).
 RESERVED_SEQUENCES = 16
 
 
@@ -129,29 +130,49 @@ class LlamaTree:
         return None
 
 
-class SequencePrefixCache(PrefixCache):
-    """The prefix cache over sequence ids: before it forks a cache (insert, lookup) it gives
-    up its oldest entries until enough ids stay free for the runs."""
+class HostSnapshot:
+    """A prefix-cache entry in host memory: a copy of a sequence's cells (llama.cpp's sequence
+    state, SmolLM2's 23 KB a position). Why not the cells themselves: llama.cpp's attention
+    spans every cell up to the highest in use, so snapshots left in the cells made every later
+    forward dearer (issue #37: a 16-particle run 48-52 ms on a fresh cache, 128-174 ms after
+    70-210 fresh prompts had left theirs). A fork writes the copy into a new sequence."""
+
+    def __init__(self, backend: LlamaCppBackend, state: Any, positions: int) -> None:
+        self.backend = backend
+        self.state = state
+        self.positions = positions
+
+    def length(self) -> int:
+        return self.positions
+
+    def crop(self, length: int) -> None:
+        raise ValueError("a prefix-cache snapshot is read through fork")
+
+    def fork(self) -> LlamaCache:
+        return self.backend.restore(self)
+
+    def storages(self) -> list[tuple[int, int]]:
+        return [(ctypes.addressof(self.state), len(self.state))]
+
+    def release(self, wait: bool = False) -> None:
+        pass
+
+    def take_counts(self) -> None:
+        return None
+
+
+class HostPrefixCache(PrefixCache):
+    """The prefix cache of llama.cpp: what it keeps of a run's cache is a HostSnapshot."""
 
     def __init__(self, budget_bytes: int, backend: LlamaCppBackend) -> None:
         super().__init__(budget_bytes)
         self._backend = weakref.ref(backend)
 
-    def _make_room(self, keep_free: int) -> None:
+    def keep(self, kv: Any) -> Any:
         backend = self._backend()
-        while backend is not None and backend.free_sequences() < keep_free:
-            if not self.evict_oldest():
-                return
-
-    def lookup(self, token_ids: Sequence[int], after: int) -> Any:
-        self._make_room(2)
-        return super().lookup(token_ids, after)
-
-    def insert(self, token_ids: Sequence[int], kv: Any,
-               logits: npt.NDArray[np.float32] | None) -> None:
-        if kv is not None:
-            self._make_room(RESERVED_SEQUENCES)
-        super().insert(token_ids, kv, logits)
+        if backend is None or not isinstance(kv, LlamaCache):
+            return kv.fork()
+        return backend.snapshot(kv)
 
 
 class LlamaCppBackend(BackendDefaults):
@@ -181,7 +202,7 @@ class LlamaCppBackend(BackendDefaults):
         self.free = list(range(context.n_seq_max - 1, -1, -1)) if context else []
         self.dead: list[int] = []  # ids of caches that died, their cells not yet removed
         self.prefix_cache: PrefixCache | None = (
-            SequencePrefixCache(cache_mb << 20, self) if cache_mb > 0 and context else None)
+            HostPrefixCache(cache_mb << 20, self) if cache_mb > 0 and context else None)
         limits = [n for n in (model.n_ctx_train, context.n_ctx if context else 0) if n > 0]
         self._max_context = min(limits) if limits else None
         self._markers: dict[str, tuple[str, str] | None] = {}
@@ -320,11 +341,6 @@ class LlamaCppBackend(BackendDefaults):
             context.seq_rm(seq, -1)
             self.free.append(seq)
 
-    def _evict(self) -> bool:
-        """Give up the prefix cache's oldest entry (False: it held nothing). Never called
-        with `lock` held: the prefix cache forks under its own lock."""
-        return self.prefix_cache is not None and self.prefix_cache.evict_oldest()
-
     def new_cache(self) -> LlamaCache:
         return self._allocate(None, 0)
 
@@ -333,35 +349,45 @@ class LlamaCppBackend(BackendDefaults):
         return self._allocate(cache, length)
 
     def _allocate(self, source: LlamaCache | None, length: int) -> LlamaCache:
-        while True:
-            with self.lock:
-                context = self.context()
-                self._reap(context)
-                if self.free:
-                    seq = self.free.pop()
-                    if source is not None and length > 0:
-                        context.seq_cp(source.seq, seq, length)
-                    return LlamaCache(self, seq, length)
-            if not self._evict():
+        with self.lock:
+            context = self.context()
+            self._reap(context)
+            if not self.free:
                 raise LlamaCppError(f"all {MAX_SEQUENCES} llama.cpp sequences are in use "
                                     "(too many runs or select options at once)")
+            seq = self.free.pop()
+            if source is not None and length > 0:
+                context.seq_cp(source.seq, seq, length)
+            return LlamaCache(self, seq, length)
+
+    def snapshot(self, cache: LlamaCache) -> HostSnapshot:
+        """A copy of `cache`'s cells in host memory, for the prefix cache."""
+        with self.lock:
+            return HostSnapshot(self, self.context().seq_state(cache.seq), cache.positions)
+
+    def restore(self, snapshot: HostSnapshot) -> LlamaCache:
+        """A new sequence holding `snapshot`'s positions, written into free cells."""
+        cache = self.new_cache()
+        with self.lock:
+            if not self.context().set_seq_state(cache.seq, snapshot.state):
+                raise LlamaCppError(f"the KV cache of llama.cpp ({self.context().n_ctx} "
+                                    "positions for all runs) is full")
+        cache.positions = snapshot.positions
+        return cache
 
     def _decode(self, batch: Batch) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """Decode `batch`, making room in the KV cache from the prefix cache when it is full;
-        the copied output rows [outputs, V]."""
-        while True:
-            with self.lock:
-                context = self.context()
-                self._reap(context)
-                code = context.decode(batch)
-                if code == 0:
-                    return context.logits(batch.outputs)
-                if code != DECODE_NO_ROOM:
-                    raise LlamaCppError(f"llama.cpp refused a batch of {batch.n} tokens "
-                                        f"(llama_decode {code}): {last_log() or 'invalid'}")
-            if not self._evict():
-                raise LlamaCppError(f"the KV cache of llama.cpp ({context.n_ctx} positions "
-                                    "for all runs) is full")
+        """Decode `batch`; the copied output rows [outputs, V]."""
+        with self.lock:
+            context = self.context()
+            self._reap(context)
+            code = context.decode(batch)
+            if code == 0:
+                return context.logits(batch.outputs)
+        if code == DECODE_NO_ROOM:
+            raise LlamaCppError(f"the KV cache of llama.cpp ({context.n_ctx} positions for all "
+                                "runs) is full")
+        raise LlamaCppError(f"llama.cpp refused a batch of {batch.n} tokens (llama_decode "
+                            f"{code}): {last_log() or 'invalid'}")
 
     # --- forwards --------------------------------------------------------------------------
 

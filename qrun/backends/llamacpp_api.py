@@ -315,3 +315,19 @@ class Context:
     def seq_pos_max(self, seq: int) -> int:
         self._check(seq)
         return int(self.lib.llama_memory_seq_pos_max(self.mem, seq))
+
+    def seq_state(self, seq: int) -> Any:
+        """A copy, in host memory, of `seq`'s cells (its positions' keys and values: llama.cpp's
+        sequence state), as a ctypes byte array for set_seq_state."""
+        self._check(seq)
+        size = int(self.lib.llama_state_seq_get_size(self.ptr, seq))
+        state = (ctypes.c_uint8 * size)()
+        if int(self.lib.llama_state_seq_get_data(self.ptr, state, size, seq)) != size:
+            raise RuntimeError(f"llama.cpp cannot copy out sequence {seq}")
+        return state
+
+    def set_seq_state(self, seq: int, state: Any) -> bool:
+        """Write a seq_state copy into the empty sequence `seq`, in free cells; False when the
+        KV cache has no room for it."""
+        self._check(seq)
+        return int(self.lib.llama_state_seq_set_data(self.ptr, state, len(state), seq)) > 0

@@ -171,12 +171,17 @@ class PrefixCache:
                     node.children[token] = child
                 node = child
             if kv is not None and node.kv is None:
-                node.kv = kv.fork()
+                node.kv = self.keep(kv)
                 self._add(node, "kv")
             if logits is not None and node.logits is None:
                 node.logits = np.array(logits, dtype=np.float32, copy=True)
                 self._add(node, "logits")
             self._evict()
+
+    def keep(self, kv: KVCache) -> KVCache:
+        """What an entry holds of `kv`, a run's cache: a fork of it. A backend whose snapshots
+        are better kept apart from its runs' caches overrides this (backends/llamacpp.py)."""
+        return kv.fork()
 
     def _add(self, node: _Node, kind: str) -> None:
         self._lru[(node, kind)] = None

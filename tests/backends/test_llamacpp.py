@@ -13,6 +13,7 @@ fail: the tier of `make test` must not pass by skipping)."""
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
@@ -293,6 +294,19 @@ def test_the_prefix_cache_serves_the_shared_prefix_and_changes_nothing(
     llama.clear_cache()
     cold_second = query.run(model=llama, q="How big is it?")
     assert cold_second.text == second.text
+
+
+def test_the_prefix_cache_holds_no_cells_between_runs(llama: LlamaCppBackend) -> None:
+    # Its snapshots are copies in host memory (backends/llamacpp.py HostSnapshot), not
+    # sequences: llama.cpp's attention spans every cell up to the highest in use, so
+    # snapshots left in the cells made every later forward dearer (issue #37).
+    query = qrun.Query(LONG_PREFIX)
+    llama.clear_cache()
+    query.run(model=llama, q="Who founded it?")
+    gc.collect()
+    assert llama.prefix_cache is not None and len(llama.prefix_cache) > 0
+    assert llama.free_sequences() == llama.context().n_seq_max
+    assert query.run(model=llama, q="How big is it?").stats.cached_tokens >= 200
 
 
 def test_a_prefix_shared_inside_one_input_is_a_cropped_sequence(llama: LlamaCppBackend) -> None:
