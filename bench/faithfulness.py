@@ -221,11 +221,12 @@ def _fresh_seconds(template: str, inputs: dict[str, object], model: Backend, run
     fresh = qrun.Query(template.replace("{% enduser %}", " (Request {{ request }}.){% enduser %}",
                                         1))
     rows = [{**inputs, "request": next(REQUESTS)} for _ in range(runs)]
-    # From an empty prefix cache, and left empty: on llama.cpp a forward slows as cached
-    # prefixes fill the KV cache (its attention spans every cell up to the highest in use:
-    # 16 particle runs of the city task 45 ms of model time a run on an empty cache, 100-130
-    # ms after 50-200 fresh prompts, 45 again after clear_cache), so each method is timed
-    # from the same state and leaves none to the next.
+    # From an empty prefix cache, and left empty: each method is timed from the same state
+    # and leaves none to the next (what one method's runs cached would serve another's
+    # prompts). Before the llama.cpp cache kept its snapshots in host memory (backends/
+    # llamacpp.py HostSnapshot), this also kept a forward there from slowing as snapshots
+    # filled the KV cells (16 particle runs of the city task 45 ms a run on an empty cache,
+    # 100-130 ms after 50-200 fresh prompts).
     model.clear_cache()
     started = time.perf_counter()
     results = fresh.run_many(rows, model=model, temperature=1.0, seed=2, batch_size=batch)
