@@ -88,6 +88,8 @@ def bios(n: int) -> list[str]:
                   for name, age, job, city, hobby in PEOPLE]
         k += 1
     return found[:n]
+
+
 JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 START_TIMEOUT_S = 900  # vLLM's CPU start-up (compiling, profiling) takes minutes here
 DRAIN_TIMEOUT_S = 60

@@ -66,9 +66,7 @@ class PrefixCache:
             raise ValueError("cache budget must be ≥ 0 bytes")
         self.budget_bytes = budget_bytes
         self._root = _Node(token=-1, depth=0, parent=None)
-        # Reentrant: a fork under it may make room by evicting (llama.cpp's sequences,
-        # backends/llamacpp.py SequencePrefixCache), which takes it again.
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._lru: OrderedDict[tuple[_Node, str], None] = OrderedDict()
         self._storages: dict[int, list[int]] = {}  # data_ptr -> [nbytes, refcount]
         self._nbytes = 0
@@ -97,16 +95,6 @@ class PrefixCache:
             for node, kind in list(self._lru):
                 self._drop(node, kind)
             self._root.children.clear()
-
-    def evict_oldest(self) -> bool:
-        """Drop the least recently used entry (False: nothing was held). For backends whose
-        snapshots hold something scarcer than bytes (llama.cpp's sequence ids)."""
-        with self._lock:
-            if not self._lru:
-                return False
-            node, kind = next(iter(self._lru))
-            self._drop(node, kind)
-            return True
 
     def lookup(self, token_ids: Sequence[int], after: int) -> Hit:
         """KV of the longest prefix of `token_ids` longer than `after` positions that the

@@ -82,7 +82,7 @@ def test_a_blocks_particles_give_their_sequences_back(llama: LlamaCppBackend) ->
     gc.disable()
     try:
         qrun.Query(template).run(model=llama, temperature=1.0, seed=0)
-        free = llama.free_sequences()  # what the prefix cache keeps of the prompt is kept now
+        free = llama.free_sequences()  # after a run: the prefix cache holds no sequence
         for seed in range(1, 3):
             result = qrun.Query(template).run(model=llama, temperature=1.0, seed=seed)
             assert len(result.particle_blocks[0].values) == 32
