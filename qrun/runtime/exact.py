@@ -28,6 +28,7 @@ from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import log_softmax
 from qrun.runtime.select import Proposal, Scoring, choose
 from qrun.runtime.session import Session
+from qrun.runtime.spelling import tokenizations_of
 
 TREE_LIMIT = 1024
 """The most token-tree nodes (distinct prefixes of the token sequences the mask allows) an
@@ -323,6 +324,7 @@ def _canonical(session: Session, request: GenRequest, cursor: Cursor,
     each rest of one (`values`) in its own canonical tokenization."""
     plen = len(request.prefix)
     vocab = session.backend.vocabulary
+    tokenizations = tokenizations_of(session.backend)  # the rests recur across paths and runs
     written = list(start or ())
     before = b"".join(vocab.token_bytes[t] or b"" for t in written)
     endings = []
@@ -331,7 +333,7 @@ def _canonical(session: Session, request: GenRequest, cursor: Cursor,
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             continue  # a value is text: bytes that are not UTF-8 are no value
-        tokens = written + (session.backend.encode(text) if text else [])
+        tokens = written + (list(tokenizations.encode(text)) if text else [])
         spent, offset, consumed = 0, 0, 0
         for k, token in enumerate(tokens):
             offset += len(vocab.token_bytes[token] or b"")
