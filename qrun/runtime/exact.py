@@ -144,9 +144,10 @@ def ending_weights(endings: list[Ending], token_logprobs: list[list[float]],
 
 
 def tail_endings(session: Session, request: GenRequest, cursor: Cursor, start: list[int],
-                 byte_limit: int) -> list[Ending] | None:
+                 byte_limit: int, boundary: tuple[int, ...]) -> list[Ending] | None:
     """The ways to end the value from where `cursor` stands after `start` (the value's tokens
-    so far; each Ending's tokens begin with them): each rest of a value in its canonical
+    so far; each Ending's tokens begin with them), `boundary` the tokens that begin the
+    template's next text (runtime/hole.py follow_of): each rest of a value in its canonical
     tokenization, where a walk of at most `byte_limit` bytes finds them all; None where what
     is left is larger (or does not begin on a character). sampler="smc" finishes a particle
     so once what is left of its language is small (runtime/particles.py). Canonical spellings
@@ -163,7 +164,6 @@ def tail_endings(session: Session, request: GenRequest, cursor: Cursor, start: l
         return None
     except UnicodeDecodeError:
         return None  # the particle stands inside a character: its rest is no text alone
-    boundary = follow_of(session, request.follow).tokens
     return _canonical(session, request, cursor, rests, boundary, start)
 
 

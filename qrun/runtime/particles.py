@@ -127,7 +127,8 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         # path's particles, 3.8 s against 3.3).
         for path, members in sorted(paths.items(), key=lambda item: -len(item[1])):
             if tree is not None and probe is not False and path not in known.tails:
-                known.tails[path] = _small_tail(session, request, members[0], len(members))
+                known.tails[path] = _small_tail(session, request, members[0], len(members),
+                                                boundary)
                 if probe is None:
                     probe = known.tails[path] is not None
             if known.tails.get(path) is not None:
@@ -478,15 +479,16 @@ def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
                 particle.take(token, logprob, len(token_bytes[token] or b""))
 
 
-def _small_tail(session: Session, request: GenRequest, particle: Particle, share: int
-                ) -> list[Ending] | None:
-    """The ways to end the particle's value (exact.tail_endings) where the `share` particles
+def _small_tail(session: Session, request: GenRequest, particle: Particle, share: int,
+                boundary: tuple[int, ...]) -> list[Ending] | None:
+    """The ways to end the particle's value (exact.tail_endings; `boundary` the next text's
+    first tokens, follow_of's: asked once per hole) where the `share` particles
     on its path can afford them: a walk of `share` × TAIL_BYTES finds them all and scoring
     them feeds at most `share` × TAIL_NODES tree nodes; else None. The particles on a path
     pool their bounds because they are finished together, by one tree: a hole's finishes then
     feed at most its particles × TAIL_NODES nodes, as when each particle finished its own."""
     endings = tail_endings(session, request, particle.cursor, particle.tokens,
-                           share * TAIL_BYTES)
+                           share * TAIL_BYTES, boundary)
     if endings is None:
         return None
     rows = ending_rows(endings, len(particle.tokens))

@@ -170,6 +170,22 @@ def log_softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return out
 
 
+def log_normalizers(logits: npt.NDArray[np.float32], rows: int = 64) -> npt.NDArray[np.float64]:
+    """Each row's log(sum(exp(row))) of [n, V] logits: what a logit less is its token's
+    log-probability, for a tree's nodes, of which a score reads a few tokens each
+    (runtime/select.py tree_logprobs). `rows` at a time, so that the one temporary stays
+    small: over 1,000 nodes of SmolLM2's 49,152 tokens 0.24 s where log_softmax, which writes
+    every entry, took 0.35 s and two arrays of 200 MB."""
+    out = np.empty(len(logits), dtype=np.float64)
+    for start in range(0, len(logits), rows):
+        block = logits[start : start + rows]
+        top = block.max(axis=1, keepdims=True)
+        shifted = block - top
+        np.exp(shifted, out=shifted)
+        out[start : start + rows] = top[:, 0] + np.log(shifted.sum(axis=1, dtype=np.float64))
+    return out
+
+
 def _top_p_filter(probs: npt.NDArray[np.float64], top_p: float) -> npt.NDArray[np.float64]:
     # Keep the smallest set of most likely tokens whose mass reaches top_p (always at least
     # the top token); the stable sort keeps ties in id order.

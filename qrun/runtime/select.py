@@ -17,7 +17,7 @@ from qrun.backends.base import KVCache, PromptScorer, TreeScorer
 from qrun.runtime.hole import HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import SelectRecord
-from qrun.runtime.sampler import draw, log_softmax, new_generator
+from qrun.runtime.sampler import draw, log_normalizers, log_softmax, new_generator
 from qrun.runtime.session import Session
 
 
@@ -224,12 +224,12 @@ def tree_logprobs(backend: TreeScorer, tree: OptionTree, rows: list[list[int]],
     top of `cache`, after which the next-token log-probabilities are `first`; and that
     forward's logits [len(tree.fed), V] and cache (`cache` itself when nothing is fed)."""
     logits = np.empty((0, first.shape[-1]), dtype=np.float32)
-    logprobs, fed_cache = logits, cache
+    norms, fed_cache = np.empty(0), cache
     if tree.fed:
         logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, cache)
-        logprobs = log_softmax(logits)  # [len(fed), V]
+        norms = log_normalizers(logits)  # [len(fed)]: a row's few tokens are read
     token_logprobs = [
-        [float(first[row[0]])] + [float(logprobs[node, token])
+        [float(first[row[0]])] + [float(logits[node, token]) - float(norms[node])
                                   for node, token in zip(path, row[1:], strict=True)]
         for row, path in zip(rows, tree.paths, strict=True)
     ]

@@ -10,6 +10,7 @@ import numpy.typing as npt
 from qrun.runtime.sampler import (
     SamplingParams,
     draw,
+    log_normalizers,
     log_softmax,
     new_generator,
     reshape,
@@ -131,6 +132,17 @@ def test_log_softmax_of_rows_matches_the_reference() -> None:
                                np.stack([reference_log_softmax(r.astype(float)) for r in rows]),
                                atol=1e-5)
     assert log_softmax(rows).dtype == np.float32
+
+
+def test_log_normalizers_are_what_a_logit_less_is_its_log_probability() -> None:
+    rows = new_generator(1).standard_normal((7, 50)).astype(np.float32) * 4
+    rows[2, :10] = -np.inf  # masked entries, as a constrained row has them
+    for block in (1, 3, 64):  # rows taken a few at a time or all at once
+        norms = log_normalizers(rows, block)
+        assert norms.shape == (7,)
+        np.testing.assert_allclose(
+            rows - norms[:, None], np.stack([reference_log_softmax(r.astype(float))
+                                             for r in rows]), atol=1e-5)
 
 
 # ---- penalties, logit_bias, min_p (docs/language.md §14.8) ----------------------------------
