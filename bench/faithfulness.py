@@ -102,9 +102,10 @@ TASKS = (
     # first words are chosen before the later parts' constraints are seen, and a time of day
     # whose hour's first digit decides what may follow.
     _sentences("sentence-600", *SENTENCE_SLOTS),
-    # Past what 16 particles score whole (their trees: 16 × 64 nodes, runtime/particles.py
-    # TAIL_NODES; the 600 sentences are 1,000): a fifth word, so they go by the proposal
-    # over the first words and finish the rest exactly.
+    # Further past what 16 particles score whole (their trees: 16 × 24 nodes, runtime/
+    # particles.py TAIL_NODES; the 600 sentences are 988, scored whole while the bound was
+    # 64): a fifth word, so they go by the proposal over more of the first words before the
+    # rest is small enough to finish exactly.
     _sentences("sentence-2400", *SENTENCE_SLOTS, ("here", "today", "again", "now")),
     Task("time", CHAT.replace("QUESTION", "At what time does a typical office workday start? "
                                           "Answer as HH:MM."),

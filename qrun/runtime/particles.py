@@ -38,7 +38,7 @@ from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import draw, log_softmax, new_generator
 from qrun.runtime.scheduler import forward_rows
-from qrun.runtime.select import OptionTree, parts_logprobs
+from qrun.runtime.select import OptionTree, jobs_logprobs
 from qrun.runtime.session import Session
 from qrun.runtime.spelling import Spellings
 
@@ -152,9 +152,11 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                     else:  # the look fed it: the particles that took it share the row
                         p.cache, p.logits = fed
         session.stats.mask_s += time.perf_counter() - started
-        for path, members in finishing.items():
+        if finishing:
             assert tree is not None
-            _finish_exactly(session, tree, base, members, known.tails[path] or [], generator)
+            _finish_exactly(session, tree, base, [
+                (members, known.tails[path] or []) for path, members in finishing.items()],
+                generator)
         if to_feed:
             _feed(session, model, base, to_feed, particles)
         particles = resampled(particles, generator, request.ess_threshold)
@@ -434,49 +436,50 @@ looks where it may propose at most 16 tokens that go on."""
 
 
 def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
-                    particles: list[Particle], endings: list[Ending],
+                    paths: list[tuple[list[Particle], list[Ending]]],
                     generator: np.random.Generator) -> None:
-    """Finish `particles` (on one path) as sampler="exact" fills a hole: every way the value
-    can end from there (`endings`: each rest in its canonical tokenization, with the mass of
-    ending where it could go on) scored in tree forwards on their cache (of at most
-    runtime/select.py TREE_NODES nodes each: parts_logprobs), each particle's
-    weight times their total probability, each drawing one of them by its probability. A
-    particle so finished draws its rest from the model's conditional itself, which adds no
-    variance to the weights (Rao-Blackwellisation), where the token-by-token proposal's
-    weights vary with every token (TAIL_BYTES says what it gained). Nothing of the tree stays:
-    the chosen particle's rest is appended to the context and fed with what follows (as a
-    select scored in parts)."""
-    first = particles[0]
-    start = len(first.tokens)
-    logprobs_first = log_softmax(first.logits)
-    rows = ending_rows(endings, start)
-    token_logprobs: list[list[float]] = []
-    if rows:
-        started = time.perf_counter()
-        token_logprobs, fed, forwards = parts_logprobs(
-            tree, rows, logprobs_first, first.cache if first.cache is not None else base)
-        if forwards:
-            session.count_model_call(time.perf_counter() - started, fed, calls=forwards)
-        session.stats.rollback_tokens += fed
-    weights = np.array(ending_weights(endings, token_logprobs, logprobs_first, start))
-    total = float(np.logaddexp.reduce(weights))
-    if total == -math.inf:
-        for particle in particles:
-            particle.log_weight, particle.finish = -math.inf, "eos"
-        return
-    probs = np.exp(weights - total)
+    """Finish each path's particles as sampler="exact" fills a hole: every way the value can
+    end from there (each path's endings: each rest in its canonical tokenization, with the
+    mass of ending where it could go on) scored in tree forwards on the path's cache (of at
+    most runtime/select.py TREE_NODES nodes each; the step's paths' trees submitted together,
+    select.jobs_logprobs), each particle's weight times their total probability, each
+    drawing one of them by its probability. A particle so finished draws its rest from the
+    model's conditional itself, which adds no variance to the weights (Rao-Blackwellisation),
+    where the token-by-token proposal's weights vary with every token (TAIL_BYTES says what
+    it gained). Nothing of the trees stays: the chosen particle's rest is appended to the
+    context and fed with what follows (as a select scored in parts)."""
+    jobs = []
+    for particles, endings in paths:
+        first = particles[0]
+        jobs.append((ending_rows(endings, len(first.tokens)), log_softmax(first.logits),
+                     first.cache if first.cache is not None else base))
+    started = time.perf_counter()
+    scored, fed, forwards = jobs_logprobs(tree, jobs)
+    if forwards:
+        session.count_model_call(time.perf_counter() - started, fed, calls=forwards)
+    session.stats.rollback_tokens += fed
     token_bytes = session.backend.vocabulary.token_bytes
-    rests = [(ending.text, float(q)) for ending, q in zip(endings, probs, strict=True)]
-    for particle in particles:
-        particle.rests = rests
-        chosen = draw(probs, generator)
-        ending = endings[chosen]
-        particle.log_weight += total
-        particle.finish = ending.finish
-        if len(ending.tokens) > start:
-            row = token_logprobs[row_of(endings, chosen, start)]
-            for token, logprob in zip(ending.tokens[start:], row, strict=True):
-                particle.take(token, logprob, len(token_bytes[token] or b""))
+    for (particles, endings), (_, logprobs_first, _), token_logprobs in zip(
+            paths, jobs, scored, strict=True):
+        start = len(particles[0].tokens)
+        weights = np.array(ending_weights(endings, token_logprobs, logprobs_first, start))
+        total = float(np.logaddexp.reduce(weights))
+        if total == -math.inf:
+            for particle in particles:
+                particle.log_weight, particle.finish = -math.inf, "eos"
+            continue
+        probs = np.exp(weights - total)
+        rests = [(ending.text, float(q)) for ending, q in zip(endings, probs, strict=True)]
+        for particle in particles:
+            particle.rests = rests
+            chosen = draw(probs, generator)
+            ending = endings[chosen]
+            particle.log_weight += total
+            particle.finish = ending.finish
+            if len(ending.tokens) > start:
+                row = token_logprobs[row_of(endings, chosen, start)]
+                for token, logprob in zip(ending.tokens[start:], row, strict=True):
+                    particle.take(token, logprob, len(token_bytes[token] or b""))
 
 
 def _small_tail(session: Session, request: GenRequest, particle: Particle, share: int,
@@ -495,24 +498,26 @@ def _small_tail(session: Session, request: GenRequest, particle: Particle, share
     return endings if len(OptionTree.build(rows).fed) <= share * TAIL_NODES else None
 
 
-TAIL_NODES = 64
+TAIL_NODES = 24
 """The most tree nodes (tokens fed: runtime/select.py OptionTree) that scoring a particle's
 rests may take for it to be finished exactly (_finish_exactly), for each particle on its path
-(_small_tail: they are finished by one tree, so 16 particles at the start of a hole may
-score a tree of 1,024 nodes, the whole language where it is that small); a path whose tree is
-larger takes its next token by the proposal and is asked again after it. The cost it bounds
-is the forward's: on llama.cpp here a node costs about what a row of a step's batch does (5 ms
-on 2 AVX2 cores: issue #37), on transformers much less. Measured (bench/faithfulness.py, 16
-particles, 150 runs; llama.cpp, this CPU): "(The|A|One|My) (big|...) (cat|...)
-(sleeps|...)." (600 sentences): at 64 nodes the nouns and verbs left after the adjective
-are one tree of 30 nodes, and the estimate is 0.067 from the conditional at 2.4 s a sample,
-where finishing only the verbs after the noun (TAIL_BYTES 64, as before) gave 0.15 at
-0.63 s: a path the proposal seldom takes but the conditional favours ("A lazy" then "fish
-eats.": 0.10, estimated 0.014 so) is weighed by its whole rest once one particle reaches
-it; times of day "HH:MM" (1,440): the minutes left after the hour, 7 nodes, 0.014 at 0.60 s
-(0.048 at 0.30 s). On transformers: 0.072 at 2.8 s (0.14 at 1.7 s). With the bound pooled
-(100 runs, a slower sitting), 16 particles score both languages whole at the first step
-(1,000 and about 200 nodes): 0.000 from the conditional at 6.2 and 1.2 s a sample."""
+(_small_tail: they are finished by one tree, so 16 particles at the start of a hole may score
+a tree of 384 nodes, the whole language where it is that small); a path whose tree is larger
+takes its next token by the proposal and is asked again after it. The cost it bounds is the
+forward's: a node costs what a prompt token does (on transformers here about 3 ms; on
+llama.cpp about a row of a step's batch, 3.4-5 ms on 2 AVX2 cores: issue #37). Measured
+(bench/faithfulness.py, 16 particles, transformers, 80 runs, seconds a sample on fresh
+prompts where masking took 0.19-0.24 s): on "(The|A|One|My) (big|...) (cat|...)
+(sleeps|...)." (600 sentences, 988 nodes), at 64 the whole language was scored at the first
+step, 0.000 from the conditional at 3.85 s (19 times masking); at 32, 0.018 at 1.38 s; at 24,
+0.022 at 1.47 s. With a fifth word (2,400 sentences): at 32, 0.050 at 1.96 s; at 24, 0.069 at
+1.42 s (a path of one particle, whose last two words are 27 nodes, goes on by the proposal;
+24 rather than 32 for that: 1.96 s is 9 times masking). Times of day "HH:MM" (1,440, about
+200 nodes) are scored whole at every bound from 16 up. Earlier, on llama.cpp (150 runs,
+bounds not pooled): the nouns and verbs after the adjective as one tree of 30 nodes gave
+0.067 where finishing only the verbs after the noun gave 0.15: a path the proposal seldom
+takes but the conditional favours ("A lazy" then "fish eats.") is weighed by its whole rest
+once one particle reaches it."""
 TAIL_BYTES = 256
 """The most nodes of the byte trie of a particle's rests (walked a byte at a time, each a
 step of the constraint's cursor) for it to be finished exactly, for each particle on its

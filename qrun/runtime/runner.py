@@ -425,6 +425,12 @@ class _CancellableModel(ScheduledModel):
             raise RunCancelled
         return super().forward_tree(token_ids, parents, cache)
 
+    def forward_trees(self, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                      ) -> list[tuple[npt.NDArray[np.float32], KVCache]]:
+        if self._ticket.cancelled.is_set():
+            raise RunCancelled
+        return super().forward_trees(items)
+
 
 class _CheckedModel:
     """The step model of a backend that batches itself (vLLM), as one admitted run sees it:

@@ -65,6 +65,14 @@ class ForwardScheduler:
         return self._wait([_Request(False, (*order, i), (list(ids), cache, 1))
                            for i, (ids, cache) in enumerate(items)])
 
+    def submit_trees(self, order: tuple[int, ...],
+                     items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]) -> list[Any]:
+        """Several tree forwards of one worker (particles finishing several paths at one step,
+        runtime/particles.py) in the next batch, in order after `order`; each item's result
+        as TreeScorer.forward_tree gives it."""
+        return self._wait([_Request(True, (*order, i), (list(ids), list(parents), cache))
+                           for i, (ids, parents, cache) in enumerate(items)])
+
     def _wait(self, requests: list[_Request]) -> list[Any]:
         """Queue `requests` (one worker's) and wait until they have run: at once in this
         thread when nothing else is pending or running and no other worker is active."""
@@ -231,6 +239,13 @@ class ScheduledModel:
             True, self._order, token_ids, parents, cache)
         return result
 
+    def forward_trees(self, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                      ) -> list[tuple[npt.NDArray[np.float32], KVCache]]:
+        """Each item (token_ids, parents, cache) as forward_tree takes it, in one batch."""
+        result: list[tuple[npt.NDArray[np.float32], KVCache]] = self._scheduler.submit_trees(
+            self._order, items)
+        return result
+
     @contextmanager
     def aside(self) -> Iterator[None]:
         """This worker steps out of the batch for the block (a host function's call): the
@@ -257,3 +272,13 @@ def forward_rows(model: StepModel, batcher: BatchForward | None,
     if batcher is not None and len(items) > 1:
         return batcher.forward_batch(items, 1)
     return [model.forward(ids, cache, 1) for ids, cache in items]
+
+
+def forward_trees(scorer: TreeScorer, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                  ) -> list[tuple[npt.NDArray[np.float32], KVCache]]:
+    """Each item's tree (token_ids, parents, cache) fed as forward_tree feeds it: through its
+    run's scheduler in one batch (the backend's TreeBatch, where it has one) where `scorer` is
+    a run's scheduled model, else one forward each."""
+    if isinstance(scorer, ScheduledModel):
+        return scorer.forward_trees(items)
+    return [scorer.forward_tree(ids, parents, cache) for ids, parents, cache in items]

@@ -18,6 +18,7 @@ from qrun.runtime.hole import HoleFailure
 from qrun.runtime.recorder import Recorder
 from qrun.runtime.result import SelectRecord
 from qrun.runtime.sampler import draw, log_normalizers, log_softmax, new_generator
+from qrun.runtime.scheduler import forward_trees
 from qrun.runtime.session import Session
 
 
@@ -224,16 +225,22 @@ def tree_logprobs(backend: TreeScorer, tree: OptionTree, rows: list[list[int]],
     top of `cache`, after which the next-token log-probabilities are `first`; and that
     forward's logits [len(tree.fed), V] and cache (`cache` itself when nothing is fed)."""
     logits = np.empty((0, first.shape[-1]), dtype=np.float32)
-    norms, fed_cache = np.empty(0), cache
+    fed_cache = cache
     if tree.fed:
         logits, fed_cache = backend.forward_tree(tree.fed, tree.parents, cache)
-        norms = log_normalizers(logits)  # [len(fed)]: a row's few tokens are read
-    token_logprobs = [
+    return _row_logprobs(tree, rows, first, logits), logits, fed_cache
+
+
+def _row_logprobs(tree: OptionTree, rows: list[list[int]], first: npt.NDArray[np.float32],
+                  logits: npt.NDArray[np.float32]) -> list[list[float]]:
+    """Each row's token log-probabilities from the logits after `tree`'s fed nodes (`first`
+    before its first token)."""
+    norms = log_normalizers(logits)  # [len(fed)]: a row's few tokens are read
+    return [
         [float(first[row[0]])] + [float(logits[node, token]) - float(norms[node])
                                   for node, token in zip(path, row[1:], strict=True)]
         for row, path in zip(rows, tree.paths, strict=True)
     ]
-    return token_logprobs, logits, fed_cache
 
 
 def parts_logprobs(backend: TreeScorer, rows: list[list[int]], first: npt.NDArray[np.float32],
@@ -241,16 +248,48 @@ def parts_logprobs(backend: TreeScorer, rows: list[list[int]], first: npt.NDArra
     """Each row's token log-probabilities as tree_logprobs gives them, from trees of at most
     TREE_NODES fed nodes each (_parts) on top of `cache`, nothing of them kept; the nodes fed,
     and the forwards that fed them. What a select too large for one tree scores
-    (_score_in_parts) and a particle finished exactly (runtime/particles.py
-    _finish_exactly)."""
-    token_logprobs: list[list[float]] = []
-    fed = forwards = 0
-    for part in _parts(rows):
-        tree = OptionTree.build(part)
-        token_logprobs.extend(tree_logprobs(backend, tree, part, first, cache)[0])
-        fed += len(tree.fed)
-        forwards += bool(tree.fed)
+    (_score_in_parts)."""
+    (token_logprobs,), fed, forwards = jobs_logprobs(backend, [(rows, first, cache)])
     return token_logprobs, fed, forwards
+
+
+def jobs_logprobs(
+    backend: TreeScorer,
+    jobs: Sequence[tuple[list[list[int]], npt.NDArray[np.float32], KVCache]],
+) -> tuple[list[list[list[float]]], int, int]:
+    """parts_logprobs for several jobs at once, each (rows, first, cache): every job's parts,
+    in order, submitted together as trees of one batch (runtime/scheduler.py forward_trees)
+    while they hold at most TREE_NODES fed nodes together, so that many small trees cost a
+    few forwards (16 particles finishing 10 paths at one step of bench/faithfulness.py's
+    2,400 sentences fed 10 trees of about 40 nodes, each a forward of its own, ~80 ms apart
+    from its nodes on transformers here). Each job's token log-probabilities, the nodes fed,
+    and the batches that fed them."""
+    parts = [(j, part, OptionTree.build(part))
+             for j, (rows, _, _) in enumerate(jobs) for part in _parts(rows)]
+    groups: list[list[int]] = []
+    size = 0
+    for k, (_, _, tree) in enumerate(parts):
+        if groups and size + len(tree.fed) <= TREE_NODES:
+            groups[-1].append(k)
+            size += len(tree.fed)
+        else:
+            groups.append([k])
+            size = len(tree.fed)
+    scored: list[list[list[float]]] = [[] for _ in jobs]
+    fed = forwards = 0
+    for group in groups:
+        feeding = [k for k in group if parts[k][2].fed]
+        items = [(parts[k][2].fed, parts[k][2].parents, jobs[parts[k][0]][2]) for k in feeding]
+        outputs = forward_trees(backend, items) if items else []
+        logits_of = {k: logits for k, (logits, _) in zip(feeding, outputs, strict=True)}
+        for k in group:  # in order: a job's parts are its rows in order
+            j, part, tree = parts[k]
+            first = jobs[j][1]
+            logits = logits_of.get(k, np.empty((0, first.shape[-1]), dtype=np.float32))
+            scored[j].extend(_row_logprobs(tree, part, first, logits))
+            fed += len(tree.fed)
+        forwards += bool(feeding)
+    return scored, fed, forwards
 
 
 def _score_in_parts(

@@ -201,3 +201,39 @@ def test_thousands_of_options_are_scored_within_the_node_bound(
     assert result["n"] in options
     assert len(result.holes["n"].option_logprobs) == 2_002  # type: ignore[attr-defined]
     assert sum(sizes) > 20 * TREE_NODES and max(sizes) <= TREE_NODES
+
+
+def test_several_jobs_are_scored_in_one_batch_of_trees_as_each_alone(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobs_logprobs (particles finishing several paths at one step) submits every job's trees
+    together: one forward of several trees where they fit TREE_NODES nodes together, with each
+    job's scores what parts_logprobs gives it alone."""
+    from qrun.runtime.scheduler import ForwardScheduler, ScheduledModel
+    from qrun.runtime.select import jobs_logprobs, parts_logprobs
+
+    jobs = []
+    for prefix, words in (("My favourite colour is", (" red", " green and blue", " sky")),
+                          ("The animal I like most is the", (" cat", " dog that barks")),
+                          ("Nothing to score here", ())):
+        cache = tiny.new_cache()
+        first = log_softmax(tiny.forward(tiny.encode(prefix), cache, 1)[-1])
+        jobs.append(([tiny.encode(w) + tiny.encode(".") for w in words], first, cache))
+    alone = [parts_logprobs(tiny, rows, first, cache) for rows, first, cache in jobs]
+    batches: list[int] = []
+    forward_trees = tiny.forward_trees
+    monkeypatch.setattr(tiny, "forward_trees",
+                        lambda items: batches.append(len(items)) or forward_trees(items))
+    scheduler = ForwardScheduler(tiny, tiny, tiny.batch_forward(), tiny.tree_batch())
+    scheduler.enter()
+    try:
+        scored, fed, forwards = jobs_logprobs(ScheduledModel(scheduler, 0), jobs)
+        assert batches == [2] and forwards == 1  # the third job feeds nothing
+        assert fed == sum(nodes for _, nodes, _ in alone)
+        for together, (by_itself, _, _) in zip(scored, alone, strict=True):
+            np.testing.assert_allclose(np.concatenate(together or [[]]),
+                                       np.concatenate(by_itself or [[]]), atol=1e-4)
+        batches.clear()
+        monkeypatch.setattr("qrun.runtime.select.TREE_NODES", 8)  # each job's tree apart
+        assert jobs_logprobs(ScheduledModel(scheduler, 0), jobs)[2] == 2
+    finally:
+        scheduler.leave()
