@@ -41,10 +41,18 @@ class Tokenizations:
     path token by token (py-spy, transformers, 16 particles)."""
 
     def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+        # Weakly: the table is the value of a WeakKeyDictionary keyed by the backend, and a
+        # value that held its key would keep the backend (its model) alive for ever.
+        self._backend = weakref.ref(backend)
         self._lock = threading.Lock()
         self._pairs: OrderedDict[tuple[int, int], bool] = OrderedDict()
         self._texts: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    @property
+    def backend(self) -> Backend:
+        backend = self._backend()
+        assert backend is not None, "asked through tokenizations_of(backend): it is alive"
+        return backend
 
     def pair(self, first: int, second: int) -> bool:
         """Whether the tokenizer reads the two tokens' bytes as these two tokens (bytes that

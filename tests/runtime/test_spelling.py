@@ -58,3 +58,23 @@ def test_the_tables_stay_bounded(tiny: TransformersBackend,
     # " a" was dropped for " c" (two entries at most); the long text is never kept
     assert calls == [" a", " b", " c", " a", " a long text", " a long text"]
     assert tables.encode(" c") == tuple(encode(" c")) and calls[-1] == " a long text"
+
+
+def test_the_tables_do_not_keep_a_backend_alive(tiny: TransformersBackend) -> None:
+    """A backend's Tokenizations goes with it: an unloaded model is not held by its table."""
+    import gc
+    import weakref
+
+    class Backend:  # what a Tokenizations reads of a backend
+        vocabulary = tiny.vocabulary
+
+        def encode(self, text: str, *, special: bool = False) -> list[int]:
+            return tiny.encode(text, special=special)
+
+    backend = Backend()
+    th, cat = one(tiny, " th"), one(tiny, " cat")
+    assert tokenizations_of(backend).pair(th, cat)  # type: ignore[arg-type]
+    gone = weakref.ref(backend)
+    del backend
+    gc.collect()
+    assert gone() is None
