@@ -435,10 +435,12 @@ def main() -> None:
                                            args.batch, args.timed)), flush=True)
     python = os.environ.get("QRUN_BENCH_GENLM_PYTHON")
     if python:  # after qrun's runs, so the two never share the CPU
-        model.close()  # type: ignore[attr-defined]
         # genlm-control runs the HF weights in float32: its reference is the transformers
         # backend's (the same weights; llama.cpp's kernels move the log-probabilities a little).
-        hf = qrun.load_model(args.model, backend="transformers")
+        hf = model
+        if args.backend != "transformers":  # only llama.cpp's backend has a close()
+            model.close()  # type: ignore[attr-defined]
+            hf = qrun.load_model(args.model, backend="transformers")
         tasks = []
         for task, _ in done:
             reference, _ = _reference(task, hf, tree_nodes=select_module.TREE_NODES)
