@@ -261,9 +261,9 @@ def jobs_logprobs(
     in order, submitted together as trees of one batch (runtime/scheduler.py forward_trees)
     while they hold at most TREE_NODES fed nodes together, so that many small trees cost a
     few forwards (16 particles finishing 10 paths at one step of bench/faithfulness.py's
-    2,400 sentences fed 10 trees of about 40 nodes, each a forward of its own, ~80 ms apart
-    from its nodes on transformers here). Each job's token log-probabilities, the nodes fed,
-    and the batches that fed them."""
+    2,400 sentences fed 10 trees of a path's last two words, 27 nodes after "A big cat",
+    each a forward of its own, ~80 ms apart from its nodes on transformers here). Each job's
+    token log-probabilities, the nodes fed, and the batches that fed them."""
     parts = [(j, part, OptionTree.build(part))
              for j, (rows, _, _) in enumerate(jobs) for part in _parts(rows)]
     groups: list[list[int]] = []
