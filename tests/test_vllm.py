@@ -202,12 +202,38 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("mode", ["local", "server"])
-def test_an_example_from_the_command_line(vllm_url: str, mode: str) -> None:
+def test_an_example_from_the_command_line(vllm_local: Any, vllm_url: str, mode: str,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # qrun.cli.main in this process: a process of its own would start a second engine (about
+    # 40 s of this tier) where the session's serves; the console script as a process is run by
+    # tests/cli/test_cli.py and tests/test_cookbook.py. What the flags ask of the loader is
+    # checked here, and the in-process engine it would start is the session's.
+    from qrun import backends
+    from qrun.cli import main
+
+    real_load, asked, loaded = backends.load_model, [], []
+
+    def load_model(**kwargs: Any) -> Any:
+        options = kwargs["options"]
+        asked.append((options.backend, options.url))
+        if options.url is None:
+            return vllm_local
+        loaded.append(real_load(**kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(backends, "load_model", load_model)
     extra = ["--url", vllm_url] if mode == "server" else []
-    proc = _cli(str(EXAMPLES / "extract.tmpl"), "--backend", "vllm", *extra, "--json",
-                "-v", f"document={INPUTS['extract.tmpl']['document']}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    try:
+        code = main([str(EXAMPLES / "extract.tmpl"), "--backend", "vllm", *extra, "--json",
+                     "-v", f"document={INPUTS['extract.tmpl']['document']}"])
+    finally:
+        for backend in loaded:
+            backend.close()
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
+    assert asked == [("vllm", vllm_url if mode == "server" else None)]
+    out = json.loads(printed.out)
     assert regex.fullmatch(PATTERNS["DATE"], out["vars"]["date"], flags=regex.ASCII)
     assert out["vars"]["paid"] in ("yes", "no")
     assert out["stats"]["forward_calls"] > 0

@@ -4,6 +4,7 @@ line number in the file and every other line its result, in order; the same valu
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -86,17 +87,25 @@ def test_output_reads_back_as_inputs(
     assert back[1]["text"].startswith("Q: plain|")
 
 
-@pytest.mark.slow
-def test_inputs_from_stdin_keep_file_line_numbers(tmp_path: Path, tiny_folder: str) -> None:
-    data = b'\n{"q": "one"}\n\n{"q": \xc3}\n{"q": "three"}'  # no final newline
-    done = subprocess.run(
-        [sys.executable, "-m", "qrun.cli", write(tmp_path, ECHO), "--inputs", "-", "--model",
-         tiny_folder, "--fields", "vars"], input=data, capture_output=True, check=False)
-    printed = rows(done.stdout.decode("utf-8"))
-    assert done.returncode == 1, done.stderr
+def stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    """`data` as this process's standard input, for qrun.cli.main run here: a process of its
+    own costs torch's and transformers' imports (7-10 s on the 2-core VM), and the console
+    script as a process is run by tests/cli/test_cli.py."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_inputs_from_stdin_keep_file_line_numbers(
+        tmp_path: Path, tiny_folder: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    stdin(monkeypatch, b'\n{"q": "one"}\n\n{"q": \xc3}\n{"q": "three"}')  # no final newline
+    code = main([write(tmp_path, ECHO), "--inputs", "-", "--model", tiny_folder,
+                 "--fields", "vars"])
+    done = capsys.readouterr()
+    printed = rows(done.out)
+    assert code == 1, done.err
     assert [r.get("line") for r in printed] == [None, 4, None]
     assert printed[1]["error"].startswith("-:4: invalid UTF-8")
-    assert "Traceback" not in done.stderr.decode()
+    assert "Traceback" not in done.err
 
 
 @pytest.mark.parametrize(
@@ -172,20 +181,22 @@ def test_json_output_is_one_line_without_raw_separators(
     assert set(row) == {"text", "holes"}
 
 
-def test_the_template_from_standard_input(tmp_path: Path, tiny_folder: str) -> None:
+def test_the_template_from_standard_input(
+        tmp_path: Path, tiny_folder: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """`qrun -` reads the template from standard input (issue #38 item 8), compiled as
     <stdin> with its includes from the working folder."""
     (tmp_path / "part.tmpl").write_text("and {{ who }}")
-    text = b'Hello {% include "part.tmpl" %}: {{ gen g regex="[a-z]{2}" }}.'
-    done = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "-v", "who=Ada", "--model",
-                           tiny_folder, "--json"], input=text, capture_output=True,
-                          check=False, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    row = json.loads(done.stdout)
+    monkeypatch.chdir(tmp_path)
+    stdin(monkeypatch, b'Hello {% include "part.tmpl" %}: {{ gen g regex="[a-z]{2}" }}.')
+    code = main(["-", "-v", "who=Ada", "--model", tiny_folder, "--json"])
+    done = capsys.readouterr()
+    assert code == 0, done.err
+    row = json.loads(done.out)
     assert row["text"].startswith("Hello and Ada: ") and len(row["vars"]["g"]) == 2
-    bad = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "--check"],
-                         input=b"Hi {{ who }.", capture_output=True, check=False)
-    assert bad.returncode == 2 and bad.stderr.decode().startswith("<stdin>:1:")
-    both = subprocess.run([sys.executable, "-m", "qrun.cli", "-", "--inputs", "-"],
-                          input=b"Hi.", capture_output=True, check=False)
-    assert both.returncode == 2 and b"standard input" in both.stderr
+    stdin(monkeypatch, b"Hi {{ who }.")
+    assert main(["-", "--check"]) == 2
+    assert capsys.readouterr().err.startswith("<stdin>:1:")
+    stdin(monkeypatch, b"Hi.")
+    assert main(["-", "--inputs", "-"]) == 2
+    assert "standard input" in capsys.readouterr().err

@@ -132,13 +132,15 @@ def test_the_example_schema_token_by_token(smol_vocab: Vocabulary, smol_tokenize
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_slice_of_the_corpus(smol_vocab: Vocabulary, smol_tokenizer: Any) -> None:
     # Every 16th schema in corpus order (41 of 644; 19 compile with 1.7.6 and qrun's
-    # rewrite): a few minutes, so CI runs it; the whole corpus is the test below.
-    checker = _checker(smol_vocab, smol_tokenizer, valid=4, invalid=4, walks=2)
+    # rewrite), two instances of each kind and one walk a schema: about 40 s on the 2-core VM
+    # (4, 4 and 2 took 70 s: 65 valid, 72 invalid, 34 walks), so CI runs it; the whole corpus
+    # is the test below.
+    checker = _checker(smol_vocab, smol_tokenizer, valid=2, invalid=2, walks=1)
     reports = [checker.check(name, schema, timeout_s=15.0)
                for name, schema in list(load_corpus())[::16]]
     summary = counts(reports)
     assert summary["compiled"] >= 15, summary
-    assert summary["valid"] >= 30 and summary["invalid"] >= 30, summary
+    assert summary["valid"] >= 15 and summary["invalid"] >= 15, summary
     _assert_sound(reports, KNOWN_DEVIATIONS)
 
 

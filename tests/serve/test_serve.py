@@ -520,40 +520,6 @@ def test_loopback_addresses() -> None:
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
 
 
-def test_the_command_serves_a_folder_and_warns_beyond_loopback(
-        tmp_path: Path, tiny_folder: str) -> None:
-    (tmp_path / "person.tmpl").write_text(PERSON)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {**os.environ, "QRUN_API_KEY": ""}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path), "--model", tiny_folder,
-         "--host", "0.0.0.0", "--port", str(port), "--log-level", "warning"],
-        stderr=subprocess.PIPE, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            return httpx.get(f"{url}/healthz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        with alarm(300):
-            wait_until(up)
-            response = post(url, "person", {"inputs": {"name": "Ada"}})
-            assert response.status_code == 200, response.text
-            assert json.loads(response.text)["text"].startswith("Name: Ada.")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr  # SIGTERM: drained, then a clean exit
-    assert "warning: 0.0.0.0 is reachable from other machines" in stderr
-
-
 def test_a_batch_runs_each_line_and_answers_json_lines_in_order(
         server: tuple[str, Service], tiny: TransformersBackend) -> None:
     url, _ = server
@@ -704,8 +670,9 @@ functions = {"wait": wait}
 
 
 class ServeProcess:
-    """`qrun serve` in a subprocess on a free port, with the gated template whose host
-    function waits for the file `flag` (the test decides when its runs go on)."""
+    """`qrun serve FOLDER` in a subprocess on a free port, the folder holding the gated
+    template, whose host function waits for the file `flag` (the test decides when its runs
+    go on)."""
 
     def __init__(self, tmp_path: Path, model: str, *flags: str) -> None:
         (tmp_path / "gated.tmpl").write_text(GATED)
@@ -716,11 +683,11 @@ class ServeProcess:
         port = sock.getsockname()[1]
         sock.close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path / "gated.tmpl"),
+            [sys.executable, "-m", "qrun.cli", "serve", str(tmp_path),
              "--functions", str(tmp_path / "wait.py"), "--model", model,
              "--port", str(port), "--log-level", "warning", *flags],
             stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "QRUN_TEST_FLAG": str(self.flag)})
+            env={**os.environ, "QRUN_TEST_FLAG": str(self.flag), "QRUN_API_KEY": ""})
         self.url = f"http://127.0.0.1:{port}"
 
     def metric(self, name: str) -> str:
@@ -789,7 +756,8 @@ def test_sigterm_drains_new_requests_503_while_those_accepted_finish_then_exits_
 
 def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
         tmp_path: Path, tiny_folder: str) -> None:
-    server = ServeProcess(tmp_path, tiny_folder, "--drain-timeout", "1")
+    # Also: the command serves a folder, and bound beyond the loopback it warns.
+    server = ServeProcess(tmp_path, tiny_folder, "--drain-timeout", "1", "--host", "0.0.0.0")
     try:
         with alarm(300), ThreadPoolExecutor(2) as pool:
             wait_until(lambda: server.metric("qrun_running_runs") == "0.0")
@@ -807,6 +775,7 @@ def test_past_the_drain_timeout_the_runs_left_are_answered_503_and_it_exits_0(
     finally:
         stderr = server.close()
     assert "Traceback" not in stderr, stderr
+    assert "warning: 0.0.0.0 is reachable from other machines" in stderr
 
 
 
