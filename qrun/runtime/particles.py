@@ -5,7 +5,7 @@ p(x) ∝ P_model(x | context) over L, as LLaMPPL and genlm-control do.
 N particles each write the value token by token, each token from the model's distribution
 restricted to the tokens it may propose (those the mask allows, in canonical pairs:
 runtime/spelling.py; the particles on one path draw theirs together: spread, after a look one
-token ahead: _look_ahead); each carries a weight multiplied at every step by the mass of those
+token ahead: _look_rows); each carries a weight multiplied at every step by the mass of those
 tokens (the normalizer of that restricted distribution: the ratio of target to proposal), so a
 particle that took a likely-looking token leading into unlikely text loses weight as the mask
 cuts its next choices. Ending is one of the choices (EOS, or a token that begins the template's
@@ -14,8 +14,9 @@ unfinished particles' effective sample size falls below the hole's ess_threshold
 default) of their number they are resampled (systematic resampling): heavy ones copied, light
 ones dropped, each weighing their mean (finished ones stay: resampled says why). A copy shares
 its KV cache and logits until it feeds a token, and particles on the same path are fed as one
-row (_feed: no position is fed twice, no question asked twice); each step's rows are one batch
-(through the run's scheduler, runtime/scheduler.py forward_rows). Once what is left of a
+row (_feed_rows: no position is fed twice, no question asked twice); each step's rows, the
+look's and the feed's, are one batch (through the run's scheduler, runtime/scheduler.py
+forward_rows). Once what is left of a
 particle's language is small (for the particles on its path together: _small_tail), they are
 finished exactly instead (_finish_exactly: the rest scored whole, as sampler="exact" scores a
 hole). The value is one particle drawn by weight (the heaviest at temperature 0); every
@@ -71,7 +72,7 @@ class Particle:
         self.ends.append((self.ends[-1] if self.ends else 0) + size)
 
     def copy(self) -> Particle:
-        """A copy sharing this particle's KV cache until one of them feeds (_feed forks it
+        """A copy sharing this particle's KV cache until one of them feeds (_feed_rows forks it
         then)."""
         return Particle(self.cursor.copy(), self.logits, self.cache, list(self.tokens),
                         list(self.logprobs), list(self.ends), self.log_weight, self.finish)
@@ -109,7 +110,8 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
     while any(p.finish is None for p in particles):
         started = time.perf_counter()
         at: dict[tuple[int, ...], Choices] = {}  # this step's choices, per path
-        to_feed = []
+        to_feed: list[Particle] = []
+        ahead: dict[tuple[int, ...], Ahead] = {}
         finishing: dict[tuple[int, ...], list[Particle]] = {}
         stepping: dict[tuple[int, ...], list[Particle]] = {}
         probe: bool | None = None  # whether the step's first look found a small rest
@@ -137,28 +139,43 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                 at[path] = known.ahead.pop(path) if path in known.ahead else _choices(
                     members[0], request, session.backend, eos, boundary, known)
                 stepping[path] = members
-        session.stats.mask_s += time.perf_counter() - started
-        ahead = _look_ahead(session, model, base, stepping, at, request, eos, boundary, known)
-        started = time.perf_counter()
+        looks = _look_rows(session, base, stepping, at, request)
+        # The paths that do not look draw now, so that their tokens are fed in the look's
+        # forward (one batch of rows a step, not two: a forward reads every weight once).
         for path, members in stepping.items():
-            looked = ahead.get(path)
-            for p, (pick, log_importance) in zip(members, spread(
-                    at[path].weights, len(members), generator,
-                    None if looked is None else looked.twist), strict=True):
-                if _step(p, at[path], pick, log_importance, request, session.backend):
-                    fed = None if looked is None else looked.fed.get(pick)
-                    if fed is None:
+            if path not in looks.plans:
+                for p, (pick, log_importance) in zip(members, spread(
+                        at[path].weights, len(members), generator), strict=True):
+                    if _step(p, at[path], pick, log_importance, request, session.backend):
                         to_feed.append(p)
-                    else:  # the look fed it: the particles that took it share the row
-                        p.cache, p.logits = fed
+        feeding = _feed_rows(base, to_feed, particles)
+        session.stats.mask_s += time.perf_counter() - started
+        if looks.rows or feeding.rows:
+            started = time.perf_counter()
+            logits = forward_rows(model, session.backend.batch_forward(),
+                                  looks.rows + feeding.rows)
+            session.count_model_call(time.perf_counter() - started,
+                                     len(looks.rows) + len(feeding.rows))
+            feeding.take(logits[len(looks.rows):])
+            started = time.perf_counter()
+            ahead = _looked(looks, logits[:len(looks.rows)], request, session.backend, eos,
+                            boundary, known)
+            session.stats.mask_s += time.perf_counter() - started
+        started = time.perf_counter()
+        for path, (twist, _) in looks.plans.items():
+            members, looked = stepping[path], ahead[path]
+            for p, (pick, log_importance) in zip(members, spread(
+                    at[path].weights, len(members), generator, twist), strict=True):
+                if _step(p, at[path], pick, log_importance, request, session.backend):
+                    # the look fed every token that goes on: the particles that took it
+                    # share its row
+                    p.cache, p.logits = looked.fed[pick]
         session.stats.mask_s += time.perf_counter() - started
         if finishing:
             assert tree is not None
             _finish_exactly(session, tree, base, [
                 (members, known.tails[path] or []) for path, members in finishing.items()],
                 generator)
-        if to_feed:
-            _feed(session, model, base, to_feed, particles)
         particles = resampled(particles, generator, request.ess_threshold)
     weights = np.array([p.log_weight for p in particles])
     if not np.isfinite(weights).any():
@@ -259,7 +276,7 @@ def spread(weights: npt.NDArray[np.float64], count: int, generator: np.random.Ge
     no weight brings back. One particle draws as the masked loop does (sampler.draw).
 
     With `twist` (per choice, what a look ahead found the weight would gain at the next step:
-    _look_ahead), they draw as above from p × twist, normalised, in place of p: the token
+    _look_rows), they draw as above from p × twist, normalised, in place of p: the token
     the next step favours too. Each weight is still × p/q, so the estimate's expectation is
     the same whatever the twist; its variance is less where the twist is the next step's
     share (that share then divides out of the weight the step after)."""
@@ -356,7 +373,7 @@ def _step(particle: Particle, choices: Choices, pick: int, log_importance: float
 
 @dataclass(frozen=True, slots=True)
 class Ahead:
-    """What a look ahead found at a path (_look_ahead): per choice, the share of the model's
+    """What a look ahead found at a path (_looked): per choice, the share of the model's
     mass the particle would be allowed at the next step (`twist`: 1 where the value ends
     with it, 0 at a dead end), and, for each choice it fed, its KV cache and logits."""
 
@@ -364,25 +381,31 @@ class Ahead:
     fed: dict[int, tuple[KVCache, npt.NDArray[np.float32]]]
 
 
-def _look_ahead(session: Session, model: StepModel, base: KVCache,
-                stepping: dict[tuple[int, ...], list[Particle]],
-                at: dict[tuple[int, ...], Choices], request: GenRequest,
-                eos: frozenset[int], boundary: tuple[int, ...], known: Known
-                ) -> dict[tuple[int, ...], Ahead]:
-    """Where several particles stand on a path, each token they may propose fed (one batch
-    for every such path) and the next step's choices computed after it (kept in
-    `known.ahead` for that step), so that they draw by what the token leads to as well
-    (spread's twist). After "A" in the 2,400 sentences of bench/faithfulness.py the model's
-    " big" is 0.07 of the adjectives' mass, but "A big" is 0.68 of the conditional: after
-    " big" a noun's first token is 0.32 of the model's mass, after " small" 0.017, and p ×
-    that share gives " big" 0.43 (SmolLM2 on llama.cpp). The look feeds the tokens no
-    particle takes too: at most LOOK_ROWS rows for each particle on the path, which the
-    particles that take a token then go on from (their row is not fed again). Measured:
-    docs/language.md §14.8."""
+@dataclass(slots=True)
+class Looks:
+    """A step's look ahead before its forward (_look_rows): for each path that looks, the
+    twist so far (0 where a token ends the value where it cannot) and its going tokens (each
+    choice's index and the particle after it), and the rows that feed those tokens."""
+
+    plans: dict[tuple[int, ...], tuple[npt.NDArray[np.float64], list[tuple[int, Particle]]]]
+    rows: list[tuple[list[int], KVCache]]
+
+
+def _look_rows(session: Session, base: KVCache, stepping: dict[tuple[int, ...], list[Particle]],
+               at: dict[tuple[int, ...], Choices], request: GenRequest) -> Looks:
+    """Where several particles stand on a path, each token they may propose is fed (rows of
+    the step's forward, with the tokens of the paths that do not look) and the next step's
+    choices computed after it (_looked, kept in `known.ahead` for that step), so that they
+    draw by what the token leads to as well (spread's twist). After "A" in the 2,400
+    sentences of bench/faithfulness.py the model's " big" is 0.07 of the adjectives' mass,
+    but "A big" is 0.68 of the conditional: after " big" a noun's first token is 0.32 of the
+    model's mass, after " small" 0.017, and p × that share gives " big" 0.43 (SmolLM2 on
+    llama.cpp). The look feeds the tokens no particle takes too: at most LOOK_ROWS rows for
+    each particle on the path, which the particles that take a token then go on from (their
+    row is not fed again). Measured: docs/language.md §14.8."""
+    looks = Looks({}, [])
     if not LOOKAHEAD:
-        return {}
-    rows: list[tuple[list[int], KVCache]] = []
-    plans: dict[tuple[int, ...], tuple[npt.NDArray[np.float64], list[tuple[int, Particle]]]] = {}
+        return looks
     backend = session.backend
     for path, members in stepping.items():
         choices = at[path]
@@ -404,17 +427,21 @@ def _look_ahead(session: Session, model: StepModel, base: KVCache,
                 twist[k] = 0.0  # as _step: a value that must end here and cannot is dead
         if not going or len(going) > LOOK_ROWS * len(members):
             continue
-        plans[path] = (twist, going)
-        rows.extend(([after.tokens[-1]], (first.cache or base).fork()) for _, after in going)
-    if not rows:
-        return {}
-    started = time.perf_counter()
-    logits = forward_rows(model, backend.batch_forward(), rows)
-    session.count_model_call(time.perf_counter() - started, len(rows))
-    started = time.perf_counter()
+        looks.plans[path] = (twist, going)
+        looks.rows.extend(([after.tokens[-1]], (first.cache or base).fork())
+                          for _, after in going)
+    return looks
+
+
+def _looked(looks: Looks, logits: list[npt.NDArray[np.float32]], request: GenRequest,
+            backend: Backend, eos: frozenset[int], boundary: tuple[int, ...], known: Known
+            ) -> dict[tuple[int, ...], Ahead]:
+    """Each looking path's Ahead from its rows' logits (`logits`, in `looks.rows`' order):
+    the choices after each token it may propose, their share of the model's mass as the
+    token's twist, and the row each token's particles go on from."""
     found: dict[tuple[int, ...], Ahead] = {}
-    fed = iter(zip(rows, logits, strict=True))
-    for path, (twist, going) in plans.items():
+    fed = iter(zip(looks.rows, logits, strict=True))
+    for path, (twist, going) in looks.plans.items():
         caches: dict[int, tuple[KVCache, npt.NDArray[np.float32]]] = {}
         for k, after in going:
             (_, cache), row = next(fed)
@@ -424,12 +451,11 @@ def _look_ahead(session: Session, model: StepModel, base: KVCache,
             twist[k] = math.exp(choices.log_share)
             caches[k] = (cache, row[-1])
         found[path] = Ahead(twist, caches)
-    session.stats.mask_s += time.perf_counter() - started
     return found
 
 
 LOOKAHEAD = True
-"""Whether particles on a shared path look one token ahead before they draw (_look_ahead)."""
+"""Whether particles on a shared path look one token ahead before they draw (_look_rows)."""
 LOOK_ROWS = 2
 """The most rows a look ahead feeds for each particle on the path: a path of 8 particles
 looks where it may propose at most 16 tokens that go on."""
@@ -532,13 +558,13 @@ class Known:
         self.spellings = Spellings(backend)
         # the endings left after a path where they are few (exact.tail_endings), else None
         self.tails: dict[tuple[int, ...], list[Ending] | None] = {}
-        # the choices after a path that a look ahead fed (_look_ahead), until a step takes them
+        # the choices after a path that a look ahead fed (_looked), until a step takes them
         self.ahead: dict[tuple[int, ...], Choices] = {}
 
 
 def _goes_on(particle: Particle, request: GenRequest) -> bool:
     """Whether the particle's value may go on past its last token, so that token needs
-    feeding (_step; _look_ahead feeds the same tokens); else it ends there."""
+    feeding (_step; _look_rows feeds the same tokens); else it ends there."""
     return particle.cursor.can_continue() and request.max_tokens - _spent(particle, request) > 0
 
 
@@ -548,10 +574,24 @@ def _spent(particle: Particle, request: GenRequest) -> int:
     return sum(1 for end in particle.ends if end > len(request.prefix))
 
 
-def _feed(session: Session, model: StepModel, base: KVCache, particles: list[Particle],
-          everyone: list[Particle]) -> None:
-    """Each of `particles`' last token fed, as rows of one batch: one row per distinct path,
-    since particles with the same tokens (copies that resampling made, or particles that drew
+@dataclass(slots=True)
+class Feeding:
+    """The rows that feed particles' last tokens (_feed_rows), and which particles share each
+    row."""
+
+    groups: list[list[Particle]]
+    rows: list[tuple[list[int], KVCache]]
+
+    def take(self, logits: list[npt.NDArray[np.float32]]) -> None:
+        """Each row's cache and logits to the particles that share it."""
+        for members, (_, cache), row in zip(self.groups, self.rows, logits, strict=True):
+            for particle in members:
+                particle.cache, particle.logits = cache, row[-1]
+
+
+def _feed_rows(base: KVCache, particles: list[Particle], everyone: list[Particle]) -> Feeding:
+    """The rows that feed each of `particles`' last token: one row per distinct path, since
+    particles with the same tokens (copies that resampling made, or particles that drew
     alike) share one KV cache and one set of logits, and the model is asked each question
     once. A cache no other particle of `everyone` holds goes on in place; one that others hold
     too is forked (copy on write: the cells written so far are shared, KVCache.fork)."""
@@ -571,12 +611,7 @@ def _feed(session: Session, model: StepModel, base: KVCache, particles: list[Par
             rows.append(([token], source))
         else:  # forked before the batch runs: the fork holds what the source holds now
             rows.append(([token], (source or base).fork()))
-    started = time.perf_counter()
-    logits = forward_rows(model, session.backend.batch_forward(), rows)
-    session.count_model_call(time.perf_counter() - started, len(rows))
-    for members, (_, cache), row in zip(groups.values(), rows, logits, strict=True):
-        for particle in members:
-            particle.cache, particle.logits = cache, row[-1]
+    return Feeding(list(groups.values()), rows)
 
 
 def resampled(particles: list[Particle], generator: np.random.Generator, threshold: float

@@ -516,3 +516,30 @@ def test_batched_runs_finish_their_particles_in_one_tree_forward(
         assert record.value_probs is not None
         for value, p in alone.value_probs.items():
             assert record.value_probs.get(value, 0.0) == pytest.approx(p, abs=1e-3)
+
+
+@pytest.mark.usefixtures("stepwise")
+def test_a_step_feeds_its_looks_and_its_tokens_in_one_forward(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The paths where several particles stand look ahead, the others feed the token they
+    # took: both are rows of the step's one forward (a forward reads every weight once), and
+    # the look's rows are all a looking path needs (no second forward for its particles).
+    per_step: list[list[int]] = [[]]  # each step's forwards, as their rows
+    step, feed = particles_module.resampled, particles_module.forward_rows
+
+    def resampled_counting(*args: Any) -> Any:
+        per_step.append([])
+        return step(*args)
+
+    def forward_rows_counting(model: Any, batcher: Any, items: Any) -> Any:
+        per_step[-1].append(len(items))
+        return feed(model, batcher, items)
+
+    monkeypatch.setattr(particles_module, "resampled", resampled_counting)
+    monkeypatch.setattr(particles_module, "forward_rows", forward_rows_counting)
+    for r in runs(tiny, 'Go: {{ gen x regex="[ab]{6}" sampler="smc" particles=16 }}', 4,
+                  temperature=1.0, seed=5):
+        assert len(r.holes["x"].particles or []) == 16
+    assert max(len(forwards) for forwards in per_step) == 1, per_step
+    # Not vacuous: the particles go apart, and steps feed several rows.
+    assert max(sum(forwards) for forwards in per_step) >= 4, per_step
