@@ -158,8 +158,8 @@ def _run_branch(parent: BlockRun, op: ir.Fork, branch: Branch, count: int, engin
 
 
 def _merge(run: BlockRun, op: ir.Fork, index: int, child: BlockRun, names: frozenset[str]) -> None:
-    """Join one finished branch into the run: captures, records, endings, trace holes and
-    counters."""
+    """Join one finished branch into the run: captures, records, endings, trace holes, particles
+    blocks and counters."""
     for name in sorted(names):
         run.vars[name].extend(child.vars[name])
         run.scope[name] = run.vars[name]
@@ -169,6 +169,7 @@ def _merge(run: BlockRun, op: ir.Fork, index: int, child: BlockRun, names: froze
     run.recorder.holes.extend(child.recorder.holes)
     mark_holes(run.recorder, first, f"branch {index + 1} of fork {op.span}")
     join_calls(run.recorder, child.recorder, f"branch {index + 1} of fork {op.span}")
+    run.recorder.blocks.extend(child.recorder.blocks)  # its particles blocks, in branch order
     add_stats(run.stats, child.stats)
 
 

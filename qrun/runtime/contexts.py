@@ -179,3 +179,4 @@ def exec_fresh(run: BlockRun, op: ir.Fresh) -> None:
         recorder.holes.extend(inner.holes)
         mark_holes(recorder, first, "fresh")
         join_calls(recorder, inner, "fresh")
+        recorder.blocks.extend(inner.blocks)

@@ -176,7 +176,17 @@ def test_loops_macros_and_forks_inside_and_around(tiny: TransformersBackend) -> 
     assert run.text in (" x", " y")
     inside_fork = qrun.Query('{% fork w in ["A", "B"] %}{{ w }}{% particles 3 %}'
                              '{{ gen x regex=" [ab]" }}{% endparticles %}{% endfork %}')
-    assert len(inside_fork.run(model=tiny, temperature=1.0, seed=1)["x"]) == 2
+    forked = inside_fork.run(model=tiny, temperature=1.0, seed=1)
+    assert len(forked["x"]) == 2
+    # Each branch's block run is the result's too, in branch order.
+    assert [b.values[b.chosen] for b in forked.particle_blocks] == [
+        {"x": [x]} for x in forked["x"]]
+    assert all(sum(b.weights) == pytest.approx(1) for b in forked.particle_blocks)
+    for context in ("fresh", "hidden"):
+        inside = qrun.Query(f'A{{% {context} %}}{{% particles 3 %}}{{{{ gen y regex=" [ab]" }}}}'
+                            f'{{% endparticles %}}{{% end{context} %}}')
+        run = inside.run(model=tiny, temperature=1.0, seed=1)
+        assert [b.values[b.chosen] for b in run.particle_blocks] == [{"y": run["y"]}], context
 
 
 def test_a_particle_that_fails_weighs_nothing(tiny: TransformersBackend) -> None:
