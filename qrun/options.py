@@ -108,6 +108,9 @@ or by particles, sequential Monte Carlo towards that conditional (runtime/partic
 MAX_PARTICLES = 64
 """The most particles of one hole: each is a row of every forward and, on llama.cpp, a
 sequence of the context's 256."""
+SMC_OPTIONS = ("particles", "ess_threshold")
+"""The run options of sampler="smc" alone (either without a sampler asks for it; with another,
+a usage error: lang/args.py SMC_ARGS are the same on a hole)."""
 DEFAULT_PARTICLES = 16
 DEFAULT_ESS_THRESHOLD = 0.5
 """sampler="smc" resamples its unfinished particles when their effective sample size,
@@ -199,6 +202,11 @@ class RunOptions:
             wanted = None if value is None else check(value)
             if wanted is not None:
                 raise UsageError(f"{name} must be {wanted}, got {value!r}")
+        smc_only = [name for name in SMC_OPTIONS if getattr(self, name) is not None]
+        if self.sampler in ("mask", "exact") and smc_only:
+            # As on a hole (lang/args.py sampler_conflict): the one would be dropped silently.
+            raise UsageError(f"{smc_only[0]} applies to sampler 'smc' only, not "
+                             f"{self.sampler!r} (docs/language.md §14.8)")
         if self.sampler in ("exact", "smc"):
             given = reshaping(self)
             if given is not None:
@@ -227,9 +235,17 @@ class RunOptions:
         return options, {k: v for k, v in values.items() if k not in names}
 
     def over(self, defaults: RunOptions) -> RunOptions:
-        """These options, with those not given here taken from `defaults`."""
+        """These options, with those not given here taken from `defaults`; where the sampler
+        chosen here and the defaults' sampler options contradict (`--sampler mask` over a
+        template's `particles: 16`, `particles=8` over its `sampler: exact`), the choice made
+        here wins and the defaults' contradicting values are left out."""
         given = {name: getattr(self, name) for name in self.names()
                  if getattr(self, name) is not None}
+        smc_only = [name for name in SMC_OPTIONS if name in given]
+        if given.get("sampler") in ("mask", "exact"):
+            defaults = replace(defaults, particles=None, ess_threshold=None)
+        elif smc_only and "sampler" not in given and defaults.sampler in ("mask", "exact"):
+            defaults = replace(defaults, sampler=None)
         return replace(defaults, **given)
 
     def for_item(self, index: int) -> RunOptions:

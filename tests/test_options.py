@@ -5,6 +5,7 @@ on them); the caller's choice, then the front matter's, then the defaults, merge
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from qrun.backends import load_model
 from qrun.backends.tokenizer_only import TokenizerBackend
 from qrun.backends.transformers import TransformersBackend
 from qrun.errors import TemplateErrors, UsageError
-from qrun.options import DEFAULT_CACHE_MB, DEFAULT_MODEL, ModelOptions
+from qrun.options import DEFAULT_CACHE_MB, DEFAULT_MODEL, ModelOptions, RunOptions
 
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": ""}, "model must be a model name or path, got ''"),
@@ -170,3 +171,31 @@ def test_load_model_takes_the_options_whole(tiny_folder: str) -> None:
     # Keywords override the options' fields.
     full = load_model(tiny_folder, weights=True, options=ModelOptions(model="x", weights=False))
     assert isinstance(full, TransformersBackend) and full.prefix_cache is not None
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"sampler": "exact", "particles": 8}, "particles applies to sampler 'smc' only, not 'exact'"),
+    ({"sampler": "mask", "ess_threshold": 0.3},
+     "ess_threshold applies to sampler 'smc' only, not 'mask'"),
+])
+def test_a_sampler_with_options_of_another_is_refused(values: dict[str, Any],
+                                                      message: str) -> None:
+    # As on a hole (lang/args.py sampler_conflict): one of the two would be dropped silently.
+    with pytest.raises(UsageError, match=re.escape(message)):
+        RunOptions(**values)
+    assert RunOptions(sampler="smc", particles=8, ess_threshold=0.3).particles == 8
+    assert RunOptions(particles=8).resolved().sampler == "smc"
+
+
+def test_a_sampler_chosen_for_the_run_replaces_the_templates() -> None:
+    # The caller's choice wins over the front matter's (Query.run: options over the
+    # program's); only the template's values it contradicts are left out.
+    smc = RunOptions(sampler="smc", particles=16, ess_threshold=0.3)
+    assert RunOptions(sampler="mask").over(smc) == RunOptions(sampler="mask")
+    assert RunOptions(sampler="exact").over(smc).particles is None
+    assert RunOptions(particles=8).over(RunOptions(sampler="exact")) == RunOptions(particles=8)
+    assert RunOptions(particles=8).over(smc) == RunOptions(sampler="smc", particles=8,
+                                                           ess_threshold=0.3)
+    query = qrun.Query('---\nparticles: 16\n---\nA{{ gen x regex=" (a|b)" }}')
+    assert query.program.options.particles == 16
+    assert query.request({}, options=RunOptions(sampler="mask")).options.sampler == "mask"

@@ -14,7 +14,13 @@ from qrun.constraint import ConstraintSpec, JsonFormat, JsonFormatError, Lowerin
 from qrun.constraint.grammar import FIXED
 from qrun.constraint.grammar.formats import MODES as FORMAT_MODES
 from qrun.constraint.tools import ToolsError, read_tools
-from qrun.errors import ConstraintError, TemplateCompileError, TemplateError, suggest
+from qrun.errors import (
+    ConstraintError,
+    TemplateCompileError,
+    TemplateError,
+    UsageError,
+    suggest,
+)
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
@@ -26,6 +32,7 @@ from qrun.options import (
     RESHAPING_OPTIONS,
     SAMPLERS,
     SAMPLING_OPTIONS,
+    SMC_OPTIONS,
     ModelOptions,
     RunOptions,
     is_number,
@@ -57,8 +64,9 @@ SAMPLER_HINT = ('sampler="exact" and sampler="smc" draw a regex=, json=, grammar
                 "(docs/language.md §14.8)")
 
 
-SMC_ARGS = ("particles", "ess_threshold")
-"""The arguments of sampler="smc" alone; either without a sampler asks for it."""
+SMC_ARGS = SMC_OPTIONS
+"""The arguments of sampler="smc" alone; either without a sampler asks for it (the run options
+of the same names likewise)."""
 
 
 def sampler_conflict(sampler: str, given: Iterable[str]) -> str | None:
@@ -357,7 +365,12 @@ class ArgChecker:
                 if value is not MISSING:
                     values[entry.key] = value
         model = {k: values.pop(k) for k in ("model", "device", "dtype") if k in values}
-        return RunOptions(**values), ModelOptions(**model), declared
+        try:  # each value is checked above; here, those that do not go together
+            options = RunOptions(**values)
+        except UsageError as exc:  # at the sampler the others contradict, if one is given
+            self.fail(f"front matter: {exc}", seen.get("sampler", front.span))
+            options = RunOptions()
+        return options, ModelOptions(**model), declared
 
     def tests_are_cases(self, entry: ast.FrontMatterEntry) -> bool:
         """Whether `tests:` is a list of mappings, after reporting where it is not. Only its

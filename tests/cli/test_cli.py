@@ -125,7 +125,10 @@ def test_missing_model_is_a_clear_usage_error(
      (["--logit-bias", "7"], "expected TOKEN=BIAS"),
      (["--logit-bias", "7=200"], "--logit-bias: logit_bias must be a mapping"),
      (["--particles", "0"], "--particles: particles must be an integer from 1 to 64"),
-     (["--sampler", "smc", "--top-k", "4"], "--sampler: sampler 'smc' cannot be used with")],
+     (["--sampler", "smc", "--top-k", "4"], "--sampler: sampler 'smc' cannot be used with"),
+     (["--sampler", "exact", "--particles", "8"], "particles applies to sampler 'smc' only"),
+     (["--sampler", "mask", "--ess-threshold", "0.2"],
+      "ess_threshold applies to sampler 'smc' only, not 'mask'")],
 )
 def test_bad_arguments(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
