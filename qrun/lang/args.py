@@ -24,6 +24,7 @@ from qrun.errors import (
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
 from qrun.lang.build import literal_offsets
+from qrun.lang.builtins import type_name
 from qrun.lang.declared import InputType, read_input_type, read_output
 from qrun.lang.surface import GEN_ARG_HINTS, SELECT_ARG_HINTS
 from qrun.options import (
@@ -545,6 +546,17 @@ HOLE_ARG_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
     "n": lambda v: None if is_count(v) else "a positive integer",
 }
+
+
+def count_problem(value: Any) -> str | None:
+    """Why `value` cannot be a `{% particles %}` block's count, or None: it is held to what a
+    hole's particles= is held to (the compiler checks a literal count, runtime/particle_block.py
+    a computed one)."""
+    wanted = HOLE_ARG_CHECKS["particles"](value)
+    if wanted is None:
+        return None
+    got = "" if isinstance(value, list | tuple | dict) else f", got {value!r}"
+    return f"the number of particles must be {wanted}{got} ({type_name(value)})"
 """Per hole argument: what its value must be (for the message), or None when it is fine. The
 compiler checks literal arguments with it (ArgChecker.check_literal), the runtime every value it
 evaluates (runtime/hole_args.py), so both say the same; the run options' own checks

@@ -15,7 +15,7 @@ from dataclasses import replace
 from qrun.errors import TemplateErrors
 from qrun.lang import ast, ir
 from qrun.lang import expr as ex
-from qrun.lang.args import ArgChecker, pattern_name, prefix
+from qrun.lang.args import MISSING, ArgChecker, count_problem, literal, pattern_name, prefix
 from qrun.lang.build import MAX_ERRORS
 from qrun.lang.builtins import FUNCTIONS
 from qrun.lang.flow import Context, Flow, guards
@@ -303,6 +303,10 @@ class _Compiler(NameResolver):
         one particle goes on: after the block, names are bound as after a plain block. Its
         holes are checked for what weighing needs (lang/args.py weighing_conflict)."""
         self.expr(node.count, flow, ctx)
+        count = literal(node.count)
+        problem = None if count is MISSING else count_problem(count)
+        if problem is not None:
+            self.fail(problem, node.count.span)
         if ctx.particles is not None:
             self.fail("a '{% particles %}' block cannot be inside another", node.span,
                       f"the outer block starts at {ctx.particles}; its particles already "

@@ -81,7 +81,8 @@ def fill_exact(session: Session, request: GenRequest, scoring: Scoring,
     session.ensure_start()
     hole = Hole(session, request)
     started = time.perf_counter()
-    endings = _endings(session, request, cursor, TREE_LIMIT if tree_limit is None else tree_limit)
+    endings = _endings(session, request, cursor, TREE_LIMIT if tree_limit is None else tree_limit,
+                       proposal is not None)
     session.stats.mask_s += time.perf_counter() - started
     if not endings:
         raise HoleFailure(f"no value of hole '{request.name}' fits within {request.max_tokens} "
@@ -186,10 +187,12 @@ class LanguageTooLarge(HoleFailure):
     model work (a `{% particles %}` block's hole then takes one particle: runtime/engines.py)."""
 
 
-def _endings(session: Session, request: GenRequest, cursor: Cursor, tree_limit: int
-             ) -> list[Ending]:
+def _endings(session: Session, request: GenRequest, cursor: Cursor, tree_limit: int,
+             in_block: bool = False) -> list[Ending]:
     """Every token sequence the masked loop could write where they are few (`tree_limit`
-    nodes), else every value in its canonical tokenization (VALUES_LIMIT values).
+    nodes), else every value in its canonical tokenization (VALUES_LIMIT values). `in_block`:
+    the hole is in a `{% particles %}` block, where the error's advice differs (a hole there
+    may not name sampler="mask"; naming none, the block's particle draws it).
 
     Raises:
         LanguageTooLarge: more values than that.
@@ -202,11 +205,14 @@ def _endings(session: Session, request: GenRequest, cursor: Cursor, tree_limit: 
     try:
         return _canonical(session, request, cursor, _walk_bytes(session, cursor), boundary)
     except _TooLarge:
+        advice = ('name no sampler on the hole and give the run none (the block\'s particle '
+                  'then draws it) or sampler="smc"' if in_block else
+                  'sample it under the mask (sampler="mask" on the hole) or by particles '
+                  '(sampler="smc")')
         raise LanguageTooLarge(
             f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
             f"more than {BYTES_LIMIT} distinct prefixes of them); its language is too large to "
-            'score whole: sample it under the mask (sampler="mask" on the hole) or by particles '
-            '(sampler="smc"), or narrow the constraint') from None
+            f"score whole: {advice}, or narrow the constraint") from None
 
 
 def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: list[int],

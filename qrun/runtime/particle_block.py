@@ -47,8 +47,7 @@ import numpy as np
 
 from qrun.errors import ContextTooLong, EvaluationError, GenerationError, ValueCutOff
 from qrun.lang import ir
-from qrun.lang.args import HOLE_ARG_CHECKS
-from qrun.lang.builtins import type_name
+from qrun.lang.args import count_problem
 from qrun.limits import SharedBudget
 from qrun.options import reshaping
 from qrun.runtime.branches import SEED_RANGE, Branch, add_stats, drive, pay, share
@@ -141,11 +140,9 @@ sequences) fails the run: weighing such a particle 0 would bias the block silent
 def _count(run: BlockRun, op: ir.Particles) -> int:
     """The block's number of particles, held to what a hole's particles= is held to."""
     value = run.evaluate(op.count)
-    wanted = HOLE_ARG_CHECKS["particles"](value)
-    if wanted is not None:
-        got = "" if isinstance(value, list | tuple | dict) else f", got {value!r}"
-        raise EvaluationError(f"the number of particles must be {wanted}{got} "
-                              f"({type_name(value)})", op.count.span, run.source)
+    problem = count_problem(value)
+    if problem is not None:
+        raise EvaluationError(problem, op.count.span, run.source)
     return int(value)
 
 

@@ -167,6 +167,13 @@ def test_a_language_too_large_is_an_error_at_the_hole(tiny: TransformersBackend)
     with pytest.raises(GenerationError, match="too large to score whole") as caught:
         qrun.Query('Hi {{ gen x regex="[a-z]{1,4}" sampler="exact" }}').run(model=tiny)
     assert (caught.value.span.line, caught.value.span.column) == (1, 4)
+    assert 'sampler="mask" on the hole' in caught.value.message
+    # In a particles block a hole may not name sampler="mask": the advice says what it may.
+    block = qrun.Query('Hi {% particles 2 %}{{ gen x regex="[a-z]{1,4}" }}{% endparticles %}')
+    with pytest.raises(GenerationError, match="too large to score whole") as caught:
+        block.run(model=tiny, sampler="exact")
+    assert 'sampler="mask"' not in caught.value.message
+    assert "name no sampler on the hole and give the run none" in caught.value.message
 
 
 def test_templates_without_it_are_unchanged(tiny: TransformersBackend) -> None:

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from typing import Any
 
 import pytest
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
-from qrun.errors import BackendError, EvaluationError, GenerationError, TemplateError
+from qrun.errors import (
+    BackendError,
+    EvaluationError,
+    GenerationError,
+    TemplateError,
+    TemplateErrors,
+)
 from qrun.runtime.particle_block import Strata
 from qrun.runtime.session import Session
 
@@ -236,16 +243,22 @@ def test_a_return_cannot_leave_a_block() -> None:
                    "{% endmacro %}{{ m() }}")
 
 
-@pytest.mark.parametrize(("count", "message"), [
-    ("0", "particles must be an integer from 1 to 64"),
-    ("n", "particles must be an integer from 1 to 64"),
-])
+@pytest.mark.parametrize(("count", "got"), [
+    ("0", "0 (int)"), ("65", "65 (int)"), ('"x"', "'x' (string)"), ("2.5", "2.5 (float)"),
+    ("true", "True (bool)"), ("n", "'four' (string)")])
 def test_the_count_is_checked_where_it_is(tiny: TransformersBackend, count: str,
-                                          message: str) -> None:
+                                          got: str) -> None:
+    # A literal count when the template compiles (as a hole's particles=), a computed one
+    # when the block runs; the same message either way.
     template = f'Go:{{% particles {count} %}}{{{{ gen x regex=" [ab]" }}}}{{% endparticles %}}'
-    with pytest.raises(EvaluationError, match=message.replace("particles", "number of "
-                                                                "particles")) as caught:
-        qrun.Query(template).run(model=tiny, n="four" if count == "n" else 0)
+    message = f"the number of particles must be an integer from 1 to 64, got {got}"
+    if count != "n":
+        with pytest.raises(TemplateErrors, match=re.escape(message)) as compiled:
+            qrun.Query(template)
+        assert compiled.value.errors[0].span.column == 17
+        return
+    with pytest.raises(EvaluationError, match=re.escape(message)) as caught:
+        qrun.Query(template).run(model=tiny, n="four")
     assert caught.value.span.column == 17
 
 
