@@ -73,17 +73,25 @@ of the same names likewise)."""
 def sampler_conflict(sampler: str, given: Iterable[str]) -> str | None:
     """Why a hole with these arguments cannot take `sampler`, or None: the compiler's check
     of a literal sampler and the runtime's of a computed one."""
+    fault = sampler_fault(sampler, given)
+    return None if fault is None else fault[1]
+
+
+def sampler_fault(sampler: str, given: Iterable[str]) -> tuple[str | None, str] | None:
+    """sampler_conflict's answer with the argument at fault (None: the sampler itself), which
+    the compiler's caret points at."""
     names = set(given)
-    smc_only = next((f'{name}= applies to sampler="smc" only' for name in SMC_ARGS
+    smc_only = next(((name, f'{name}= applies to sampler="smc" only') for name in SMC_ARGS
                      if name in names), None)
     if sampler == "mask":
         return smc_only
     if not names & set(CONSTRAINT_ARGS):
-        return (f'sampler="{sampler}" needs a constraint (regex=, json=, grammar= or tools=): '
-                "an unconstrained hole already samples the model's own distribution")
+        return None, (f'sampler="{sampler}" needs a constraint (regex=, json=, grammar= or '
+                      "tools=): an unconstrained hole already samples the model's own "
+                      "distribution")
     wrong = [name for name in CONDITIONAL_REFUSES if name in names]
     if wrong:
-        return f'sampler="{sampler}" cannot be used with {wrong[0]}='
+        return wrong[0], f'sampler="{sampler}" cannot be used with {wrong[0]}='
     return smc_only if sampler == "exact" else None
 
 
@@ -175,9 +183,10 @@ class ArgChecker:
         smc = [args[name] for name in SMC_ARGS if name in args]
         chosen = ("smc" if smc else None) if sampler is None else literal(sampler.expr)
         if chosen in SAMPLERS:
-            wrong = sampler_conflict(chosen, args)
-            if wrong is not None:
-                where = sampler or smc[0]
+            fault = sampler_fault(chosen, args)
+            if fault is not None:
+                name, wrong = fault
+                where = args[name] if name is not None else sampler or smc[0]
                 self.fail(wrong, prefix(where.span, len(where.name)), SAMPLER_HINT)
         return args
 

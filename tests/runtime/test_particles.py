@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -149,8 +150,13 @@ def test_json_grammar_and_a_loop(tiny: TransformersBackend) -> None:
     ('{{ gen x ess_threshold=0.5 }}', "needs a constraint"),
 ])
 def test_what_smc_refuses_at_compile_time(hole: str, message: str) -> None:
-    with pytest.raises(TemplateError, match=message):
+    with pytest.raises(TemplateError, match=message) as caught:
         qrun.Query("Hi " + hole)
+    # The caret is at the argument at fault where there is one (the one the message names).
+    named = re.search(r"(\w+)=( applies| must|$)", message) or re.search(r"with (\w+)=", message)
+    if named is not None:
+        where = caught.value.span.column - 1 - len("Hi ")
+        assert hole[where:].startswith(named.group(1) + "="), (hole[where:], message)
 
 
 def test_the_run_and_the_front_matter_choose_for_holes_that_do_not(
