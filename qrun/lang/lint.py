@@ -58,6 +58,13 @@ class _Lint:
         match op:
             case ir.Gen() | ir.Select():
                 (self.lists if op.in_loop else self.plain).add(op.name)
+            case ir.Particles(body=body) if not _may_draw(body, source):
+                self.warnings.append(TemplateWarning(
+                    "this particles block has no hole: its particles are all the same, and "
+                    "the block only repeats its body's work", op.span, source,
+                    ("put the holes to be drawn together inside it (docs/language.md §23.5)",
+                     *notes)))
+                self.block(body, source, local, notes)
             case ir.For(targets=targets, body=body) | ir.Fork(targets=targets, body=body):
                 if not (isinstance(op, ir.Fork) and op.samples):
                     self.loop_over(op.iterable, source, local, notes)
@@ -188,3 +195,12 @@ def _outcome_with_list(op: str, value: object) -> str | None:
     if isinstance(value, list) and all(isinstance(item, _SCALAR) for item in value):
         return "is always false" if op == "in" else "is always true"
     return None
+
+
+def _may_draw(ops: tuple[ir.Op, ...], source: Source) -> bool:
+    """Whether a block's body has a hole, or a call (a macro's holes run where it is called;
+    a call of any kind counts, so that the warning is never wrong)."""
+    if any(True for _ in ir.holes(ops, source, macros=True)):
+        return True
+    return any(isinstance(node, ex.Call) for op in ir.walk(ops) for value in ir.exprs(op)
+               for node in ex.walk(value))

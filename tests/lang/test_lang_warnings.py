@@ -108,3 +108,15 @@ def test_several_warnings_come_in_source_order() -> None:
             '{{ n == "b" }}\n{{ m == "a" }}{{ m != 1 }}')
     assert [(w.span.line, w.span.column) for w in warnings_of(text)] == [(1, 55), (2, 4),
                                                                            (2, 18)]
+
+
+def test_a_particles_block_without_a_hole_is_a_warning_at_its_tag() -> None:
+    warning, = warnings_of("A {% particles 4 %}hello {{ x }}{% endparticles %}")
+    assert (warning.span.line, warning.span.column) == (1, 3)
+    assert warning.message.startswith("this particles block has no hole")
+    # A hole, or a call that may hold one (a macro's), anywhere inside: no warning.
+    for body in ('{{ gen y regex="(a|b)" }}', '{% if x %}{{ select y options=["a"] }}{% endif %}',
+                 "{{ m() }}"):
+        text = ('{% macro m() %}{{ gen z regex="(a|b)" }}{% endmacro %}'
+                f"A {{% particles 4 %}}{body}{{% endparticles %}}")
+        assert not warnings_of(text), body
