@@ -16,7 +16,7 @@ from qrun.errors import QrunError
 if TYPE_CHECKING:
     from qrun.runtime.result import Result
 
-FIELDS = ("text", "vars", "stats", "holes", "output")
+FIELDS = ("text", "vars", "stats", "holes", "output", "particle_blocks")
 """What a result row may hold (`--fields`, and a server request's "fields")."""
 DEFAULT_FIELDS = ("text", "vars", "stats")
 

@@ -219,7 +219,7 @@ class Recorder:
                 "holes": [self._hole(i, h, spans.get(i)) for i, h in enumerate(self.holes)],
                 "calls": [self._call(c) for c in self.calls],
                 **({} if not self.blocks else {
-                    "particle_blocks": [_block(b) for b in self.blocks]})}
+                    "particle_blocks": [block_json(b) for b in self.blocks]})}
 
     def _call(self, call: CallEntry) -> dict[str, Any]:
         return {"name": call.name, "args": _json_safe(call.args),
@@ -263,7 +263,9 @@ class Recorder:
         return (data or b"").decode("utf-8", errors="replace")
 
 
-def _block(block: ParticleBlock) -> dict[str, Any]:
+def block_json(block: ParticleBlock) -> dict[str, Any]:
+    """A particles block's run as JSON: the trace's `particle_blocks` item (docs/trace.md), and
+    a result row's (qrun/jsonio.py FIELDS)."""
     return {"span": {"line": block.line, "column": block.column}, "chosen": block.chosen,
             "log_evidence": _finite(block.log_evidence),
             "particles": [{"values": _json_safe(values), "weight": weight, "error": error}

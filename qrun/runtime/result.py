@@ -161,9 +161,18 @@ class Result:
     def row(self, fields: tuple[str, ...]) -> dict[str, Any]:
         """The chosen `fields` of this result (qrun/jsonio.py FIELDS), as `qrun --json` prints
         it and `qrun serve` answers (docs/serve.md §2.2)."""
+        from qrun.runtime.recorder import block_json  # it imports this module
+
         whole = {**self.to_dict(), "output": self.output}  # docs/language.md §4.2
-        return {name: self.hole_records() if name == "holes" else whole[name]
-                for name in fields}
+        row: dict[str, Any] = {}
+        for name in fields:
+            if name == "holes":
+                row[name] = self.hole_records()
+            elif name == "particle_blocks":  # docs/language.md §23.5, as the trace has them
+                row[name] = [block_json(block) for block in self.particle_blocks]
+            else:
+                row[name] = whole[name]
+        return row
 
     def hole_records(self) -> dict[str, Any]:
         """Every hole's record (docs/language.md §15.2) by name: a list for a hole in a

@@ -98,7 +98,9 @@ def _response(description: Mapping[str, Any]) -> dict[str, Any]:
         "vars": {"type": "object", "properties": values},
         "stats": {"type": "object"}, "holes": {"type": "object"},
         # A typed template's result record (docs/language.md §4.2), with fields=["output"].
-        "output": output if output is not None else {"type": "null"}}}
+        "output": output if output is not None else {"type": "null"},
+        # Each {% particles %} block's run (docs/language.md §23.5), as the trace has them.
+        "particle_blocks": {"type": "array", "items": {"type": "object"}}}}
 
 
 def _value_schema(hole: Mapping[str, Any]) -> dict[str, Any]:

@@ -279,3 +279,21 @@ def test_sampler_and_particles_as_flags(
     assert main([template, "--model", tiny_folder, "--ess-threshold", "2"]) == 2
     assert "--ess-threshold: ess_threshold must be a number from 0 to 1, got 2.0" in \
         capsys.readouterr().err
+
+
+def test_a_particles_blocks_run_is_a_json_field(
+    tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each block's particles, weights and evidence, as Result.particle_blocks and the trace
+    # have them (docs/language.md §23.5); not among the default fields.
+    template = write(tmp_path, 'Pet:{% particles 3 %}{{ gen x regex=" (cat|dog)" }}'
+                               "{% endparticles %}")
+    assert main([template, "--model", tiny_folder, "--seed", "1", "--json", "--fields",
+                 "vars,particle_blocks"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    (block,) = row["particle_blocks"]
+    assert block["span"] == {"line": 1, "column": 5}
+    assert [p["values"] for p in block["particles"]][block["chosen"]] == row["vars"]
+    assert sum(p["weight"] for p in block["particles"]) == pytest.approx(1)
+    assert main([template, "--model", tiny_folder, "--seed", "1", "--json"]) == 0
+    assert "particle_blocks" not in json.loads(capsys.readouterr().out)

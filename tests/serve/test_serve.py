@@ -95,6 +95,8 @@ def test_a_request_chooses_the_sampler_of_the_constrained_holes(
     local = qrun.Query(PERSON).run({"name": "Ada"}, model=tiny, sampler="smc", particles=3,
                                    ess_threshold=1, seed=2, temperature=1)
     assert row["vars"] == local.vars
+    blocks = post(url, "person", {**body, "fields": ["particle_blocks"]})
+    assert blocks.status_code == 200 and blocks.json() == {"particle_blocks": []}
     for wrong in ({"sampler": "best"}, {"particles": 65}, {"sampler": "exact", "top_k": 3},
                   {"ess_threshold": 2}):
         refused = post(url, "person", {"inputs": {"name": "Ada"}, "options": wrong})
