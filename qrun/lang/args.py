@@ -555,6 +555,10 @@ HOLE_ARG_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "regex": lambda v: None if isinstance(v, str) else "a string or a pattern name such as INT",
     "n": lambda v: None if is_count(v) else "a positive integer",
 }
+"""Per hole argument: what its value must be (for the message), or None when it is fine. The
+compiler checks literal arguments with it (ArgChecker.check_literal), the runtime every value it
+evaluates (runtime/hole_args.py), so both say the same; the run options' own checks
+(qrun/options.py CHECKS) are among them."""
 
 
 def count_problem(value: Any) -> str | None:
@@ -566,10 +570,6 @@ def count_problem(value: Any) -> str | None:
         return None
     got = "" if isinstance(value, list | tuple | dict) else f", got {value!r}"
     return f"the number of particles must be {wanted}{got} ({type_name(value)})"
-"""Per hole argument: what its value must be (for the message), or None when it is fine. The
-compiler checks literal arguments with it (ArgChecker.check_literal), the runtime every value it
-evaluates (runtime/hole_args.py), so both say the same; the run options' own checks
-(qrun/options.py CHECKS) are among them."""
 
 
 def _format_wants(**option: Any) -> str | None:
