@@ -144,10 +144,8 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         # forward (one batch of rows a step, not two: a forward reads every weight once).
         for path, members in stepping.items():
             if path not in looks.plans:
-                for p, (pick, log_importance) in zip(members, spread(
-                        at[path].weights, len(members), generator), strict=True):
-                    if _step(p, at[path], pick, log_importance, request, session.backend):
-                        to_feed.append(p)
+                to_feed.extend(p for p, _ in _drawn(members, at[path], None, generator, request,
+                                                    session.backend))
         feeding = _feed_rows(base, to_feed, particles)
         session.stats.mask_s += time.perf_counter() - started
         if looks.rows or feeding.rows:
@@ -162,14 +160,12 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                             boundary, known)
             session.stats.mask_s += time.perf_counter() - started
         started = time.perf_counter()
-        for path, (twist, _) in looks.plans.items():
-            members, looked = stepping[path], ahead[path]
-            for p, (pick, log_importance) in zip(members, spread(
-                    at[path].weights, len(members), generator, twist), strict=True):
-                if _step(p, at[path], pick, log_importance, request, session.backend):
-                    # the look fed every token that goes on: the particles that took it
-                    # share its row
-                    p.cache, p.logits = looked.fed[pick]
+        for path, looked in ahead.items():
+            for p, pick in _drawn(stepping[path], at[path], looked.twist, generator, request,
+                                  session.backend):
+                # the look fed every token that goes on: the particles that took it share
+                # its row
+                p.cache, p.logits = looked.fed[pick]
         session.stats.mask_s += time.perf_counter() - started
         if finishing:
             assert tree is not None
@@ -369,6 +365,19 @@ def _step(particle: Particle, choices: Choices, pick: int, log_importance: float
     else:
         particle.log_weight, particle.finish = -math.inf, "max_tokens"
     return False
+
+
+def _drawn(members: list[Particle], choices: Choices, twist: npt.NDArray[np.float64] | None,
+           generator: np.random.Generator, request: GenRequest, backend: Backend
+           ) -> list[tuple[Particle, int]]:
+    """A path's particles each take a token (spread's draws, with the look's `twist` where it
+    looked; _step): those whose value goes on, with the choice each took."""
+    going = []
+    for p, (pick, log_importance) in zip(members, spread(
+            choices.weights, len(members), generator, twist), strict=True):
+        if _step(p, choices, pick, log_importance, request, backend):
+            going.append((p, pick))
+    return going
 
 
 @dataclass(frozen=True, slots=True)

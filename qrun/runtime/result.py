@@ -161,7 +161,9 @@ class Result:
     def row(self, fields: tuple[str, ...]) -> dict[str, Any]:
         """The chosen `fields` of this result (qrun/jsonio.py FIELDS), as `qrun --json` prints
         it and `qrun serve` answers (docs/serve.md §2.2)."""
-        from qrun.runtime.recorder import block_json  # it imports this module
+        # Here, not at the top: recorder.py needs numpy, which this module's other users
+        # (the record types) do not load; the recorder is a type here otherwise.
+        from qrun.runtime.recorder import block_json
 
         whole = {**self.to_dict(), "output": self.output}  # docs/language.md §4.2
         row: dict[str, Any] = {}
