@@ -1,8 +1,10 @@
 """docs/cookbook.md runs as written: its blocks, in page order, on the default model (the
 `real` tier), in a fresh folder holding a copy of examples/. Shell blocks run in bash with this
 interpreter's scripts folder first on PATH (so `qrun` is the installed console script); Python
-blocks run in this process. Beyond running without error, each task's promised outputs are
-checked: the files the shell blocks write, and the types the Python blocks print."""
+blocks run in this process, each loading the model as written (each Query loads its own), over
+the session's weights (test_doc_blocks.py weights_shared_with). Beyond running without error,
+each task's promised outputs are checked: the files the shell blocks write, and the types the
+Python blocks print."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_doc_blocks import promised
+from test_doc_blocks import promised, weights_shared_with
+
+from qrun.backends.transformers import TransformersBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 COOKBOOK = ROOT / "docs/cookbook.md"
@@ -37,10 +41,12 @@ def test_the_cookbook_has_its_five_tasks_in_both_forms() -> None:
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+def outputs(tmp_path_factory: pytest.TempPathFactory,
+            smollm2: TransformersBackend) -> tuple[Path, list[str]]:
     """Run every block once, in order, in one folder; each block's stdout. Python blocks run in
     this process (as a script: `__name__ == "__main__"`, a namespace of their own), which
-    saves an interpreter start and torch's import per block."""
+    saves an interpreter start and torch's import per block, and their loads of the default
+    model share the session's weights (weights_shared_with)."""
     folder = tmp_path_factory.mktemp("cookbook")
     shutil.copytree(ROOT / "examples", folder / "examples")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -56,7 +62,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
                 printed.append(done.stdout)
             else:
                 out = io.StringIO()
-                with contextlib.redirect_stdout(out):
+                with contextlib.redirect_stdout(out), weights_shared_with(smollm2):
                     exec(compile(code, f"docs/cookbook.md block {n}", "exec"),
                          {"__name__": "__main__"})
                 printed.append(out.getvalue())
