@@ -38,8 +38,8 @@ from qrun.runtime.exact import Ending, ending_rows, ending_weights, row_of, tail
 from qrun.runtime.hole import GenRequest, Hole, HoleFailure, follow_of
 from qrun.runtime.result import GenRecord
 from qrun.runtime.sampler import draw, log_softmax, new_generator
-from qrun.runtime.scheduler import forward_rows
-from qrun.runtime.select import OptionTree, jobs_logprobs
+from qrun.runtime.scheduler import forward_step, forward_trees
+from qrun.runtime.select import OptionTree, TreeJobs
 from qrun.runtime.session import Session
 from qrun.runtime.spelling import Spellings
 
@@ -147,13 +147,25 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                 to_feed.extend(p for p, _ in _drawn(members, at[path], None, generator, request,
                                                     session.backend))
         feeding = _feed_rows(base, to_feed, particles)
+        ends = [(members, known.tails[path] or []) for path, members in finishing.items()]
+        finish = _finish_jobs(ends, base)
         session.stats.mask_s += time.perf_counter() - started
-        if looks.rows or feeding.rows:
+        rows = looks.rows + feeding.rows
+        scored = None
+        if rows or finish.parts:
+            # One batch: the rows, and the paths' trees that finish (the first TREE_NODES
+            # nodes of them: most steps' all), so that a step waits for one forward
             started = time.perf_counter()
-            logits = forward_rows(model, session.backend.batch_forward(),
-                                  looks.rows + feeding.rows)
-            session.count_model_call(time.perf_counter() - started,
-                                     len(looks.rows) + len(feeding.rows))
+            batches = finish.batches
+            logits, trees = forward_step(model, session.backend.batch_forward(), tree, rows,
+                                         batches[0] if batches else [])
+            if batches:
+                assert tree is not None
+                scored = finish.scored([trees, *(forward_trees(tree, items)
+                                                 for items in batches[1:])])
+            session.count_model_call(time.perf_counter() - started, len(rows) + sum(
+                len(ids) for batch in batches for ids, _, _ in batch),
+                calls=bool(rows) + sum(1 for batch in batches if batch))
             feeding.take(logits[len(looks.rows):])
             started = time.perf_counter()
             ahead = _looked(looks, logits[:len(looks.rows)], request, session.backend, eos,
@@ -167,11 +179,9 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
                 # its row
                 p.cache, p.logits = looked.fed[pick]
         session.stats.mask_s += time.perf_counter() - started
-        if finishing:
-            assert tree is not None
-            _finish_exactly(session, tree, base, [
-                (members, known.tails[path] or []) for path, members in finishing.items()],
-                generator)
+        if ends:
+            assert scored is not None
+            _finish_exactly(session, ends, finish, scored, generator)
         particles = resampled(particles, generator, request.ess_threshold)
     weights = np.array([p.log_weight for p in particles])
     if not np.isfinite(weights).any():
@@ -470,32 +480,36 @@ LOOK_ROWS = 2
 looks where it may propose at most 16 tokens that go on."""
 
 
-def _finish_exactly(session: Session, tree: TreeScorer, base: KVCache,
-                    paths: list[tuple[list[Particle], list[Ending]]],
-                    generator: np.random.Generator) -> None:
-    """Finish each path's particles as sampler="exact" fills a hole: every way the value can
-    end from there (each path's endings: each rest in its canonical tokenization, with the
-    mass of ending where it could go on) scored in tree forwards on the path's cache (of at
-    most runtime/select.py TREE_NODES nodes each; the step's paths' trees submitted together,
-    select.jobs_logprobs), each particle's weight times their total probability, each
-    drawing one of them by its probability. A particle so finished draws its rest from the
-    model's conditional itself, which adds no variance to the weights (Rao-Blackwellisation),
-    where the token-by-token proposal's weights vary with every token (TAIL_BYTES says what
-    it gained). Nothing of the trees stays: the chosen particle's rest is appended to the
-    context and fed with what follows (as a select scored in parts)."""
+def _finish_jobs(paths: list[tuple[list[Particle], list[Ending]]], base: KVCache) -> TreeJobs:
+    """The trees that score each finishing path's endings on the path's cache (in batches of
+    at most runtime/select.py TREE_NODES nodes: _finish_exactly)."""
     jobs = []
     for particles, endings in paths:
         first = particles[0]
         jobs.append((ending_rows(endings, len(first.tokens)), log_softmax(first.logits),
                      first.cache if first.cache is not None else base))
-    started = time.perf_counter()
-    scored, fed, forwards = jobs_logprobs(tree, jobs)
-    if forwards:
-        session.count_model_call(time.perf_counter() - started, fed, calls=forwards)
+    return TreeJobs.of(jobs)
+
+
+def _finish_exactly(session: Session, paths: list[tuple[list[Particle], list[Ending]]],
+                    finish: TreeJobs, scored: tuple[list[list[list[float]]], int, int],
+                    generator: np.random.Generator) -> None:
+    """Finish each path's particles as sampler="exact" fills a hole: every way the value can
+    end from there (each path's endings: each rest in its canonical tokenization, with the
+    mass of ending where it could go on) scored in tree forwards on the path's cache
+    (_finish_jobs' trees, `scored` their token log-probabilities, nodes fed and forwards:
+    TreeJobs.scored; the first batch of them fed with the step's rows), each particle's
+    weight times their total probability, each drawing one of them by its probability. A
+    particle so finished draws its rest from the model's conditional itself, which adds no
+    variance to the weights (Rao-Blackwellisation), where the token-by-token proposal's
+    weights vary with every token (TAIL_BYTES says what it gained). Nothing of the trees
+    stays: the chosen particle's rest is appended to the context and fed with what follows
+    (as a select scored in parts)."""
+    by_job, fed, _ = scored
     session.stats.rollback_tokens += fed
     token_bytes = session.backend.vocabulary.token_bytes
     for (particles, endings), (_, logprobs_first, _), token_logprobs in zip(
-            paths, jobs, scored, strict=True):
+            paths, finish.jobs, by_job, strict=True):
         start = len(particles[0].tokens)
         weights = np.array(ending_weights(endings, token_logprobs, logprobs_first, start))
         total = float(np.logaddexp.reduce(weights))

@@ -425,11 +425,14 @@ class _CancellableModel(ScheduledModel):
             raise RunCancelled
         return super().forward_tree(token_ids, parents, cache)
 
-    def forward_trees(self, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
-                      ) -> list[tuple[npt.NDArray[np.float32], KVCache]]:
+    def forward_step(self, rows: Sequence[tuple[Sequence[int], KVCache]],
+                     trees: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                     ) -> tuple[list[npt.NDArray[np.float32]],
+                                list[tuple[npt.NDArray[np.float32], KVCache]]]:
+        # forward_rows and forward_trees come here too (a particle step's forwards)
         if self._ticket.cancelled.is_set():
             raise RunCancelled
-        return super().forward_trees(items)
+        return super().forward_step(rows, trees)
 
 
 class _CheckedModel:

@@ -58,20 +58,20 @@ class ForwardScheduler:
         scheduler's forward thread."""
         return self._wait([_Request(tree, order, args)])[0]
 
-    def submit_many(self, order: tuple[int, ...],
-                    items: Sequence[tuple[Sequence[int], KVCache]]) -> list[Any]:
-        """Several forwards of one worker (particles, runtime/particles.py) as rows of the
-        next batch, in order after `order`; each row's logits after its last token."""
-        return self._wait([_Request(False, (*order, i), (list(ids), cache, 1))
-                           for i, (ids, cache) in enumerate(items)])
-
-    def submit_trees(self, order: tuple[int, ...],
-                     items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]) -> list[Any]:
-        """Several tree forwards of one worker (particles finishing several paths at one step,
-        runtime/particles.py) in the next batch, in order after `order`; each item's result
-        as TreeScorer.forward_tree gives it."""
-        return self._wait([_Request(True, (*order, i), (list(ids), list(parents), cache))
-                           for i, (ids, parents, cache) in enumerate(items)])
+    def submit_step(self, order: tuple[int, ...],
+                    rows: Sequence[tuple[Sequence[int], KVCache]],
+                    trees: Sequence[tuple[Sequence[int], Sequence[int], KVCache]] = ()
+                    ) -> tuple[list[Any], list[Any]]:
+        """Several forwards of one worker as rows of the next batch, and several tree
+        forwards in the same batch, in order after `order` (a particle step: its rows, and the
+        trees of the paths it finishes, runtime/particles.py): each row's logits after its
+        last token, and each tree's result as TreeScorer.forward_tree gives it."""
+        results = self._wait(
+            [_Request(False, (*order, i), (list(ids), cache, 1))
+             for i, (ids, cache) in enumerate(rows)]
+            + [_Request(True, (*order, len(rows) + i), (list(ids), list(parents), cache))
+               for i, (ids, parents, cache) in enumerate(trees)])
+        return results[:len(rows)], results[len(rows):]
 
     def _wait(self, requests: list[_Request]) -> list[Any]:
         """Queue `requests` (one worker's) and wait until they have run: at once in this
@@ -229,8 +229,7 @@ class ScheduledModel:
                      ) -> list[npt.NDArray[np.float32]]:
         """Each item's tokens fed on top of its cache, as rows of one batch: per item, the
         logits after its last token, [1, V]."""
-        result: list[npt.NDArray[np.float32]] = self._scheduler.submit_many(self._order, items)
-        return result
+        return self.forward_step(items, [])[0]
 
     def forward_tree(
         self, token_ids: Sequence[int], parents: Sequence[int], cache: KVCache
@@ -242,9 +241,14 @@ class ScheduledModel:
     def forward_trees(self, items: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
                       ) -> list[tuple[npt.NDArray[np.float32], KVCache]]:
         """Each item (token_ids, parents, cache) as forward_tree takes it, in one batch."""
-        result: list[tuple[npt.NDArray[np.float32], KVCache]] = self._scheduler.submit_trees(
-            self._order, items)
-        return result
+        return self.forward_step([], items)[1]
+
+    def forward_step(self, rows: Sequence[tuple[Sequence[int], KVCache]],
+                     trees: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                     ) -> tuple[list[npt.NDArray[np.float32]],
+                                list[tuple[npt.NDArray[np.float32], KVCache]]]:
+        """forward_rows' rows and forward_trees' trees in one batch."""
+        return self._scheduler.submit_step(self._order, rows, trees)
 
     @contextmanager
     def aside(self) -> Iterator[None]:
@@ -282,3 +286,19 @@ def forward_trees(scorer: TreeScorer, items: Sequence[tuple[Sequence[int], Seque
     if isinstance(scorer, ScheduledModel):
         return scorer.forward_trees(items)
     return [scorer.forward_tree(ids, parents, cache) for ids, parents, cache in items]
+
+
+def forward_step(model: StepModel, batcher: BatchForward | None, scorer: TreeScorer | None,
+                 rows: Sequence[tuple[Sequence[int], KVCache]],
+                 trees: Sequence[tuple[Sequence[int], Sequence[int], KVCache]]
+                 ) -> tuple[list[npt.NDArray[np.float32]],
+                            list[tuple[npt.NDArray[np.float32], KVCache]]]:
+    """forward_rows' `rows` and forward_trees' `trees` (on `scorer`): in one batch of the run's
+    scheduler where `model` is a run's scheduled model (a particle step whose paths step and
+    finish at once waits for one batch, not two, and the other runs with it), else one after
+    the other."""
+    if isinstance(model, ScheduledModel) and rows and trees:
+        return model.forward_step(rows, trees)
+    assert scorer is not None or not trees, "trees need a tree scorer"
+    return (forward_rows(model, batcher, rows) if rows else [],
+            forward_trees(scorer, trees) if scorer is not None and trees else [])

@@ -259,37 +259,67 @@ def jobs_logprobs(
 ) -> tuple[list[list[list[float]]], int, int]:
     """parts_logprobs for several jobs at once, each (rows, first, cache): every job's parts,
     in order, submitted together as trees of one batch (runtime/scheduler.py forward_trees)
-    while they hold at most TREE_NODES fed nodes together, so that many small trees cost a
-    few forwards (16 particles finishing 10 paths at one step of bench/faithfulness.py's
-    2,400 sentences fed 10 trees of a path's last two words, 27 nodes after "A big cat",
-    each a forward of its own, ~80 ms apart from its nodes on transformers here). Each job's
-    token log-probabilities, the nodes fed, and the batches that fed them."""
-    parts = [(j, part, OptionTree.build(part))
-             for j, (rows, _, _) in enumerate(jobs) for part in _parts(rows)]
-    groups: list[list[int]] = []
-    size = 0
-    for k, (_, _, tree) in enumerate(parts):
-        if groups and size + len(tree.fed) <= TREE_NODES:
-            groups[-1].append(k)
-            size += len(tree.fed)
-        else:
-            groups.append([k])
-            size = len(tree.fed)
-    scored: list[list[list[float]]] = [[] for _ in jobs]
-    fed = forwards = 0
-    for group in groups:
-        feeding = [k for k in group if parts[k][2].fed]
-        items = [(parts[k][2].fed, parts[k][2].parents, jobs[parts[k][0]][2]) for k in feeding]
-        outputs = forward_trees(backend, items) if items else []
-        logits_of = {k: logits for k, (logits, _) in zip(feeding, outputs, strict=True)}
-        for k in group:  # in order: a job's parts are its rows in order
-            j, part, tree = parts[k]
-            first = jobs[j][1]
-            logits = logits_of.get(k, np.empty((0, first.shape[-1]), dtype=np.float32))
-            scored[j].extend(_row_logprobs(tree, part, first, logits))
-            fed += len(tree.fed)
-        forwards += bool(feeding)
-    return scored, fed, forwards
+    while they hold at most TREE_NODES fed nodes together (TreeJobs). Each job's token
+    log-probabilities, the nodes fed, and the batches that fed them."""
+    plan = TreeJobs.of(jobs)
+    return plan.scored([forward_trees(backend, items) if items else []
+                        for items in plan.batches])
+
+
+@dataclass(frozen=True)
+class TreeJobs:
+    """Several jobs' trees, each job (rows, first, cache) cut into parts (_parts) and the parts
+    into batches (`batches`: each a forward_trees' items, at most TREE_NODES fed nodes
+    together), so that many small trees cost a few forwards (16 particles finishing 10 paths at
+    one step of bench/faithfulness.py's 2,400 sentences fed 10 trees of a path's last two
+    words, 27 nodes after "A big cat", each a forward of its own, ~80 ms apart from its nodes
+    on transformers here). A caller may send the first batch with other forwards of its own
+    (runtime/particles.py: with a step's rows, runtime/scheduler.py forward_step)."""
+
+    jobs: Sequence[tuple[list[list[int]], npt.NDArray[np.float32], KVCache]]
+    parts: list[tuple[int, list[list[int]], OptionTree]]
+    groups: list[list[int]]  # per batch, the parts in it
+
+    @classmethod
+    def of(cls, jobs: Sequence[tuple[list[list[int]], npt.NDArray[np.float32], KVCache]]
+           ) -> TreeJobs:
+        parts = [(j, part, OptionTree.build(part))
+                 for j, (rows, _, _) in enumerate(jobs) for part in _parts(rows)]
+        groups: list[list[int]] = []
+        size = 0
+        for k, (_, _, tree) in enumerate(parts):
+            if groups and size + len(tree.fed) <= TREE_NODES:
+                groups[-1].append(k)
+                size += len(tree.fed)
+            else:
+                groups.append([k])
+                size = len(tree.fed)
+        return cls(jobs, parts, groups)
+
+    @property
+    def batches(self) -> list[list[tuple[Sequence[int], Sequence[int], KVCache]]]:
+        """Per batch, its trees (those that feed any node) as forward_trees takes them."""
+        return [[(tree.fed, tree.parents, self.jobs[j][2])
+                 for j, _, tree in (self.parts[k] for k in group) if tree.fed]
+                for group in self.groups]
+
+    def scored(self, outputs: list[list[tuple[npt.NDArray[np.float32], KVCache]]]
+               ) -> tuple[list[list[list[float]]], int, int]:
+        """Each job's token log-probabilities from each batch's forward_trees results
+        (`outputs`, in `batches`' order), the nodes fed, and the batches that fed any."""
+        scored: list[list[list[float]]] = [[] for _ in self.jobs]
+        fed = forwards = 0
+        for group, results in zip(self.groups, outputs, strict=True):
+            logits_of = iter(results)
+            for k in group:  # in order: a job's parts are its rows in order
+                j, part, tree = self.parts[k]
+                first = self.jobs[j][1]
+                logits = next(logits_of)[0] if tree.fed else np.empty(
+                    (0, first.shape[-1]), dtype=np.float32)
+                scored[j].extend(_row_logprobs(tree, part, first, logits))
+                fed += len(tree.fed)
+            forwards += bool(results)
+        return scored, fed, forwards
 
 
 def _score_in_parts(

@@ -95,3 +95,39 @@ def test_leaving_astream_early_and_closing_the_loop_logs_nothing(
     assert runs and not any(thread.is_alive() for thread in runs)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
         caplog.text
+
+
+def test_a_run_left_while_its_particles_step_stops_at_their_next_step(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A particle step's forward goes through the cancellable model as a run's other forwards
+    # do: a run whose stream was left while its particles were stepping ends at their next
+    # step, not after the hole's last (6 steps before: token by token, TAIL_BYTES 0).
+    from qrun.runtime import particles as particles_module
+
+    monkeypatch.setattr(particles_module, "TAIL_BYTES", 0)
+    steps: list[int] = []
+    left = threading.Event()
+    step = particles_module.resampled
+
+    def resampled_held(*args: object) -> object:
+        steps.append(len(steps))
+        if len(steps) == 1:
+            left.wait(60)  # the caller leaves the stream meanwhile
+        return step(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(particles_module, "resampled", resampled_held)
+    query = qrun.Query('A {{ gen x regex="[ab]{12}" sampler="smc" particles=4 }} B')
+
+    async def main() -> None:
+        async for _ in query.astream(model=tiny, temperature=1.0, seed=1):
+            await asyncio.to_thread(wait_until, lambda: bool(steps))
+            break
+
+    with alarm(60):
+        asyncio.run(main())
+        runs = [t for t in threading.enumerate() if t.name.startswith("qrun-run-")]
+        left.set()
+        for thread in runs:
+            thread.join(60)
+    assert runs and not any(thread.is_alive() for thread in runs)
+    assert steps == [0], steps

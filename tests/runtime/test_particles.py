@@ -19,6 +19,7 @@ from qrun.errors import TemplateError
 from qrun.runtime import particles as particles_module
 from qrun.runtime.particles import Particle, resampled, spread
 from qrun.runtime.sampler import draw
+from qrun.runtime.scheduler import ForwardScheduler
 from tests.runtime.test_exact import sequence_logprob
 
 PROMPT = "The animal is a"
@@ -531,21 +532,57 @@ def test_a_step_feeds_its_looks_and_its_tokens_in_one_forward(
     # took: both are rows of the step's one forward (a forward reads every weight once), and
     # the look's rows are all a looking path needs (no second forward for its particles).
     per_step: list[list[int]] = [[]]  # each step's forwards, as their rows
-    step, feed = particles_module.resampled, particles_module.forward_rows
+    step, feed = particles_module.resampled, particles_module.forward_step
 
     def resampled_counting(*args: Any) -> Any:
         per_step.append([])
         return step(*args)
 
-    def forward_rows_counting(model: Any, batcher: Any, items: Any) -> Any:
-        per_step[-1].append(len(items))
-        return feed(model, batcher, items)
+    def forward_step_counting(model: Any, batcher: Any, scorer: Any, rows: Any,
+                              trees: Any) -> Any:
+        per_step[-1].append(len(rows))
+        return feed(model, batcher, scorer, rows, trees)
 
     monkeypatch.setattr(particles_module, "resampled", resampled_counting)
-    monkeypatch.setattr(particles_module, "forward_rows", forward_rows_counting)
+    monkeypatch.setattr(particles_module, "forward_step", forward_step_counting)
     for r in runs(tiny, 'Go: {{ gen x regex="[ab]{6}" sampler="smc" particles=16 }}', 4,
                   temperature=1.0, seed=5):
         assert len(r.holes["x"].particles or []) == 16
     assert max(len(forwards) for forwards in per_step) == 1, per_step
     # Not vacuous: the particles go apart, and steps feed several rows.
     assert max(sum(forwards) for forwards in per_step) >= 4, per_step
+
+
+def test_a_step_that_steps_and_finishes_paths_waits_for_one_batch(
+        tiny: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Words of one to eight letters: after " a" the rest is small and that path is finished
+    # by a tree, while the particles on " ijkl..." go on token by token. The step's rows and
+    # its trees go to the run's scheduler together: one batch, where the other runs of a
+    # run_many wait for each (16 runs of bench/faithfulness.py's 2,400 sentences: 37 batches
+    # -> 31, the same values).
+    monkeypatch.setattr(particles_module, "TAIL_NODES", 2)
+    per_step: list[list[tuple[int, int]]] = []  # each step's batches: (rows, trees)
+    step, submit = particles_module.resampled, ForwardScheduler.submit_step
+
+    def resampled_counting(*args: Any) -> Any:
+        per_step.append([])
+        return step(*args)
+
+    def submit_counting(self: ForwardScheduler, order: Any, rows: Any, trees: Any = ()) -> Any:
+        if per_step:
+            per_step[-1].append((len(rows), len(trees)))
+        return submit(self, order, rows, trees)
+
+    monkeypatch.setattr(particles_module, "resampled", resampled_counting)
+    monkeypatch.setattr(ForwardScheduler, "submit_step", submit_counting)
+    template = ('Go:{{ gen x regex=" (a|b|cd|efgh|ijklmnop)(x|yz)\\." heal=false '
+                'sampler="smc" particles=8 }}')
+    for seed in (0, 2):
+        per_step.clear()
+        record = qrun.Query(template).run(model=tiny, temperature=1.0, seed=seed).holes["x"]
+        assert len(record.particles or []) == 8
+        # A step's batches after the first step (whose first batch feeds the prompt), the
+        # last step's (the hole's last forward) left out.
+        steps = per_step[:-1]
+        assert all(len(batches) <= 1 for batches in steps), per_step
+        assert any(rows and trees for batches in steps for rows, trees in batches), per_step
