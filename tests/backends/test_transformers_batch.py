@@ -68,6 +68,29 @@ def test_a_changed_or_missing_row_builds_the_batch_anew(tiny: TransformersBacken
     assert tiny.stacked_batches == stacked + 3  # each of the three batches stacked anew
 
 
+def test_rows_that_share_a_cache_or_a_length_match_single_forwards(
+        tiny: TransformersBackend) -> None:
+    # A particle step's rows (runtime/particles.py): a look ahead's forks of one path's cache
+    # (the same tensors, stacked once and gathered), other paths' caches of that length
+    # (stacked by one concatenation per length), one shorter (left-padded) and an empty one.
+    path = tiny.new_cache()
+    tiny.forward(list(range(5, 30)), path)
+    other = tiny.new_cache()
+    tiny.forward(list(range(40, 65)), other)
+    short = tiny.new_cache()
+    tiny.forward(list(range(9, 20)), short)
+    for caches in ([path.fork(), other.fork(), path.fork(), short.fork(), tiny.new_cache(),
+                    path.fork()],
+                   [path.fork(), path.fork(), other.fork()]):  # one length: no padding
+        tokens = [300 + i for i in range(len(caches))]
+        alone = [tiny.forward([t], cache.fork())[-1] for t, cache in zip(tokens, caches,
+                                                                         strict=True)]
+        batched = tiny.forward_batch([([t], cache) for t, cache in zip(tokens, caches,
+                                                                        strict=True)])
+        for got, want in zip(batched, alone, strict=True):
+            np.testing.assert_allclose(got[-1], want, atol=1e-4)
+
+
 @pytest.mark.parametrize(("lengths", "cost", "groups"), [
     ([1, 1, 1, 1, 1, 1, 1, 31], 64, [[7], [0, 1, 2, 3, 4, 5, 6]]),  # 64+31 + 64+7 < 64+8*31
     ([1, 1, 1, 1, 1, 1, 1, 31], 2048, [[0, 1, 2, 3, 4, 5, 6, 7]]),  # a dear call: one batch
