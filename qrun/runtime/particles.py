@@ -153,8 +153,8 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         rows = looks.rows + feeding.rows
         scored = None
         if rows or finish.parts:
-            # One batch: the rows, and the paths' trees that finish (the first TREE_NODES
-            # nodes of them: most steps' all), so that a step waits for one forward
+            # The rows and the finishing paths' trees (their first TREE_NODES nodes: most
+            # steps' all) in one batch of the run's scheduler: a step waits for one batch
             started = time.perf_counter()
             batches = finish.batches
             logits, trees = forward_step(model, session.backend.batch_forward(), tree, rows,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -80,19 +82,8 @@ def test_leaving_astream_early_and_closing_the_loop_logs_nothing(
 
     query = qrun.Query("A {{ slow() }} B {{ gen b max_tokens=4 }}",
                        functions=qrun.Functions({"slow": slow}))
-
-    async def main() -> None:
-        async for _ in query.astream(model=tiny):  # "A ", streamed before the host call
-            await asyncio.to_thread(wait_until, lambda: bool(threads))
-            break
-
-    with alarm(60):
-        asyncio.run(main())
-        runs = [t for t in threading.enumerate() if t.name.startswith("qrun-run-")]
-        release.set()
-        for thread in runs:
-            thread.join(60)
-    assert runs and not any(thread.is_alive() for thread in runs)
+    # "A " is streamed before the host call
+    leave_the_stream(query, lambda: bool(threads), release, model=tiny)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], \
         caplog.text
 
@@ -117,17 +108,25 @@ def test_a_run_left_while_its_particles_step_stops_at_their_next_step(
 
     monkeypatch.setattr(particles_module, "resampled", resampled_held)
     query = qrun.Query('A {{ gen x regex="[ab]{12}" sampler="smc" particles=4 }} B')
+    leave_the_stream(query, lambda: bool(steps), left, model=tiny, temperature=1.0, seed=1)
+    assert steps == [0], steps
+
+
+def leave_the_stream(query: qrun.Query, begun: Callable[[], bool], release: threading.Event,
+                     **options: Any) -> None:
+    """Break out of `query.astream(**options)` after its first event once `begun()` holds,
+    let asyncio.run close the loop, then `release` the run (held meanwhile in its thread) and
+    check that it ends."""
 
     async def main() -> None:
-        async for _ in query.astream(model=tiny, temperature=1.0, seed=1):
-            await asyncio.to_thread(wait_until, lambda: bool(steps))
+        async for _ in query.astream(**options):
+            await asyncio.to_thread(wait_until, begun)
             break
 
     with alarm(60):
         asyncio.run(main())
         runs = [t for t in threading.enumerate() if t.name.startswith("qrun-run-")]
-        left.set()
+        release.set()
         for thread in runs:
             thread.join(60)
     assert runs and not any(thread.is_alive() for thread in runs)
-    assert steps == [0], steps
