@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import record_loads
+from test_doc_blocks import weights_shared_with
 
+from qrun.backends.transformers import TransformersBackend
 from qrun.cli import main
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -45,8 +47,11 @@ def test_the_examples_cases_pass_on_the_tiny_model(
 
 
 @pytest.mark.real
-def test_the_examples_cases_pass_on_the_real_model(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["test", str(EXAMPLES), *FUNCTIONS])
+def test_the_examples_cases_pass_on_the_real_model(
+        capsys: pytest.CaptureFixture[str], smollm2: TransformersBackend) -> None:
+    # The default model as `qrun test` loads it, over the session's weights (a load less)
+    with weights_shared_with(smollm2):
+        code = main(["test", str(EXAMPLES), *FUNCTIONS])
     out = capsys.readouterr().out
     assert code == 0, out
 
