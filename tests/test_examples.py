@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 import regex
+from test_doc_blocks import weights_shared_with
 
 import qrun
 from qrun.backends.transformers import TransformersBackend
@@ -355,8 +356,9 @@ def test_the_calculator_runs_from_the_command_line_with_its_functions(
 
 @pytest.mark.real
 def test_hello_from_the_command_line_prints_json_with_stats(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([str(EXAMPLES / "hello.tmpl"), "--json"])
+        capsys: pytest.CaptureFixture[str], smollm2: TransformersBackend) -> None:
+    with weights_shared_with(smollm2):  # its load as the command makes it, a load less
+        code = main([str(EXAMPLES / "hello.tmpl"), "--json"])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     out = json.loads(printed.out)
