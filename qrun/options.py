@@ -241,9 +241,9 @@ class RunOptions:
         here wins and the defaults' contradicting values are left out."""
         given = {name: getattr(self, name) for name in self.names()
                  if getattr(self, name) is not None}
-        smc_only = [name for name in SMC_OPTIONS if name in given]
+        smc_only = any(name in given for name in SMC_OPTIONS)
         if given.get("sampler") in ("mask", "exact"):
-            defaults = replace(defaults, particles=None, ess_threshold=None)
+            defaults = replace(defaults, **dict.fromkeys(SMC_OPTIONS))
         elif smc_only and "sampler" not in given and defaults.sampler in ("mask", "exact"):
             defaults = replace(defaults, sampler=None)
         return replace(defaults, **given)

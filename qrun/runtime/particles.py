@@ -15,12 +15,12 @@ default) of their number they are resampled (systematic resampling): heavy ones 
 ones dropped, each weighing their mean (finished ones stay: resampled says why). A copy shares
 its KV cache and logits until it feeds a token, and particles on the same path are fed as one
 row (_feed_rows: no position is fed twice, no question asked twice); each step's rows, the
-look's and the feed's, are one batch (through the run's scheduler, runtime/scheduler.py
-forward_rows). Once what is left of a particle's language is small (for the particles on its
-path together: _small_tail), they are finished exactly instead (_finish_exactly: the rest
-scored whole, as sampler="exact" scores a hole). The value is one particle drawn by weight (the
-heaviest at temperature 0); every particle and the log of the estimate of the language's mass
-under the model go into the record."""
+look's and the feed's, and the trees of the paths it finishes are one batch of the run's
+scheduler (runtime/scheduler.py forward_step). Once what is left of a particle's language is
+small (for the particles on its path together: _small_tail), they are finished exactly instead
+(_finish_exactly: the rest scored whole, as sampler="exact" scores a hole). The value is one
+particle drawn by weight (the heaviest at temperature 0); every particle and the log of the
+estimate of the language's mass under the model go into the record."""
 
 from __future__ import annotations
 

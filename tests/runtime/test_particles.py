@@ -558,8 +558,8 @@ def test_a_step_that_steps_and_finishes_paths_waits_for_one_batch(
     # Words of one to eight letters: after " a" the rest is small and that path is finished
     # by a tree, while the particles on " ijkl..." go on token by token. The step's rows and
     # its trees go to the run's scheduler together: one batch, where the other runs of a
-    # run_many wait for each (16 runs of bench/faithfulness.py's 2,400 sentences: 37 batches
-    # -> 31, the same values).
+    # run_many wait for each (8 runs of bench/faithfulness.py's 2,400 sentences, 4 at a time:
+    # 37 batches -> 31, the same values).
     monkeypatch.setattr(particles_module, "TAIL_NODES", 2)
     per_step: list[list[tuple[int, int]]] = []  # each step's batches: (rows, trees)
     step, submit = particles_module.resampled, ForwardScheduler.submit_step
