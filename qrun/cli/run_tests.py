@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from qrun.api import Query
     from qrun.backends.base import Backend
     from qrun.runtime.request import RunRequest
-    from qrun.testing import Case
+    from qrun.testing import Case, CaseOutcome
 
 EXIT_PASSED, EXIT_FAILED = 0, 1
 
@@ -55,7 +55,7 @@ def run_tests(argv: Sequence[str]) -> int:
     from qrun.testing.cases import front_matter_cases
     from qrun.testing.keyword import keyword_filter
     from qrun.testing.report import Report, write_junit
-    from qrun.testing.runner import check_case_inputs, hole_places, run_cases
+    from qrun.testing.runner import Suite, check_case_inputs, hole_places, run_suites
 
     args = build_test_parser().parse_args(list(argv))
     if args.batch_size < 1:
@@ -91,6 +91,7 @@ def run_tests(argv: Sequence[str]) -> int:
     started = time.perf_counter()
     backends: dict[ModelOptions, Backend] = {}
     holes: dict[str, dict[str, str]] = {}
+    ready: list[Suite] = []
     for name, query, cases, requests in suites:
         wanted = query.model_options(model)
         holes[name] = hole_places(query)
@@ -103,8 +104,14 @@ def run_tests(argv: Sequence[str]) -> int:
 
             with LoadingNotice(str(wanted.model or "the model")):
                 backends[wanted] = load_model(options=wanted)
-        report.start(name)
-        run_cases(query, name, cases, backends[wanted], args.batch_size, report.case, requests)
+        ready.append(Suite(name, query, cases, requests, backends[wanted]))
+
+    def told(outcome: CaseOutcome) -> None:
+        if not report.outcomes or report.outcomes[-1].template != outcome.template:
+            report.start(outcome.template)
+        report.case(outcome)
+
+    run_suites(ready, args.batch_size, told)
     seconds = time.perf_counter() - started
     report.finish(seconds, holes, deselected)
     if args.junit_xml:

@@ -1,13 +1,16 @@
-"""Running a template's test cases (docs/testing.md §3): every case's inputs checked before
-any model work (`Query.request`), the greedy cases batched together by the model's runner
-(qrun/runtime/runner.py `map`, what `Query.run_many` does), a sampled case
+"""Running templates' test cases (docs/testing.md §3): every case's inputs checked before
+any model work (`Query.request`), the greedy cases of every template on a model batched
+together by the model's runner (qrun/runtime/runner.py `map`, what `Query.run_many` does), a
+sampled case
 (one that gives a temperature) run on its own with its seed, as `qrun FILE --seed S
 --temperature T` would; then each expectation checked against the result."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from qrun.errors import InputError, QrunError
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
     from qrun.runtime.request import RunRequest
     from qrun.runtime.result import Result
 
-__all__ = ["CaseOutcome", "check_case_inputs", "hole_places", "run_cases"]
+__all__ = ["CaseOutcome", "Suite", "check_case_inputs", "hole_places", "run_suites"]
 
 
 @dataclass
@@ -72,44 +75,67 @@ def check_case_inputs(query: Query, cases: list[Case]) -> list[RunRequest]:
     return requests
 
 
-def run_cases(query: Query, template: str, cases: list[Case], backend: Backend,
-              batch_size: int = 8,
-              on_outcome: Callable[[CaseOutcome], None] | None = None,
-              requests: list[RunRequest] | None = None) -> list[CaseOutcome]:
-    """Run `cases` of `query` (the template named `template` in reports) on `backend` and
-    check them; outcomes in case order, `on_outcome` called as each is known (greedy cases
-    when their batch ends). `requests`: the cases' runs, as check_case_inputs made them.
+@dataclass(frozen=True)
+class Suite:
+    """A template's cases as `qrun test` runs them: `template` its name in reports, `requests`
+    the cases' runs (check_case_inputs), `backend` the model they run on."""
 
-    Raises:
-        CaseFileError: a case's inputs do not fit the template (nothing has run).
-    """
-    if requests is None:
-        requests = check_case_inputs(query, cases)
-    runner = query.runner(backend)
-    outcomes: dict[int, CaseOutcome] = {}
+    template: str
+    query: Query
+    cases: list[Case]
+    requests: list[RunRequest]
+    backend: Backend
 
-    def finish(index: int, result: Result | QrunError) -> None:
-        outcome = _judge(template, cases[index], requests[index].inputs, result)
-        outcomes[index] = outcome
-        if on_outcome is not None:
-            on_outcome(outcome)
 
-    greedy = [i for i, case in enumerate(cases) if case.temperature is None]
-    if greedy:
-        results = runner.map([requests[i].for_item(k) for k, i in enumerate(greedy)],
-                             min(batch_size, len(greedy)))
-        for index, batched in zip(greedy, results, strict=True):
-            finish(index, batched)
-    for index, case in enumerate(cases):
-        if case.temperature is None:
-            continue
-        result: Result | QrunError
-        try:
-            result = runner.run(requests[index])
-        except QrunError as exc:
-            result = exc
-        finish(index, result)
-    return [outcomes[i] for i in range(len(cases))]
+def run_suites(suites: Sequence[Suite], batch_size: int = 8,
+               on_outcome: Callable[[CaseOutcome], None] | None = None,
+               ) -> list[list[CaseOutcome]]:
+    """Run and check every suite's cases: per backend, the greedy cases of all its suites
+    batched together (one Runner.map: a template with one case still shares its forwards with
+    the others'), then each sampled case alone with its seed. Outcomes per suite in case
+    order; `on_outcome` is told them in the same order (suite by suite), each as soon as it
+    and every one before it are known."""
+    outcomes: dict[tuple[int, int], CaseOutcome] = {}
+    order = [(s, c) for s, suite in enumerate(suites) for c in range(len(suite.cases))]
+    told = 0
+    lock = threading.Lock()
+
+    def finish(place: tuple[int, int], result: Result | QrunError) -> None:
+        nonlocal told
+        suite = suites[place[0]]
+        outcome = _judge(suite.template, suite.cases[place[1]],
+                         suite.requests[place[1]].inputs, result)
+        with lock:  # map tells its results from the runs' threads
+            outcomes[place] = outcome
+            while told < len(order) and order[told] in outcomes:
+                if on_outcome is not None:
+                    on_outcome(outcomes[order[told]])
+                told += 1
+
+    for backend in dict.fromkeys(suite.backend for suite in suites):
+        mine = [(s, c) for s, c in order if suites[s].backend is backend]
+        # The backend's one runner (Query.runner: the same for every query on it).
+        runner = suites[mine[0][0]].query.runner(backend)
+        greedy = [(s, c) for s, c in mine if suites[s].cases[c].temperature is None]
+        if greedy:
+            runner.map([suites[s].requests[c].for_item(k) for k, (s, c) in enumerate(greedy)],
+                       min(batch_size, len(greedy)), partial(_told, finish, greedy))
+        for s, c in mine:
+            if suites[s].cases[c].temperature is None:
+                continue
+            result: Result | QrunError
+            try:
+                result = runner.run(suites[s].requests[c])
+            except QrunError as exc:
+                result = exc
+            finish((s, c), result)
+    return [[outcomes[s, c] for c in range(len(suite.cases))] for s, suite in enumerate(suites)]
+
+
+def _told(finish: Callable[[tuple[int, int], Result | QrunError], None],
+          places: list[tuple[int, int]], index: int, outcome: Result | QrunError) -> None:
+    """Runner.map's `on_result` for the runs of `places`, in that order."""
+    finish(places[index], outcome)
 
 
 def _judge(template: str, case: Case, inputs: Mapping[str, Any],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_helpers import record_loads
@@ -256,3 +257,40 @@ def test_a_named_pipe_is_refused_for_what_it_is(
     assert f"{pipe}: it is a named pipe (FIFO), not a file" in capsys.readouterr().err
     assert main(["serve", str(pipe), "--port", "1"]) == 2
     assert f"{pipe}: it is a named pipe (FIFO), not a file" in capsys.readouterr().err
+
+
+def test_greedy_cases_of_different_templates_share_forwards_and_report_in_order(
+        tmp_path: Path, tiny_folder: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One Runner.map for every template's greedy cases on a model: the one-case templates b
+    # and c run in the same batches; the report keeps the templates' order, a (no weights:
+    # its case fills every hole) first, b's sampled case (run alone, after) in b's line.
+    import qrun.backends
+    from qrun.runtime.runner import Runner
+
+    rows: list[int] = []
+    runners: list[Runner] = []  # held, so the watched runner is the one the runs get
+    load = qrun.backends.load_model
+
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        backend = load(*args, **kwargs)
+        if kwargs["options"].weights is not False:
+            runners.append(Runner.of(backend))
+            runners[-1].watch_batches(rows.append)
+        return backend
+
+    monkeypatch.setattr(qrun.backends, "load_model", watching)
+    template = "Say: {{ gen x regex=\"[a-z]{3}( [a-z]{3}){7}\" }}\n"
+    given = ("- name: given\n  fill: {x: abc abc abc abc abc abc abc abc}\n"
+             "  expect: {vars: {x: abc abc abc abc abc abc abc abc}}\n")
+    greedy = "- name: greedy\n  expect: {that: 'x | length == 31'}\n"
+    sampled = "- name: sampled\n  temperature: 1\n  seed: 3\n  expect: {that: 'x | length == 31'}\n"
+    for name, cases in [("a", given), ("b", greedy + sampled), ("c", greedy)]:
+        (tmp_path / f"{name}.tmpl").write_text(template)
+        (tmp_path / f"{name}.tests.yaml").write_text(cases)
+    assert main(["test", str(tmp_path), "--model", tiny_folder]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.endswith(".")]
+    assert lines == [f"{tmp_path / 'a.tmpl'} .", f"{tmp_path / 'b.tmpl'} ..",
+                     f"{tmp_path / 'c.tmpl'} ."], out
+    assert len(runners) == 1 and max(rows) == 2, rows
