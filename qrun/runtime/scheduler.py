@@ -45,6 +45,10 @@ class ForwardScheduler:
     tree_batch: TreeBatch | None = None
     active: int = 0
     pending: list[_Request] = field(default_factory=list)
+    # The workers whose requests are pending: a batch runs once they are all the active ones
+    # (a particle step queues many requests from one worker; counting requests ran batches
+    # while other workers still computed, beside the forward's threads).
+    waiting: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
     # Told each batch's rows (the runner's listeners: a server's metrics,
     # qrun/serve/service.py).
@@ -76,9 +80,12 @@ class ForwardScheduler:
     def _wait(self, requests: list[_Request]) -> list[Any]:
         """Queue `requests` (one worker's) and wait until they have run: at once in this
         thread when nothing else is pending or running and no other worker is active."""
+        if not requests:
+            return []
         with self.cond:
             alone = self.active <= 1 and not self.pending and not self.running
             self.pending.extend(requests)
+            self.waiting += 1
             if alone:
                 self._lead()
             else:
@@ -122,7 +129,7 @@ class ForwardScheduler:
         exit aborted it: "terminate called without an active exception")."""
         with self.cond:
             while True:
-                if not self.running and self.pending and len(self.pending) >= self.active:
+                if not self.running and self.pending and self.waiting >= self.active:
                     self._lead()
                 elif not self.pending and self.active == 0:
                     self.thread = None
@@ -135,6 +142,7 @@ class ForwardScheduler:
         entry and on return, not while the model runs); nothing keeps a finished batch's
         requests (they hold their runs' KV caches)."""
         requests, self.pending = self.pending, []
+        self.waiting = 0
         self.running = True
         self.cond.release()
         try:

@@ -110,6 +110,42 @@ def test_a_worker_that_leaves_lets_the_others_batch_without_it() -> None:
     assert done.is_set()
 
 
+def test_a_step_of_several_rows_waits_for_the_other_workers() -> None:
+    # A particle step queues several rows from one worker (submit_step): the batch waits for
+    # every active worker, not for as many requests as there are workers (that ran the step's
+    # rows alone, beside the other workers' CPU work: 43-45 batches for 16 runs of
+    # bench/faithfulness.py's sentence-2400, 32-33 once counted by worker).
+    rows: list[int] = []
+
+    class Batched(Model):
+        def forward_batch(self, items: list[tuple[Sequence[int], Cache]],
+                          keep: int) -> list[npt.NDArray[np.float32]]:
+            rows.append(len(items))
+            return [np.zeros((keep, 4), dtype=np.float32) for _ in items]
+
+    model = Batched()
+    scheduler = ForwardScheduler(model, None, model)
+    scheduler.enter()
+    scheduler.enter()
+
+    def stepping() -> None:
+        try:
+            scheduler.submit_step((0,), [([1], Cache()), ([2], Cache()), ([3], Cache())])
+        finally:
+            scheduler.leave()
+
+    thread = threading.Thread(target=stepping, daemon=True)
+    with alarm(30):
+        thread.start()
+        wait_until(lambda: len(scheduler.pending) == 3)
+        threading.Event().wait(0.2)  # time enough for a batch that would not wait
+        assert rows == []
+        scheduler.submit(False, (1,), [4], Cache(), 1)
+        scheduler.leave()
+        thread.join()
+    assert rows == [4]
+
+
 def test_trees_run_as_one_batch_and_a_failing_tree_fails_only_its_own_run() -> None:
     # Trees of several runs go to the backend's TreeBatch together; when that batch fails,
     # each tree runs alone, so only the run whose tree fails gets the error.
