@@ -1,9 +1,8 @@
 """Running templates' test cases (docs/testing.md §3): every case's inputs checked before
 any model work (`Query.request`), the greedy cases of every template on a model batched
 together by the model's runner (qrun/runtime/runner.py `map`, what `Query.run_many` does), a
-sampled case
-(one that gives a temperature) run on its own with its seed, as `qrun FILE --seed S
---temperature T` would; then each expectation checked against the result."""
+sampled case (one that gives a temperature) run on its own with its seed, as `qrun FILE
+--seed S --temperature T` would; then each expectation checked against the result."""
 
 from __future__ import annotations
 
