@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,11 @@ def rows(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.split("\n")[:-1]]
 
 
-def record_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
+def record_loads(monkeypatch: pytest.MonkeyPatch,
+                 on_load: Callable[[Any], None] | None = None) -> list[bool | None]:
     """The `weights` option of every model load from now on (a load of the tokenizer alone
-    is False), in order; the loads still happen."""
+    is False), in order; the loads still happen, and `on_load` is given each loaded backend
+    that has weights."""
     import qrun.backends
 
     loaded: list[bool | None] = []
@@ -34,7 +37,10 @@ def record_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         loaded.append(kwargs["options"].weights)
-        return load(*args, **kwargs)
+        backend = load(*args, **kwargs)
+        if on_load is not None and loaded[-1] is not False:
+            on_load(backend)
+        return backend
 
     monkeypatch.setattr(qrun.backends, "load_model", recording)
     return loaded

@@ -265,21 +265,16 @@ def test_greedy_cases_of_different_templates_share_forwards_and_report_in_order(
     # One Runner.map for every template's greedy cases on a model: the one-case templates b
     # and c run in the same batches; the report keeps the templates' order, a (no weights:
     # its case fills every hole) first, b's sampled case (run alone, after) in b's line.
-    import qrun.backends
     from qrun.runtime.runner import Runner
 
     rows: list[int] = []
     runners: list[Runner] = []  # held, so the watched runner is the one the runs get
-    load = qrun.backends.load_model
 
-    def watching(*args: Any, **kwargs: Any) -> Any:
-        backend = load(*args, **kwargs)
-        if kwargs["options"].weights is not False:
-            runners.append(Runner.of(backend))
-            runners[-1].watch_batches(rows.append)
-        return backend
+    def watch(backend: Any) -> None:
+        runners.append(Runner.of(backend))
+        runners[-1].watch_batches(rows.append)
 
-    monkeypatch.setattr(qrun.backends, "load_model", watching)
+    record_loads(monkeypatch, watch)
     template = "Say: {{ gen x regex=\"[a-z]{3}( [a-z]{3}){7}\" }}\n"
     given = ("- name: given\n  fill: {x: abc abc abc abc abc abc abc abc}\n"
              "  expect: {vars: {x: abc abc abc abc abc abc abc abc}}\n")
