@@ -111,7 +111,7 @@ def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
     if "temperature" in names:
         return "temperature", (f"a {kind} hole in a {block} samples at temperature 1: the "
                                "run's temperature chooses among the particles (0: the "
-                               "heaviest)")
+                               "values they weigh most)")
     if kind == "select":
         return None if "normalize" not in names else (
             "normalize", f"normalize= cannot be used in a {block}: a select there weighs "

@@ -29,19 +29,21 @@ resamples its own particles. A particle whose hole fails (no value within max_to
 context full: DEAD_ENDS) weighs 0, and the block fails only when every particle has; any other
 failure fails the run.
 
-The particle that goes on is drawn by weight from the run's generator (the heaviest at the
-run's temperature 0): its captures, `set`s, text and context (its tokens and KV cache) are
-the run's after the block. Every particle's values and weight and the log of the estimate of
-the block's evidence (the mean weight) go into the trace (Recorder.blocks), which
-Result.particle_blocks reads."""
+The particle that goes on is drawn by weight from the run's generator (at the run's
+temperature 0, one with the captures the particles weigh most: choose_particle): its
+captures, `set`s, text and context (its tokens and KV cache) are the run's after the block.
+Every particle's values and weight and the log of the estimate of the block's evidence (the
+mean weight) go into the trace (Recorder.blocks), which Result.particle_blocks reads."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -127,8 +129,30 @@ def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], 
             raise failed
         raise GenerationError("every particle of the block weighs 0: no particle's values "
                               "fit its holes' constraints", op.span, run.source)
-    chosen = choose_particle(weights, run.options.temperature, run.generator)
+    chosen = choose_particle(weights, run.options.temperature, run.generator,
+                             _value_weights(op, particles, weights))
     _go_on(run, op, particles, chosen, start, weights)
+
+
+def _captures(op: ir.Particles, particle: Branch) -> dict[str, Any]:
+    """The particle's values of the holes its block writes, by name in source order (a
+    capture the block binds first comes first); empty for a particle that did not run."""
+    if particle.child is None:
+        return {}
+    names = dict.fromkeys(o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select))
+    return {name: particle.child.vars[name] for name in names if name in particle.child.vars}
+
+
+def _value_weights(op: ir.Particles, particles: list[Branch], weights: np.ndarray
+                   ) -> list[float]:
+    """For each particle, the summed weight of the particles whose captures are its own
+    (choose_particle at temperature 0: particles that drew alike are one value)."""
+    shares, _ = normalised(weights)
+    keys = [json.dumps(_captures(op, p), sort_keys=True, default=repr) for p in particles]
+    totals: dict[str, float] = {}
+    for key, weight in zip(keys, shares, strict=True):
+        totals[key] = totals.get(key, 0.0) + float(weight)
+    return [totals[key] for key in keys]
 
 
 DEAD_ENDS = (ValueCutOff, ContextTooLong)
@@ -214,10 +238,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
     winner = particles[chosen].child
     assert winner is not None, "a particle with a weight ran"
     run.session.adopt(winner.session)
-    # In source order: a capture the block binds first comes first in the run's vars.
-    names = list(dict.fromkeys(o.name for o in ir.walk(op.body)
-                               if isinstance(o, ir.Gen | ir.Select)))
-    for name in (n for n in names if n in winner.vars):
+    for name in _captures(op, particles[chosen]):
         run.vars[name] = run.scope[name] = winner.vars[name]
         run.endings[name] = winner.endings[name]
         if name in winner.hole_lists:
@@ -244,8 +265,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
         join_calls(run.recorder, particle.child.recorder, where)
     run.recorder.blocks.append(ParticleBlock(
         op.span.line, op.span.column,
-        [{name: p.child.vars[name] for name in names if name in p.child.vars}
-         if p.child is not None else {} for p in particles],
+        [_captures(op, p) for p in particles],
         [float(w) for w in shares],
         [None if p.error is None else str(p.error) for p in particles],
         chosen, log_evidence))

@@ -19,14 +19,15 @@ look's and the feed's, and the trees of the paths it finishes are one batch of t
 scheduler (runtime/scheduler.py forward_step). Once what is left of a particle's language is
 small (for the particles on its path together: _small_tail), they are finished exactly instead
 (_finish_exactly: the rest scored whole, as sampler="exact" scores a hole). The value is one
-particle drawn by weight (the heaviest at temperature 0); every particle and the log of the
-estimate of the language's mass under the model go into the record."""
+particle drawn by weight (at temperature 0, of the value they weigh most); every particle and
+the log of the estimate of the language's mass under the model go into the record."""
 
 from __future__ import annotations
 
 import collections
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,8 +73,7 @@ class Particle:
         self.ends.append((self.ends[-1] if self.ends else 0) + size)
 
     def copy(self) -> Particle:
-        """A copy sharing this particle's KV cache until one of them feeds (_feed_rows forks it
-        then)."""
+        """A copy sharing this particle's KV cache until one of them feeds (_feed_rows)."""
         return Particle(self.cursor.copy(), self.logits, self.cache, list(self.tokens),
                         list(self.logprobs), list(self.ends), self.log_weight, self.finish)
 
@@ -99,8 +99,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
     session.sync()  # the context's cache covers it all: particles fork it
     base = session.cache
     generator = request.generator or new_generator()
-    count = request.particles
-    particles = [Particle(cursor.copy(), first) for _ in range(count)]
+    particles = [Particle(cursor.copy(), first) for _ in range(request.particles)]
     eos = frozenset(session.backend.eos_token_ids)
     boundary = follow_of(session, request.follow).tokens
     token_bytes = session.backend.vocabulary.token_bytes
@@ -122,11 +121,9 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         # The most populous path first: its probe for a small tail, of the largest bound,
         # stands for the others where its tail is large (theirs are about as far from their
         # ends, their bounds no larger). A probe walks up to TAIL_BYTES bytes of the
-        # constraint for each particle on the path: cheap for a regex, whose states are
-        # cached, not for a JSON schema (8 particles on a 40-token JSON value: 3.3 s with every
-        # path probing, at most 192 bytes a probe; so, 1.19 s; 1.16 s not probing; at 256
-        # bytes, 3.06 s against 2.97 at 64 on another value; with the bound pooled over a
-        # path's particles, 3.8 s against 3.3).
+        # constraint a particle on the path: cheap for a regex, whose states are cached, not
+        # for a JSON schema (8 particles, a 40-token JSON value: 3.3 s with every path
+        # probing, so 1.19 s, 1.16 not probing; docs/language.md §14.8 has the rest).
         for path, members in sorted(paths.items(), key=lambda item: -len(item[1])):
             if tree is not None and probe is not False and path not in known.tails:
                 known.tails[path] = _small_tail(session, request, members[0], len(members),
@@ -181,26 +178,17 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         session.stats.mask_s += time.perf_counter() - started
         if ends:
             assert scored is not None
-            _finish_exactly(session, ends, finish, scored, generator)
+            _finish_exactly(session, ends, finish, scored, generator,
+                            likeliest=request.sampling.temperature == 0.0)
         particles = resampled(particles, generator, request.ess_threshold)
     weights = np.array([p.log_weight for p in particles])
     if not np.isfinite(weights).any():
         raise HoleFailure(f"no particle of hole '{request.name}' found a value within "
                           f"{request.max_tokens} token(s)", cut_off=True)
-    chosen = particles[choose_particle(weights, request.sampling.temperature, generator)]
-    _commit(session, base, chosen)
-    start = len(session.token_ids) - len(chosen.tokens)
-    for k, (token, logprob) in enumerate(zip(chosen.tokens, chosen.logprobs, strict=True)):
-        if session.recorder is not None:
-            session.recorder.chosen(start + k, token, "sampled", logprob)
-        hole.adopt(token, logprob)
-    session.stats.generated_tokens += len(chosen.tokens)
-    record = hole.finish(chosen.finish or "eos", "ended before its value matched")
     share, log_evidence = normalised(weights)
     plen = len(request.prefix)
     values = [b"".join(token_bytes[t] or b"" for t in p.tokens)[plen:].decode(
         "utf-8", errors="replace") for p in particles]
-    record.particles = [(value, float(w)) for value, w in zip(values, share, strict=True)]
     probs: dict[str, float] = {}
     for particle, value, w in zip(particles, values, share, strict=True):
         # A particle finished exactly stands for its every rest by its probability: the same
@@ -210,6 +198,17 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
             (text[plen:].decode("utf-8", errors="replace"), q) for text, q in particle.rests]
         for key, q in outcomes:
             probs[key] = probs.get(key, 0.0) + float(w) * q
+    chosen = particles[choose_particle(weights, request.sampling.temperature, generator,
+                                       [probs.get(value, 0.0) for value in values])]
+    _commit(session, base, chosen)
+    start = len(session.token_ids) - len(chosen.tokens)
+    for k, (token, logprob) in enumerate(zip(chosen.tokens, chosen.logprobs, strict=True)):
+        if session.recorder is not None:
+            session.recorder.chosen(start + k, token, "sampled", logprob)
+        hole.adopt(token, logprob)
+    session.stats.generated_tokens += len(chosen.tokens)
+    record = hole.finish(chosen.finish or "eos", "ended before its value matched")
+    record.particles = [(value, float(w)) for value, w in zip(values, share, strict=True)]
     record.value_probs = dict(sorted(probs.items(), key=lambda kv: -kv[1]))
     record.log_evidence = log_evidence
     return record
@@ -310,12 +309,11 @@ particles give " big" (p = 0.084, q = 0.127) a particle 0.89 of the time where p
 one 0.59 of the time. What p does not see is the rest: after "A" in "(The|A|One|My)
 (big|...) (cat|...) (sleeps|...) (here|...)." the model's " big" is 0.084, but "A big" is
 0.68 of the conditional over the sentences that begin with "A", and runs without an "A big"
-particle cannot count it. Measured (bench/faithfulness.py, 100 runs, llama.cpp, one sitting): those
-2,400 sentences at 16 particles 0.168 from the conditional at p, 0.116 at p^0.5 (1.74 and
-1.98 s a sample), 0.104 spreading them evenly over the likeliest tokens; at 4 particles the
-600 four-word sentences 0.247 at p, 0.203 at p^0.5, 0.353 evenly, and the times of day
-0.045, 0.068 and 0.22 (evenly, the likely hours no longer have the particles whose pooled
-bound finishes them exactly: _small_tail)."""
+particle cannot count it. Measured (bench/faithfulness.py, 100 runs, llama.cpp; docs/language.md
+§14.8): those 2,400 sentences at 16 particles 0.168 from the conditional at p, 0.116 at
+p^0.5, 0.104 evenly over the likeliest tokens; but evenly, at 4 particles, the 600 sentences
+0.353 against 0.203 and the times of day 0.22 against 0.068 (the likely hours lose the
+particles whose pooled bound finishes them exactly: _small_tail)."""
 
 
 def stratified_proposal(p: npt.NDArray[np.float64], count: int) -> npt.NDArray[np.float64]:
@@ -493,13 +491,14 @@ def _finish_jobs(paths: list[tuple[list[Particle], list[Ending]]], base: KVCache
 
 def _finish_exactly(session: Session, paths: list[tuple[list[Particle], list[Ending]]],
                     finish: TreeJobs, scored: tuple[list[list[list[float]]], int, int],
-                    generator: np.random.Generator) -> None:
+                    generator: np.random.Generator, likeliest: bool = False) -> None:
     """Finish each path's particles as sampler="exact" fills a hole: every way the value can
     end from there (each path's endings: each rest in its canonical tokenization, with the
     mass of ending where it could go on) scored in tree forwards on the path's cache
     (_finish_jobs' trees, `scored` their token log-probabilities, nodes fed and forwards:
     TreeJobs.scored; the first batch of them fed with the step's rows), each particle's
-    weight times their total probability, each drawing one of them by its probability. A
+    weight times their total probability, each drawing one of them by its probability (or,
+    `likeliest`, at the hole's temperature 0, taking the likeliest: choose_particle). A
     particle so finished draws its rest from the model's conditional itself, which adds no
     variance to the weights (Rao-Blackwellisation), where the token-by-token proposal's
     weights vary with every token (TAIL_BYTES says what it gained). Nothing of the trees
@@ -521,7 +520,7 @@ def _finish_exactly(session: Session, paths: list[tuple[list[Particle], list[End
         rests = [(ending.text, float(q)) for ending, q in zip(endings, probs, strict=True)]
         for particle in particles:
             particle.rests = rests
-            chosen = draw(probs, generator)
+            chosen = int(np.argmax(probs)) if likeliest else draw(probs, generator)
             ending = endings[chosen]
             particle.log_weight += total
             particle.finish = ending.finish
@@ -562,11 +561,9 @@ step, 0.000 from the conditional at 3.85 s (19 times masking); at 32, 0.018 at 1
 0.022 at 1.47 s. With a fifth word (2,400 sentences): at 32, 0.050 at 1.96 s; at 24, 0.069 at
 1.42 s (a path of one particle, whose last two words are 27 nodes, goes on by the proposal;
 24 rather than 32 for that: 1.96 s is 9 times masking). Times of day "HH:MM" (1,440, about
-200 nodes) are scored whole at every bound from 16 up. Earlier, on llama.cpp (150 runs,
-bounds not pooled): the nouns and verbs after the adjective as one tree of 30 nodes gave
-0.067 where finishing only the verbs after the noun gave 0.15: a path the proposal seldom
-takes but the conditional favours ("A lazy" then "fish eats.") is weighed by its whole rest
-once one particle reaches it."""
+200 nodes) are scored whole at every bound from 16 up. Why a tree and not only the last
+word: a path the proposal seldom takes but the conditional favours ("A lazy" then "fish
+eats.") is weighed by its whole rest once one particle reaches it (docs/language.md §14.8)."""
 TAIL_BYTES = 256
 """The most nodes of the byte trie of a particle's rests (walked a byte at a time, each a
 step of the constraint's cursor) for it to be finished exactly, for each particle on its
@@ -592,15 +589,13 @@ def _goes_on(particle: Particle, request: GenRequest) -> bool:
 
 
 def _spent(particle: Particle, request: GenRequest) -> int:
-    """The particle's tokens that count against max_tokens (those inside the healed text are
-    free)."""
+    """The particle's tokens that count against max_tokens (the healed text's are free)."""
     return sum(1 for end in particle.ends if end > len(request.prefix))
 
 
 @dataclass(slots=True)
 class Feeding:
-    """The rows that feed particles' last tokens (_feed_rows), and which particles share each
-    row."""
+    """The rows that feed particles' last tokens (_feed_rows), and who shares each row."""
 
     groups: list[list[Particle]]
     rows: list[tuple[list[int], KVCache]]
@@ -644,12 +639,11 @@ def resampled(particles: list[Particle], generator: np.random.Generator, thresho
     never, 1 whenever their weights differ): each drawn by weight, every one of them then
     weighing their mean, so their total stays; finished ones stay as they are.
 
-    Finished particles are left out because their weights are whole while an unfinished
-    one's still owes what the model gives its ending: on "The cat runs." against "The cat
-    sleeps." a resampling one token before the second's full stop (log-probability -4.65)
-    compared "runs." with its full stop paid (-5.1) against "sleeps" without, dropped every
-    "runs." particle nearly always, and 64 particles gave "The cat sleeps." 0.80 where its
-    conditional is 0.70 (0.69 without resampling)."""
+    Finished particles stay out: their weights are whole while an unfinished one's still owes
+    its ending's probability. On "The cat runs." against "The cat sleeps.", resampling one token
+    before the second's full stop (log-probability -4.65) weighed "runs." with its full stop
+    paid (-5.1) against "sleeps" without, dropped nearly every "runs." particle, and 64
+    particles gave "The cat sleeps." 0.80 where its conditional is 0.70 (0.69 without)."""
     live = [i for i, p in enumerate(particles) if p.finish is None]
     weights = np.array([particles[i].log_weight for i in live])
     if len(live) < 2 or not np.isfinite(weights).any():
@@ -680,11 +674,17 @@ def normalised(log_weights: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.flo
 
 
 def choose_particle(weights: npt.NDArray[np.float64], temperature: float,
-                    generator: np.random.Generator) -> int:
-    """The particle that gives the value (a hole's, a particles block's): drawn by weight,
-    or the heaviest at temperature 0 (the first on ties)."""
+                    generator: np.random.Generator,
+                    value_weights: Sequence[float] | None = None) -> int:
+    """The particle that gives the value (a hole's, a block's): drawn by weight; at
+    temperature 0 one whose value the particles weigh most (`value_weights`: each particle's
+    value's summed weight, their estimate of its probability; else its own), the heaviest of
+    those, the first on ties: particles that drew alike are one value, which can outweigh a
+    lone heavier particle (the estimate's mode, as sampler="exact" takes the likeliest)."""
     if temperature == 0.0:
-        return int(np.argmax(weights))
+        by = weights if value_weights is None else value_weights
+        live = np.flatnonzero(np.isfinite(weights)).tolist()
+        return int(max(live, key=lambda i: (by[i], weights[i])))
     return draw(np.exp(weights - weights.max()), generator)
 
 
