@@ -112,6 +112,10 @@ def weighing_conflict(kind: str, given: Iterable[str], sampler: str | None
         return "temperature", (f"a {kind} hole in a {block} samples at temperature 1: the "
                                "run's temperature chooses among the particles (0: the "
                                "values they weigh most)")
+    if "seed" in names:  # a fork's branches may share one; a block's particles must differ
+        return "seed", (f"seed= cannot be used on a hole in a {block}: every particle "
+                        "would draw the same value from it; the particles draw from the "
+                        "run's seed (give the run one to replay them)")
     if kind == "select":
         return None if "normalize" not in names else (
             "normalize", f"normalize= cannot be used in a {block}: a select there weighs "

@@ -236,6 +236,8 @@ def test_a_hole_in_a_block_cannot_be_filled(tiny: TransformersBackend) -> None:
     ('{{ gen x regex="a" sampler="mask" }}', 'sampler="mask" cannot be used'),
     ('{{ gen x regex="a" stop="b" }}', "stop= cannot be used"),
     ('{{ gen x top_k=3 }}', "top_k= cannot be used"),
+    ('{{ gen x regex="[a-z]{3,8}" seed=3 }}', "every particle would draw the same value"),
+    ('{{ gen x max_tokens=3 seed=3 }}', "seed= cannot be used on a hole"),
     ("{% particles 2 %}{% endparticles %}", "cannot be inside another"),
     ("{% for i in [1] %}{% break %}{% endfor %}{% break %}", "cannot leave a '{% particles"),
 ])
