@@ -442,9 +442,13 @@ class Program:
         first = missing[0]
         span = self.input_spans.get(first) or self.source.span_at(0)
         names = ", ".join(repr(m) for m in missing)
+        # JSON written into a template: its null is a name here, Jinja's literal is `none`.
+        json_null = ["did you mean `none`? JSON's null is written `none` here "
+                     "(docs/language.md §6)"] if first == "null" else []
         raise InputError(
             f"missing input{'s' if len(missing) > 1 else ''} {names}", span, self.source,
-            notes=[f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)",
+            notes=[*json_null,
+                   f"give it with -v {first}=VALUE, --vars FILE.json, or run({first}=...)",
                    f"an input used only under `{{% if {first} is defined %}}` or through "
                    f"`{first} | default(...)` is optional"])
 

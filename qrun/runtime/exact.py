@@ -210,9 +210,10 @@ def _endings(session: Session, request: GenRequest, cursor: Cursor, tree_limit: 
                   'sample it under the mask (sampler="mask" on the hole) or by particles '
                   '(sampler="smc")')
         raise LanguageTooLarge(
-            f"sampler=\"exact\": hole '{request.name}' has more than {VALUES_LIMIT} values (or "
-            f"more than {BYTES_LIMIT} distinct prefixes of them); its language is too large to "
-            f"score whole: {advice}, or narrow the constraint") from None
+            f"sampler=\"exact\": hole '{request.name}' has too many tokenizations to score "
+            f"every one and more than {VALUES_LIMIT} values (or more than {BYTES_LIMIT} "
+            f"distinct prefixes of them) to score each in its canonical one; its language "
+            f"is too large to score whole: {advice}, or narrow the constraint") from None
 
 
 def _ending_here(session: Session, request: GenRequest, cursor: Cursor, path: list[int],

@@ -109,6 +109,16 @@ def test_missing_input_is_reported_before_any_model_work(
     assert ":1:14:" in err  # the first use of the input
 
 
+def test_json_null_in_a_template_is_pointed_to_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template = '{% set schema = {"enum": ["a", null]} %}{{ gen x json=schema }}'
+    code = main([write(tmp_path, template), "--model", str(tmp_path / "no-model")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "missing input 'null'" in err and "did you mean `none`?" in err
+
+
 def test_missing_model_is_a_clear_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
