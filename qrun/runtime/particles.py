@@ -121,7 +121,7 @@ def fill_particles(session: Session, request: GenRequest, model: StepModel,
         # The most populous path first: its probe for a small tail, of the largest bound,
         # stands for the others where its tail is large (theirs are about as far from their
         # ends, their bounds no larger). A probe walks up to TAIL_BYTES bytes of the
-        # constraint a particle on the path: cheap for a regex, whose states are cached, not
+        # constraint per particle on the path: cheap for a regex, whose states are cached, not
         # for a JSON schema (8 particles, a 40-token JSON value: 3.3 s with every path
         # probing, so 1.19 s, 1.16 not probing; docs/language.md §14.8 has the rest).
         for path, members in sorted(paths.items(), key=lambda item: -len(item[1])):
