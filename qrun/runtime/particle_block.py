@@ -129,26 +129,22 @@ def _choose_and_go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], 
             raise failed
         raise GenerationError("every particle of the block weighs 0: no particle's values "
                               "fit its holes' constraints", op.span, run.source)
-    chosen = choose_particle(weights, run.options.temperature, run.generator,
-                             _value_weights(op, particles, weights))
-    _go_on(run, op, particles, chosen, start, weights)
+    # In source order: a capture the block binds first comes first in the run's vars.
+    names = list(dict.fromkeys(o.name for o in ir.walk(op.body)
+                               if isinstance(o, ir.Gen | ir.Select)))
+    captures = [{name: p.child.vars[name] for name in names if name in p.child.vars}
+                if p.child is not None else {} for p in particles]
+    temperature = run.options.temperature
+    chosen = choose_particle(weights, temperature, run.generator,
+                             _value_weights(captures, weights) if temperature == 0.0 else None)
+    _go_on(run, op, particles, chosen, start, weights, captures)
 
 
-def _captures(op: ir.Particles, particle: Branch) -> dict[str, Any]:
-    """The particle's values of the holes its block writes, by name in source order (a
-    capture the block binds first comes first); empty for a particle that did not run."""
-    if particle.child is None:
-        return {}
-    names = dict.fromkeys(o.name for o in ir.walk(op.body) if isinstance(o, ir.Gen | ir.Select))
-    return {name: particle.child.vars[name] for name in names if name in particle.child.vars}
-
-
-def _value_weights(op: ir.Particles, particles: list[Branch], weights: np.ndarray
-                   ) -> list[float]:
+def _value_weights(captures: list[dict[str, Any]], weights: np.ndarray) -> list[float]:
     """For each particle, the summed weight of the particles whose captures are its own
     (choose_particle at temperature 0: particles that drew alike are one value)."""
     shares, _ = normalised(weights)
-    keys = [json.dumps(_captures(op, p), sort_keys=True, default=repr) for p in particles]
+    keys = [json.dumps(values, sort_keys=True, default=repr) for values in captures]
     totals: dict[str, float] = {}
     for key, weight in zip(keys, shares, strict=True):
         totals[key] = totals.get(key, 0.0) + float(weight)
@@ -232,13 +228,14 @@ def _hole_weight(hole: HoleEntry) -> float:
 
 
 def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int, start: int,
-           weights: np.ndarray) -> None:
-    """The chosen particle's context, captures, `set`s and text become the run's; every
-    particle's holes and host calls join the run's, and the block's record its trace."""
+           weights: np.ndarray, captures: list[dict[str, Any]]) -> None:
+    """The chosen particle's context, captures (`captures[chosen]`: each particle's are in
+    `captures`), `set`s and text become the run's; every particle's holes and host calls join
+    the run's, and the block's record its trace."""
     winner = particles[chosen].child
     assert winner is not None, "a particle with a weight ran"
     run.session.adopt(winner.session)
-    for name in _captures(op, particles[chosen]):
+    for name in captures[chosen]:
         run.vars[name] = run.scope[name] = winner.vars[name]
         run.endings[name] = winner.endings[name]
         if name in winner.hole_lists:
@@ -265,7 +262,7 @@ def _go_on(run: BlockRun, op: ir.Particles, particles: list[Branch], chosen: int
         join_calls(run.recorder, particle.child.recorder, where)
     run.recorder.blocks.append(ParticleBlock(
         op.span.line, op.span.column,
-        [_captures(op, p) for p in particles],
+        captures,
         [float(w) for w in shares],
         [None if p.error is None else str(p.error) for p in particles],
         chosen, log_evidence))
